@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make run` and `make test`.
+# On a CPU machine the local torch==2.13.0 CPU build is installed first, so nothing pulls the CUDA
+# wheels. On a GPU machine (nvidia-smi present) the venv sees the user's own torch instead.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+
+.PHONY: install run test bench clean
+
+$(VENV)/.installed: pyproject.toml
+ifeq ($(HAS_GPU),1)
+	python3 -m venv --system-site-packages $(VENV)
+else
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+endif
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) -m mmspec demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) benchmarks/kernels.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

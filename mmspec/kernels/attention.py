@@ -1,0 +1,127 @@
+"""`block_sparse_attention`: the one attention entry point of mmspec.
+
+The public function validates its inputs once and calls the custom op `mmspec::block_sparse_attention`
+(registered with `torch.library`, with a fake implementation so `torch.compile` graphs pass through
+it). The op dispatches to a backend from the registry: `"triton"` (GPU kernel), `"torch"` (fast path
+on any device) or `"reference"` (dense masked attention, for tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends  # noqa: F401  (registers the backends)
+from .backends.registry import get_backend, resolve_backend
+from .mask import BlockSparseMask
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_inputs(q, k, v, mask) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D [B, H, N, D], got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+    if not isinstance(mask, BlockSparseMask):
+        raise TypeError(f"mask must be a BlockSparseMask, got {type(mask).__name__}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device == mask.device):
+        raise ValueError(
+            f"q, k, v and mask must be on one device, got {q.device}, {k.device}, {v.device}, "
+            f"{mask.device}"
+        )
+    b, hq, nq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(
+            f"k/v must be [B={b}, Hkv, Nk, D={d}] to match q {tuple(q.shape)}, got {tuple(k.shape)}"
+        )
+    if hq % k.shape[1] != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({k.shape[1]}) for GQA")
+    mb, mh, mq_len, mkv_len = mask.shape
+    if (mq_len, mkv_len) != (nq, k.shape[2]):
+        raise ValueError(
+            f"mask is for q_len={mq_len}, kv_len={mkv_len} but q has {nq} tokens and k has "
+            f"{k.shape[2]}"
+        )
+    if mb not in (1, b) or mh not in (1, hq):
+        raise ValueError(
+            f"mask batch/head dims ({mb}, {mh}) must be 1 or match q's ({b}, {hq})"
+        )
+
+
+@torch.library.custom_op("mmspec::block_sparse_attention", mutates_args=())
+def _block_sparse_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_num_blocks: torch.Tensor,
+    kv_indices: torch.Tensor,
+    full_kv_num_blocks: torch.Tensor,
+    full_kv_indices: torch.Tensor,
+    partial_masks: torch.Tensor,
+    block_q: int,
+    block_k: int,
+    scale: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = BlockSparseMask._unchecked(
+        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
+        (block_q, block_k), q.shape[2], k.shape[2],
+    )
+    out, lse = get_backend(backend).fn(q, k, v, mask, scale)
+    return out.contiguous(), lse.contiguous()
+
+
+@_block_sparse_attention_op.register_fake
+def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
+      block_q, block_k, scale, backend):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: BlockSparseMask,
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+):
+    """Attention restricted to the blocks kept by `mask`.
+
+    Args:
+        q: `[B, Hq, Nq, D]`.
+        k, v: `[B, Hkv, Nk, D]`; grouped-query attention when `Hq % Hkv == 0`.
+        mask: a `BlockSparseMask` for `q_len=Nq`, `kv_len=Nk`; its B and H may be 1 (broadcast).
+            Lengths need not be multiples of the block size.
+        scale: softmax scale, default `D ** -0.5`.
+        return_lse: also return the natural-log log-sum-exp of each row, fp32 `[B, Hq, Nq]`.
+        backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"` or
+            `"reference"`.
+
+    Returns:
+        `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse`.
+
+    Note:
+        A query row that attends nothing returns 0 with lse = -inf, never NaN.
+        Causal masks built by `mmspec.kernels.causal_block_mask` for `Nq != Nk` are aligned
+        bottom-right: query i sees keys `j <= i + Nk - Nq` (flash-attention's convention), which is
+        what decoding with a KV cache needs.
+    """
+    _check_inputs(q, k, v, mask)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    backend = resolve_backend(backend, q, k, v, mask).name
+    out, lse = _block_sparse_attention_op(
+        q, k, v,
+        mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
+        mask.partial_masks, mask.block_size[0], mask.block_size[1], float(scale), backend,
+    )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,72 @@
+"""Backend registry for `block_sparse_attention`, in the style of diffusers' `attention_dispatch.py`.
+
+Each backend is a function `(q, k, v, mask, scale) -> (out, lse)` registered with declarative
+constraints. A constraint returns None when it holds and a sentence saying why not otherwise;
+`"auto"` picks the first preferred backend whose constraints all hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..mask import BlockSparseMask
+
+BackendFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, BlockSparseMask, float],
+    tuple[torch.Tensor, torch.Tensor],
+]
+Constraint = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, BlockSparseMask], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    fn: BackendFn
+    constraints: tuple[Constraint, ...] = field(default=())
+
+    def problems(self, q, k, v, mask) -> list[str]:
+        return [msg for check in self.constraints if (msg := check(q, k, v, mask)) is not None]
+
+
+_BACKENDS: dict[str, Backend] = {}
+# "auto" tries these in order
+_AUTO_ORDER = ("triton", "torch")
+
+
+def register_backend(name: str, constraints: tuple[Constraint, ...] = ()):
+    def wrap(fn: BackendFn) -> BackendFn:
+        _BACKENDS[name] = Backend(name, fn, tuple(constraints))
+        return fn
+
+    return wrap
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    return _BACKENDS[name]
+
+
+def resolve_backend(name: str, q, k, v, mask) -> Backend:
+    if name == "auto":
+        for candidate in _AUTO_ORDER:
+            backend = _BACKENDS.get(candidate)
+            if backend is not None and not backend.problems(q, k, v, mask):
+                return backend
+        raise ValueError(
+            "no backend accepts these inputs: "
+            + "; ".join(f"{n}: {', '.join(_BACKENDS[n].problems(q, k, v, mask))}"
+                        for n in _AUTO_ORDER if n in _BACKENDS)
+        )
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {available_backends()}, got {name!r}")
+    backend = _BACKENDS[name]
+    problems = backend.problems(q, k, v, mask)
+    if problems:
+        raise ValueError(f"backend {name!r} cannot run these inputs: {'; '.join(problems)}")
+    return backend

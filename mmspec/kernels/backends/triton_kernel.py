@@ -1,0 +1,179 @@
+"""Triton backend: a FlashAttention-2 style forward over a lookup table of kept key blocks.
+
+One program computes BLOCK_M query rows of one (batch, head). It reads its mask row's counts, walks
+the *full* blocks without an element mask and then the *partial* blocks with their `[bq, bk]` element
+mask, and keeps an online softmax in base 2 (`exp2` with a `log2(e)`-prescaled scale, as in Triton's
+`06-fused-attention.py`). It stores O and the natural-log lse. Rows with no kept key get O = 0 and
+lse = -inf: the `m == -inf` and `l == 0` cases are guarded, so no NaN appears.
+
+Caveats:
+- no autotune: it raises on machines without a GPU driver, which breaks `TRITON_INTERPRET=1`;
+  tile sizes are fixed from the block size and head dim instead;
+- bf16 under the interpreter multiplies raw bit patterns (triton#11584), so the interpreter path
+  upcasts to fp32 inside the kernel (`UPCAST`); on a GPU bf16/fp16 feed `tl.dot` natively;
+- fp32 inputs use `input_precision="ieee"` so results match the fp32 reference, not TF32.
+"""
+
+import os
+
+import torch
+
+from ..mask import BlockSparseMask
+from .registry import register_backend
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # triton is Linux-only; the torch backend covers other platforms
+    triton = None
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _pow2_at_least_16(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def _constraints_device(q, k, v, mask):
+    if triton is None:
+        return "triton is not installed"
+    if q.device.type != "cuda" and not _INTERPRET:
+        return f"needs a CUDA tensor (or TRITON_INTERPRET=1), got {q.device.type}"
+    return None
+
+
+def _constraints_shape(q, k, v, mask):
+    bq, bk = mask.block_size
+    if not (_pow2_at_least_16(bq) and _pow2_at_least_16(bk)):
+        return f"block_size must be powers of two >= 16, got {(bq, bk)}"
+    if q.shape[-1] > 256:
+        return f"head dim must be <= 256, got {q.shape[-1]}"
+    return None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tile(acc, m_i, l_i, q, K, V, k_base, v_base, stride_kn, stride_vn, start, kv_len,
+              offs_d, d_ok, pm_ptr, row_in_blk, col0,
+              BLOCK_N: tl.constexpr, BK: tl.constexpr, PARTIAL: tl.constexpr,
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, scale_log2):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        k_ok = offs_n < kv_len
+        kt = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None],
+                     mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
+        vt = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
+                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * scale_log2  # [M, N], base-2 logits
+        keep = k_ok[None, :]
+        if PARTIAL:
+            em = tl.load(pm_ptr + row_in_blk[:, None] * BK + (col0 + tl.arange(0, BLOCK_N))[None, :])
+            keep = keep & (em != 0)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+        return acc, m_new, l_i
+
+    @triton.jit
+    def _bsa_fwd(
+        Q, K, V, O, LSE,
+        FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, PART_MASK,
+        scale_log2, q_len, kv_len, H, GROUP,
+        sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh,
+        sfnb, sfnh, sfnm, sfib, sfih, sfim, spnb, spnh, spnm, spib, spih, spim,
+        spmb, spmh, spmm, spms,
+        BQ: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        hk = h // GROUP
+        row0 = pid_m * BLOCK_M
+        mblk = row0 // BQ  # mask query block; BLOCK_M divides BQ
+        offs_m = row0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :],
+                    mask=(offs_m < q_len)[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+        if UPCAST:
+            q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        k_base = b * skb + hk * skh
+        v_base = b * svb + hk * svh
+        row_in_blk = offs_m - mblk * BQ
+
+        n_full = tl.load(FULL_NUM + b * sfnb + h * sfnh + mblk * sfnm)
+        for i in range(0, n_full):
+            kb = tl.load(FULL_IDX + b * sfib + h * sfih + mblk * sfim + i)
+            for j in tl.static_range(BK // BLOCK_N):
+                acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
+                                      kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, PART_MASK,
+                                      row_in_blk, j * BLOCK_N, BLOCK_N, BK, False, UPCAST,
+                                      PRECISION, scale_log2)
+        n_part = tl.load(PART_NUM + b * spnb + h * spnh + mblk * spnm)
+        for i in range(0, n_part):
+            kb = tl.load(PART_IDX + b * spib + h * spih + mblk * spim + i)
+            pm_ptr = PART_MASK + b * spmb + h * spmh + mblk * spmm + i * spms
+            for j in tl.static_range(BK // BLOCK_N):
+                acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
+                                      kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, pm_ptr,
+                                      row_in_blk, j * BLOCK_N, BLOCK_N, BK, True, UPCAST,
+                                      PRECISION, scale_log2)
+
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
+        q_ok = offs_m < q_len
+        tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=q_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + b * slb + h * slh + offs_m, lse, mask=q_ok)
+
+
+@register_backend("triton", constraints=(_constraints_device, _constraints_shape))
+def triton_attention(q, k, v, mask: BlockSparseMask, scale: float):
+    b, hq, nq, d = q.shape
+    bq, bk = mask.block_size
+    mq = mask.num_q_blocks
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
+
+    def rows(t):  # broadcast B/H to stride 0
+        return t.expand(b, hq, *t.shape[2:])
+
+    full_num, full_idx = rows(mask.full_kv_num_blocks), rows(mask.full_kv_indices)
+    part_num, part_idx = rows(mask.kv_num_blocks), rows(mask.kv_indices)
+    part_mask = mask.partial_masks.view(torch.uint8)
+    if part_idx.shape[-1] == 0:  # never read (counts are 0), but the kernel needs real pointers
+        part_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
+        part_mask = torch.zeros(1, 1, mq, 1, bq, bk, dtype=torch.uint8, device=q.device)
+    part_mask = rows(part_mask)
+
+    block_d = max(16, triton.next_power_of_2(d))
+    block_m = min(bq, 64 if block_d > 64 else 128)
+    block_n = min(bk, 64)
+    grid = (triton.cdiv(nq, block_m), b * hq)
+    _bsa_fwd[grid](
+        q, k, v, out, lse,
+        full_num, full_idx, part_num, part_idx, part_mask,
+        scale * 1.4426950408889634, nq, k.shape[2], hq, hq // k.shape[1],
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *lse.stride()[:2],
+        *full_num.stride(), *full_idx.stride()[:3], *part_num.stride(), *part_idx.stride()[:3],
+        *part_mask.stride()[:4],
+        BQ=bq, BK=bk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=d,
+        UPCAST=_INTERPRET or q.dtype == torch.float32,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=8 if block_m * block_d >= 128 * 128 else 4,
+    )
+    return out, lse

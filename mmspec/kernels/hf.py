@@ -1,0 +1,48 @@
+"""Hugging Face hook: run any transformers decoder's attention through `block_sparse_attention`.
+
+`register_hf_attention()` registers the attention function `"mmspec_block_sparse"` in
+transformers' `AttentionInterface` (and SDPA's mask builder under the same name). Load or switch a
+model with `attn_implementation="mmspec_block_sparse"`, then pass `block_sparse_mask=` to its
+forward: the keyword travels through the model's `**kwargs` to every attention layer. The mask is
+for `q_len` new tokens against `kv_len = cached + new` keys, shared by all layers. Without a
+`block_sparse_mask` the layer runs transformers' own SDPA attention, so prefill and ordinary decoding
+are unchanged.
+"""
+
+import torch
+
+from .attention import block_sparse_attention
+from .mask import BlockSparseMask
+
+HF_ATTENTION_NAME = "mmspec_block_sparse"
+
+
+def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attention_mask,
+                             scaling=None, dropout=0.0, block_sparse_mask=None, **kwargs):
+    """transformers attention function: `query` `[B, Hq, N, D]`, `key`/`value` `[B, Hkv, Nk, D]`.
+
+    Returns `(attn_output [B, N, Hq, D], None)`, the contract of transformers' attention functions.
+    """
+    if block_sparse_mask is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    if not isinstance(block_sparse_mask, BlockSparseMask):
+        raise TypeError(
+            f"block_sparse_mask must be a BlockSparseMask, got {type(block_sparse_mask).__name__}"
+        )
+    if dropout and module.training:
+        raise ValueError(f"block-sparse attention has no dropout, got dropout={dropout} in training")
+    out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_hf_attention() -> str:
+    """Register the attention function with transformers; returns its name. Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(HF_ATTENTION_NAME, mmspec_attention_forward)
+    AttentionMaskInterface.register(HF_ATTENTION_NAME, sdpa_mask)
+    return HF_ATTENTION_NAME

@@ -1,0 +1,390 @@
+"""`BlockSparseMask`: which key blocks each query block attends, in FlexAttention's BlockMask layout.
+
+Per (batch, head, query block) the mask holds two ordered index lists of key blocks
+(FlexAttention's "ordered BCSR", `torch/nn/attention/flex_attention.py::BlockMask`):
+
+- *full* blocks (`full_kv_num_blocks`, `full_kv_indices`): every in-range element is attended, so
+  kernels skip the element mask;
+- *partial* blocks (`kv_num_blocks`, `kv_indices`): each carries a `[bq, bk]` element mask in
+  `partial_masks`, aligned slot by slot with `kv_indices`.
+
+Entries past a row's count are padding and never read. Batch and head dimensions of size 1
+broadcast. Lengths need not be multiples of the block size: the last block of a ragged tail is
+shorter, and a "full" tail block means every key that exists.
+
+Deliberate differences from FlexAttention: element masks are stored as tensors (not `mask_mod`
+callables), so every backend, the Triton kernel included, reads the same data; and the class
+validates its tensors at construction, because a wrong index here is a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _pair(block_size) -> tuple[int, int]:
+    if isinstance(block_size, int) and not isinstance(block_size, bool):
+        block_size = (block_size, block_size)
+    if (
+        not isinstance(block_size, (tuple, list))
+        or len(block_size) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_size)
+    ):
+        raise ValueError(
+            f"block_size must be a positive int or a pair (bq, bk) of positive ints, got {block_size!r}"
+        )
+    return int(block_size[0]), int(block_size[1])
+
+
+def _dense_to_ordered(block_bool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool `[B, H, M, N]` -> (counts int32 `[B, H, M]`, indices int32 `[B, H, M, N]`), kept first."""
+    counts = block_bool.sum(-1, dtype=torch.int32)
+    # stable sort on the negated flags keeps kept blocks first and in ascending order
+    indices = torch.argsort((~block_bool).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts, indices
+
+
+@dataclass(frozen=True, eq=False)
+class BlockSparseMask:
+    """Block-sparse attention layout (see the module docstring).
+
+    Shapes (B and H may be 1 to broadcast; `Mq = ceil(q_len / bq)`, `Nk = ceil(kv_len / bk)`):
+        kv_num_blocks:       int32 `[B, H, Mq]`         partial blocks per query block
+        kv_indices:          int32 `[B, H, Mq, P]`      partial key-block ids, kept first
+        full_kv_num_blocks:  int32 `[B, H, Mq]`         full blocks per query block
+        full_kv_indices:     int32 `[B, H, Mq, F]`      full key-block ids, kept first
+        partial_masks:       bool  `[B, H, Mq, P, bq, bk]` element masks of the partial slots
+    """
+
+    kv_num_blocks: torch.Tensor
+    kv_indices: torch.Tensor
+    full_kv_num_blocks: torch.Tensor
+    full_kv_indices: torch.Tensor
+    partial_masks: torch.Tensor
+    block_size: tuple[int, int]
+    q_len: int
+    kv_len: int
+
+    def __post_init__(self):
+        bq, bk = _pair(self.block_size)
+        object.__setattr__(self, "block_size", (bq, bk))
+        for name in ("q_len", "kv_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        mq, nk = self.num_q_blocks, self.num_kv_blocks
+        tensors = {
+            "kv_num_blocks": (self.kv_num_blocks, torch.int32, 3),
+            "kv_indices": (self.kv_indices, torch.int32, 4),
+            "full_kv_num_blocks": (self.full_kv_num_blocks, torch.int32, 3),
+            "full_kv_indices": (self.full_kv_indices, torch.int32, 4),
+            "partial_masks": (self.partial_masks, torch.bool, 6),
+        }
+        device = self.kv_num_blocks.device
+        for name, (t, dtype, ndim) in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != dtype:
+                raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+            if t.ndim != ndim:
+                raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device} but kv_num_blocks is on {device}")
+        b, h = self.kv_num_blocks.shape[:2]
+        expect = {
+            "kv_num_blocks": (b, h, mq),
+            "full_kv_num_blocks": (b, h, mq),
+            "kv_indices": (b, h, mq, self.kv_indices.shape[-1]),
+            "full_kv_indices": (b, h, mq, self.full_kv_indices.shape[-1]),
+            "partial_masks": (b, h, mq, self.kv_indices.shape[-1], bq, bk),
+        }
+        for name, shape in expect.items():
+            if tuple(getattr(self, name).shape) != shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(getattr(self, name).shape)} but q_len={self.q_len}, "
+                    f"kv_len={self.kv_len}, block_size={(bq, bk)} and kv_num_blocks {(b, h, mq)} "
+                    f"require {shape}"
+                )
+        self._check_indices(nk)
+
+    def _check_indices(self, nk: int) -> None:
+        lists = {
+            "kv": (self.kv_num_blocks, self.kv_indices),
+            "full_kv": (self.full_kv_num_blocks, self.full_kv_indices),
+        }
+        for prefix, (num, idx) in lists.items():
+            if num.numel() and (num.min() < 0 or num.max() > idx.shape[-1]):
+                raise ValueError(
+                    f"{prefix}_num_blocks must lie in [0, {idx.shape[-1]}] (the width of "
+                    f"{prefix}_indices), got range [{int(num.min())}, {int(num.max())}]"
+                )
+        # one bool per (row, key block), counting partial and full references together
+        used = torch.zeros(*self.kv_num_blocks.shape, nk + 1, dtype=torch.int32, device=self.device)
+        for prefix, (num, idx) in lists.items():
+            width = idx.shape[-1]
+            live = torch.arange(width, device=self.device) < num.unsqueeze(-1)  # [B, H, Mq, W]
+            if live.any():
+                live_idx = idx[live]
+                if live_idx.min() < 0 or live_idx.max() >= nk:
+                    raise ValueError(
+                        f"{prefix}_indices must lie in [0, {nk}) for kv_len={self.kv_len} and "
+                        f"bk={self.block_size[1]}, got range [{int(live_idx.min())}, "
+                        f"{int(live_idx.max())}]"
+                    )
+            # dead slots count towards the spare column nk
+            slot = torch.where(live, idx.long().clamp(0, nk - 1), nk)
+            used.scatter_add_(-1, slot, torch.ones_like(slot, dtype=torch.int32))
+        if used.numel() and used[..., :nk].max() > 1:
+            raise ValueError(
+                "a key block appears twice in one query block's lists (kv_indices and "
+                "full_kv_indices together must hold distinct block ids)"
+            )
+
+    @classmethod
+    def _unchecked(cls, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+                   partial_masks, block_size, q_len, kv_len) -> "BlockSparseMask":
+        """Rebuild a mask from tensors already validated (inside the custom op)."""
+        mask = object.__new__(cls)
+        for name, value in (("kv_num_blocks", kv_num_blocks), ("kv_indices", kv_indices),
+                            ("full_kv_num_blocks", full_kv_num_blocks),
+                            ("full_kv_indices", full_kv_indices), ("partial_masks", partial_masks),
+                            ("block_size", tuple(block_size)), ("q_len", q_len),
+                            ("kv_len", kv_len)):
+            object.__setattr__(mask, name, value)
+        return mask
+
+    # ----------------------------------------------------------------------------- constructors
+
+    @classmethod
+    def from_dense(cls, block_bool: torch.Tensor, block_size, q_len: int, kv_len: int):
+        """Every kept block is full. `block_bool` is bool `[B|1, H|1, ceil(q_len/bq), ceil(kv_len/bk)]`."""
+        bq, bk = _pair(block_size)
+        if not isinstance(block_bool, torch.Tensor) or block_bool.dtype != torch.bool:
+            raise TypeError(
+                f"block_bool must be a bool tensor, got "
+                f"{getattr(block_bool, 'dtype', type(block_bool).__name__)}"
+            )
+        if block_bool.ndim != 4:
+            raise ValueError(
+                f"block_bool must be [B, H, Mq, Nk], got shape {tuple(block_bool.shape)}"
+            )
+        mq, nk = math.ceil(q_len / bq), math.ceil(kv_len / bk)
+        if tuple(block_bool.shape[2:]) != (mq, nk):
+            raise ValueError(
+                f"block_bool has {tuple(block_bool.shape[2:])} blocks but q_len={q_len}, "
+                f"kv_len={kv_len} with block_size {(bq, bk)} need {(mq, nk)}"
+            )
+        full_num, full_idx = _dense_to_ordered(block_bool)
+        b, h = block_bool.shape[:2]
+        dev = block_bool.device
+        return cls(
+            kv_num_blocks=torch.zeros(b, h, mq, dtype=torch.int32, device=dev),
+            kv_indices=torch.zeros(b, h, mq, 0, dtype=torch.int32, device=dev),
+            full_kv_num_blocks=full_num,
+            full_kv_indices=full_idx,
+            partial_masks=torch.zeros(b, h, mq, 0, bq, bk, dtype=torch.bool, device=dev),
+            block_size=(bq, bk),
+            q_len=q_len,
+            kv_len=kv_len,
+        )
+
+    @classmethod
+    def from_token_mask(cls, token_bool: torch.Tensor, block_size):
+        """Classify the blocks of a token mask `[B|1, H|1, q_len, kv_len]` as full, partial or empty."""
+        bq, bk = _pair(block_size)
+        if not isinstance(token_bool, torch.Tensor) or token_bool.dtype != torch.bool:
+            raise TypeError(
+                f"token_bool must be a bool tensor, got "
+                f"{getattr(token_bool, 'dtype', type(token_bool).__name__)}"
+            )
+        if token_bool.ndim != 4:
+            raise ValueError(
+                f"token_bool must be [B, H, q_len, kv_len], got shape {tuple(token_bool.shape)}"
+            )
+        b, h, q_len, kv_len = token_bool.shape
+        mq, nk = math.ceil(q_len / bq), math.ceil(kv_len / bk)
+        # pad to whole blocks; padding counts as "attended" so a ragged tail block can be full
+        padded = torch.ones(b, h, mq * bq, nk * bk, dtype=torch.bool, device=token_bool.device)
+        padded[..., :q_len, :kv_len] = token_bool
+        tiles = padded.view(b, h, mq, bq, nk, bk).permute(0, 1, 2, 4, 3, 5)  # [B,H,Mq,Nk,bq,bk]
+        in_range = torch.zeros_like(padded)
+        in_range[..., :q_len, :kv_len] = True
+        real = in_range.view(b, h, mq, bq, nk, bk).permute(0, 1, 2, 4, 3, 5)
+        any_kept = (tiles & real).flatten(-2).any(-1)
+        full = tiles.flatten(-2).all(-1) & any_kept
+        partial = any_kept & ~full
+        full_num, full_idx = _dense_to_ordered(full)
+        part_num, part_idx = _dense_to_ordered(partial)
+        width = int(part_num.max()) if part_num.numel() else 0
+        part_idx = part_idx[..., :width]
+        # element masks of the partial slots, gathered in slot order
+        gather = part_idx.long()[..., None, None].expand(-1, -1, -1, -1, bq, bk)
+        part_masks = torch.gather(tiles & real, 3, gather)
+        return cls(
+            kv_num_blocks=part_num,
+            kv_indices=part_idx.contiguous(),
+            full_kv_num_blocks=full_num,
+            full_kv_indices=full_idx,
+            partial_masks=part_masks.contiguous(),
+            block_size=(bq, bk),
+            q_len=q_len,
+            kv_len=kv_len,
+        )
+
+    @classmethod
+    def from_block_flags(cls, full: torch.Tensor, partial: torch.Tensor, mask_mod, block_size,
+                         q_len: int, kv_len: int) -> "BlockSparseMask":
+        """Fast constructor for masks whose block structure is known analytically.
+
+        `full` and `partial` are bool `[B|1, H|1, Mq, Nk]` block flags. The predicate
+        `mask_mod(b, h, q_idx, kv_idx) -> bool` (FlexAttention's signature, broadcasting tensors) is
+        evaluated only inside the `partial` blocks; those it finds all-kept become full and those
+        it finds empty are dropped.
+        """
+        bq, bk = _pair(block_size)
+        full, partial = full & ~partial, partial.clone()
+        cand = partial.nonzero(as_tuple=True)  # (b, h, m, n) of each candidate block
+        bi, hi, mi, ni = cand
+        q_idx = mi[:, None, None] * bq + torch.arange(bq, device=full.device)[None, :, None]
+        kv_idx = ni[:, None, None] * bk + torch.arange(bk, device=full.device)[None, None, :]
+        in_range = (q_idx < q_len) & (kv_idx < kv_len)
+        elements = mask_mod(bi[:, None, None], hi[:, None, None], q_idx, kv_idx)
+        elements = torch.as_tensor(elements, device=full.device).expand(len(bi), bq, bk) & in_range
+        all_kept = (elements | ~in_range).flatten(1).all(1) & elements.flatten(1).any(1)
+        full[bi[all_kept], hi[all_kept], mi[all_kept], ni[all_kept]] = True
+        partial[cand] = elements.flatten(1).any(1) & ~all_kept
+        full_num, full_idx = _dense_to_ordered(full)
+        part_num, part_idx = _dense_to_ordered(partial)
+        width = int(part_num.max()) if part_num.numel() else 0
+        part_idx = part_idx[..., :width].contiguous()
+        # scatter each surviving candidate's elements into its slot
+        slot_of = torch.zeros(full.shape, dtype=torch.long, device=full.device)
+        slot_of.scatter_(-1, part_idx.long(), torch.arange(width, device=full.device).expand_as(part_idx))
+        masks = torch.zeros(*full.shape[:3], width, bq, bk, dtype=torch.bool, device=full.device)
+        keep = partial[cand]
+        masks[bi[keep], hi[keep], mi[keep], slot_of[bi[keep], hi[keep], mi[keep], ni[keep]]] = (
+            elements[keep]
+        )
+        return cls(part_num, part_idx, full_num, full_idx, masks, (bq, bk), q_len, kv_len)
+
+    # ------------------------------------------------------------------------------- properties
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv_num_blocks.device
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(B, H, q_len, kv_len), with B and H possibly 1 (broadcast)."""
+        b, h = self.kv_num_blocks.shape[:2]
+        return (b, h, self.q_len, self.kv_len)
+
+    @property
+    def num_q_blocks(self) -> int:
+        return math.ceil(self.q_len / self.block_size[0])
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return math.ceil(self.kv_len / self.block_size[1])
+
+    @property
+    def is_dense(self) -> bool:
+        """True when every query block attends every key block in full."""
+        return bool(self.kv_num_blocks.max() == 0) and bool(
+            self.full_kv_num_blocks.min() == self.num_kv_blocks
+        )
+
+    # ------------------------------------------------------------------------------- conversions
+
+    def block_layout(self) -> torch.Tensor:
+        """int8 `[B, H, Mq, Nk]`: 0 = skipped, 1 = partial, 2 = full."""
+        b, h, mq = self.kv_num_blocks.shape
+        out = torch.zeros(b, h, mq, self.num_kv_blocks + 1, dtype=torch.int8, device=self.device)
+        for code, num, idx in ((1, self.kv_num_blocks, self.kv_indices),
+                               (2, self.full_kv_num_blocks, self.full_kv_indices)):
+            live = torch.arange(idx.shape[-1], device=self.device) < num.unsqueeze(-1)
+            slot = torch.where(live, idx.long(), self.num_kv_blocks)
+            out.scatter_(-1, slot, code)
+        return out[..., :-1]
+
+    def to_dense(self) -> torch.Tensor:
+        """Token-level bool `[B, H, q_len, kv_len]`: True where a query attends a key."""
+        bq, bk = self.block_size
+        b, h, mq = self.kv_num_blocks.shape
+        nk = self.num_kv_blocks
+        layout = self.block_layout()
+        dense = (layout == 2)[..., None, None].expand(b, h, mq, nk, bq, bk).clone()
+        if self.kv_indices.shape[-1]:
+            live = torch.arange(self.kv_indices.shape[-1], device=self.device) < (
+                self.kv_num_blocks.unsqueeze(-1)
+            )
+            bi, hi, mi, si = live.nonzero(as_tuple=True)
+            dense[bi, hi, mi, self.kv_indices[bi, hi, mi, si].long()] = self.partial_masks[
+                bi, hi, mi, si
+            ]
+        dense = dense.permute(0, 1, 2, 4, 3, 5).reshape(b, h, mq * bq, nk * bk)
+        return dense[..., : self.q_len, : self.kv_len]
+
+    def density(self) -> float:
+        """Share of (query block, key block) pairs computed, full and partial, over all B and H."""
+        kept = self.kv_num_blocks.sum() + self.full_kv_num_blocks.sum()
+        total = self.kv_num_blocks.numel() * self.num_kv_blocks
+        return float(kept) / total
+
+    def to_flex(self):
+        """The same layout as a `torch.nn.attention.flex_attention.BlockMask`.
+
+        Partial blocks get a `mask_mod` that reads this mask's token-level view.
+        """
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nk = self.num_kv_blocks
+
+        def pad(idx):  # FlexAttention reads the KV length from the index width
+            out = torch.zeros(*idx.shape[:-1], nk, dtype=torch.int32, device=self.device)
+            out[..., : idx.shape[-1]] = idx
+            return out
+
+        dense = self.to_dense()
+        bb, hb = dense.shape[:2]
+
+        def mmspec_mask(b, h, q_idx, kv_idx):
+            return dense[b % bb if bb > 1 else 0, h % hb if hb > 1 else 0, q_idx, kv_idx]
+
+        return BlockMask.from_kv_blocks(
+            self.kv_num_blocks,
+            pad(self.kv_indices),
+            self.full_kv_num_blocks,
+            pad(self.full_kv_indices),
+            BLOCK_SIZE=self.block_size,
+            mask_mod=mmspec_mask,
+            seq_lengths=(self.q_len, self.kv_len),
+        )
+
+    def to(self, device) -> "BlockSparseMask":
+        return BlockSparseMask(
+            self.kv_num_blocks.to(device),
+            self.kv_indices.to(device),
+            self.full_kv_num_blocks.to(device),
+            self.full_kv_indices.to(device),
+            self.partial_masks.to(device),
+            self.block_size,
+            self.q_len,
+            self.kv_len,
+        )
+
+    def __repr__(self) -> str:
+        b, h, q, k = self.shape
+        return (
+            f"BlockSparseMask(shape=({b}, {h}, {q}, {k}), block_size={self.block_size}, "
+            f"density={self.density():.3f})"
+        )
+
+    def to_string(self, batch: int = 0, head: int = 0) -> str:
+        """ASCII picture of one (batch, head): '█' full, '░' partial, ' ' skipped."""
+        chars = {0: " ", 1: "░", 2: "█"}
+        rows = self.block_layout()[batch, head].tolist()
+        return "\n".join("".join(chars[c] for c in row) for row in rows)

@@ -1,0 +1,71 @@
+"""Tree mask for speculative tree verification, from a parent array.
+
+A draft tree of T tokens is appended after `prefix_len` cached tokens. `parents[i]` is the index of
+token i's parent in the tree, or -1 for a child of the last committed token; parents come before
+children (`parents[i] < i`). Token i attends the whole prefix, itself and its ancestors (the EAGLE
+/ Medusa tree mask: `eye(T)` OR'd with each parent's row). Its position is `prefix_len + depth`,
+so siblings share a position.
+
+A chain is the tree with `parents = [-1, 0, 1, ...]`.
+"""
+
+import torch
+
+from ..mask import BlockSparseMask, _pair
+
+
+def _check_parents(parents: torch.Tensor) -> torch.Tensor:
+    parents = torch.as_tensor(parents, dtype=torch.long)
+    if parents.ndim != 1 or parents.numel() == 0:
+        raise ValueError(f"parents must be a non-empty 1-D tensor, got shape {tuple(parents.shape)}")
+    idx = torch.arange(parents.numel(), device=parents.device)
+    bad = (parents < -1) | (parents >= idx)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"parents[{i}] = {int(parents[i])} must be -1 or an earlier node index in [0, {i})"
+        )
+    return parents
+
+
+def tree_ancestors(parents) -> torch.Tensor:
+    """bool `[T, T]`: `anc[i, j]` is True when j is i or an ancestor of i."""
+    parents = _check_parents(parents)
+    t = parents.numel()
+    anc = torch.eye(t, dtype=torch.bool, device=parents.device)
+    for i, p in enumerate(parents.tolist()):  # parents come first, so anc[p] is final here
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc
+
+
+def tree_depths(parents) -> torch.Tensor:
+    """long `[T]`: 0 for children of the committed token, +1 per level below."""
+    return tree_ancestors(parents).sum(1) - 1
+
+
+def tree_block_mask(parents, prefix_len: int, block_size=16) -> BlockSparseMask:
+    """`BlockSparseMask` `[1, 1, T, prefix_len + T]` for verifying a draft tree in one forward."""
+    bq, bk = _pair(block_size)
+    if prefix_len < 0:
+        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    anc = tree_ancestors(parents)
+    t = anc.shape[0]
+    kv_len = prefix_len + t
+    token = torch.ones(1, 1, t, kv_len, dtype=torch.bool, device=anc.device)
+    token[0, 0, :, prefix_len:] = anc
+    return BlockSparseMask.from_token_mask(token, (bq, bk))
+
+
+def main():
+    parents = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 6])
+    print("ancestors:\n", tree_ancestors(parents).int())
+    print("depths:", tree_depths(parents).tolist())
+    mask = tree_block_mask(parents, prefix_len=40, block_size=16)
+    print(mask)
+    print(mask.to_string())
+    print(mask.to_dense()[0, 0].int())
+
+
+if __name__ == "__main__":
+    main()
