@@ -1,0 +1,60 @@
+"""Write one benchmark's section into BENCHMARKS.md, between its own markers.
+
+Each benchmark owns a section `<!-- NAME:start --> ... <!-- NAME:end -->`; rerunning it replaces
+only that section, so benchmarks never overwrite each other's results.
+"""
+
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def command() -> str:
+    return "python " + " ".join([Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]])
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=BENCHMARKS_MD.parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def write_section(name: str, title: str, body: str) -> None:
+    """Replace (or append) section `name` of BENCHMARKS.md with `body` plus provenance."""
+    block = (
+        f"<!-- {name}:start -->\n## {title}\n\n"
+        f"Command: `{command()}`  \nMachine: {machine()}  \nCommit: {commit()}\n\n"
+        f"{body.rstrip()}\n<!-- {name}:end -->"
+    )
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
+    BENCHMARKS_MD.write_text(text.rstrip() + "\n")
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,28 @@
+"""`python -m mmspec` / `mmspec`: the command line.
+
+    mmspec demo        the embedded default: a self-contained tour of the attention layer
+    mmspec generate    speculative decoding (see `mmspec generate --help`)
+"""
+
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "demo": "mmspec.demo",
+        "generate": "mmspec.decoding.cli",
+    }
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(__doc__.strip())
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown command {argv[0]!r}; expected one of {sorted(commands)}")
+            return 2
+        return 0
+    import importlib
+
+    return importlib.import_module(commands[argv[0]]).main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
