@@ -1,0 +1,193 @@
+"""DiffuSpec's drafter: a diffusion LM drafts a whole block in one pass (Li et al., arXiv 2510.02358,
+Findings of ACL 2026). Round t (paper Alg. 1):
+
+1. one bidirectional DLM forward over `[prefix, MASK x k_t]` gives the lattice (`lattice.py`);
+2. CPS picks a left-to-right path through it (`cps.py`), scored with a causal proxy
+   (`ngram_proxy.py` by default, `lm_proxy.py` for a small causal LM);
+3. the engine verifies the path; 4. ADL sets k_{t+1} from the raw draft and the accepted length
+   (`adl.py`).
+
+Deliberate differences from the paper:
+- Sampling is exact: the path is proposed as a point mass (`probs=None`), i.e. the engine accepts y
+  with probability p(y) (reference notes §1.6). The paper's q^L2R rule (Eq. 6: the all-mask lattice
+  marginal as q) is `proposal="approximate_l2r"` and is *not* lossless, because CPS picks tokens by
+  search rather than sampling them from q (ACL version, App. H.3).
+- `return_tree=True` hands all B beams to the engine as one tree.
+- Batches: every row has its own ADL controller and n-gram proxy; rows may draft different lengths.
+- The prompt's KV is not reused: Dream/LLaDA attend bidirectionally to the prefix, so its KV
+  changes with the block (block-causal DLMs could reuse it; not implemented).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..draft import Draft, DraftState, VerifyResult
+from .adl import ADLConfig, AdaptiveDraftLength, FixedDraftLength, generated_length
+from .cps import CausalProxy, CPSConfig, search
+from .lattice import Lattice, build_lattice
+from .ngram_proxy import NgramProxy
+from .path_tree import paths_to_tree
+from .vocab import (check_mask_token, drafter_only_ids, logits_width, suppressed_ids,
+                    target_width)
+
+PROPOSALS = ("point_mass", "approximate_l2r")
+
+
+@dataclass(frozen=True)
+class DiffusionDrafterConfig:
+    shift: bool = True  # Dream's shift prediction (DreamLM/Dream#31); False for LLaDA-style DLMs
+    fixed_k: Optional[int] = None  # None: ADL (paper §3.4); an int: fixed-k mode (paper App. C)
+    adl: ADLConfig = field(default_factory=ADLConfig)
+    cps: Optional[CPSConfig] = field(default_factory=CPSConfig)  # None: the argmax path (naive)
+    ngram_order: int = 3  # paper §3.3: a 3-gram proxy
+    return_tree: bool = False  # beyond the paper: verify the B beams as one tree
+    proposal: str = "point_mass"  # exact; "approximate_l2r" is the paper's rule, approximate
+    max_context: Optional[int] = None  # most tokens the DLM sees, block included (Dream: 2048)
+
+    def __post_init__(self):
+        if self.fixed_k is not None and self.fixed_k <= 0:
+            raise ValueError(f"draft length k must be > 0, got fixed_k={self.fixed_k}")
+        if self.proposal not in PROPOSALS:
+            raise ValueError(f"proposal must be one of {PROPOSALS}, got {self.proposal!r}")
+        if self.return_tree and self.cps is None:
+            raise ValueError("return_tree=True needs CPS (cps=None drafts one argmax path)")
+        k_max = self.fixed_k or self.adl.k_max
+        if self.max_context is not None and self.max_context <= k_max:
+            raise ValueError(f"max_context {self.max_context} must exceed the largest block {k_max}")
+
+
+def _eos_ids(eos_token_id, target) -> list[int]:
+    for source in (getattr(target, "generation_config", None), getattr(target, "config", None),
+                   target):
+        if eos_token_id is None:
+            eos_token_id = getattr(source, "eos_token_id", None)
+    if eos_token_id is None:
+        return []
+    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+
+
+class DiffusionDrafter:
+    """`DiffusionDrafter(model, mask_token_id, target)`: DiffuSpec (CPS + ADL by default).
+
+    model: any HF model returning `.logits` `[B, L, Vd]` (run bidirectionally through a 4-D mask).
+    target: the target model, its config, or its logits width (checked against the drafter's).
+    eos_token_id: stop id(s) for CPS and ADL; default: the target's `generation_config`/`config`.
+    tokenizer, target_tokenizer: when both are given, the vocabularies are compared id by id.
+    proxy: a zero-argument factory of `CausalProxy` (one per sequence); default: `NgramProxy`.
+    """
+
+    def __init__(self, model, mask_token_id: int, target, *, eos_token_id=None, tokenizer=None,
+                 target_tokenizer=None, proxy: Optional[Callable[[], CausalProxy]] = None,
+                 config: DiffusionDrafterConfig = DiffusionDrafterConfig()):
+        self.model, self.mask_token_id, self.config = model, mask_token_id, config
+        self.vocab_size = target_width(target)
+        self.eos_ids = _eos_ids(eos_token_id, target)
+        width = logits_width(model)
+        check_mask_token(mask_token_id, width, self.eos_ids)
+        extra = []
+        if (tokenizer is None) != (target_tokenizer is None):
+            raise ValueError("pass both tokenizer and target_tokenizer, or neither")
+        if tokenizer is not None:
+            extra = drafter_only_ids(tokenizer, target_tokenizer, width)
+        self.suppressed = suppressed_ids(mask_token_id, extra)
+        self.proxy_factory = proxy or (lambda: NgramProxy(self.vocab_size, config.ngram_order))
+        self.histories: list[torch.Tensor] = []
+
+    # -- state per sequence ------------------------------------------------------------------
+    def _start(self, histories: list[torch.Tensor]) -> None:
+        cfg = self.config
+        n = len(histories)
+        self.lengths = [FixedDraftLength(cfg.fixed_k) if cfg.fixed_k else
+                        AdaptiveDraftLength(cfg.adl) for _ in range(n)]
+        self.proxies = [self.proxy_factory() for _ in range(n)] if self._uses_proxy() else []
+
+    def _uses_proxy(self) -> bool:
+        return self.config.cps is not None and self.config.cps.lam < 1.0
+
+    def _continues(self, histories: list[torch.Tensor]) -> bool:
+        """True when every row extends the row seen last round (same generation)."""
+        if len(histories) != len(self.histories):
+            return False
+        return all(new.numel() >= old.numel() and torch.equal(new[:old.numel()], old)
+                   for new, old in zip(histories, self.histories))
+
+    # -- one round ---------------------------------------------------------------------------
+    def propose(self, state: DraftState) -> Draft:
+        valid = state.attention_mask.bool()
+        histories = [row[m] for row, m in zip(state.input_ids, valid)]
+        if not self._continues(histories):
+            self._start(histories)
+        self.histories = histories
+        ks = [length.k for length in self.lengths]
+        lattice = build_lattice(self.model, state.input_ids, self._context_mask(state, ks), ks,
+                                self.mask_token_id, self.vocab_size, self.config.shift,
+                                self.suppressed.to(state.input_ids.device))
+        raw = lattice.argmax().tolist()  # [B, K]
+        self.generated = [generated_length(raw[b][:k], self.eos_ids) for b, k in enumerate(ks)]
+        paths = [self._row_paths(lattice.logprobs[b, :k], b) for b, k in enumerate(ks)]
+        return self._to_draft(paths, lattice, state.max_tokens)
+
+    def update(self, result: VerifyResult) -> None:
+        for length, gen, acc in zip(self.lengths, self.generated, result.num_accepted.tolist()):
+            length.update(gen, acc)
+
+    def _context_mask(self, state: DraftState, ks: list[int]) -> torch.Tensor:
+        """Hide the oldest prefix tokens so prefix + block fits `max_context`."""
+        mask = state.attention_mask
+        if self.config.max_context is None:
+            return mask
+        keep = self.config.max_context - max(ks)
+        mask = mask.clone()
+        mask[mask.flip(-1).cumsum(-1).flip(-1) > keep] = 0  # count valid tokens from the right
+        return mask
+
+    def _row_paths(self, logprobs: torch.Tensor, b: int) -> list[list[int]]:
+        """Candidate paths of one row, best first (one path unless `return_tree`)."""
+        cfg = self.config
+        if cfg.cps is None:
+            path = logprobs.argmax(-1).tolist()
+            stop = generated_length(path, self.eos_ids)
+            return [path[:stop + 1]]  # through the first EOS
+        proxy = self.proxies[b] if self.proxies else None
+        if proxy is not None:
+            proxy.begin(self.histories[b].cpu())
+        beams = search(logprobs, cfg.cps, self.eos_ids, proxy)
+        return [beam.tokens for beam in (beams if cfg.return_tree else beams[:1])]
+
+    def _to_draft(self, paths: list[list[list[int]]], lattice: Lattice, max_tokens: int) -> Draft:
+        """Rows of paths -> one `Draft` `[B, T]`, ragged rows padded (token 0, parent -1)."""
+        trees = [paths_to_tree(row) for row in paths]
+        trees = [tuple(part[:max_tokens] for part in tree) for tree in trees]
+        counts = [len(tokens) for tokens, _, _ in trees]
+        width = max(counts)
+        device = lattice.logprobs.device
+        tokens = torch.zeros(len(trees), width, dtype=torch.long, device=device)
+        parents = torch.full_like(tokens, -1)
+        depths = torch.zeros_like(tokens)
+        for b, (tok, par, dep) in enumerate(trees):
+            tokens[b, :len(tok)] = torch.tensor(tok)
+            parents[b, :len(par)] = torch.tensor(par)
+            depths[b, :len(dep)] = torch.tensor(dep)
+        probs = None
+        if self.config.proposal == "approximate_l2r":  # q^L2R of node i = lattice at its depth
+            probs = lattice.logprobs.gather(
+                1, depths[:, :, None].expand(-1, -1, lattice.logprobs.shape[-1])).exp()
+        num_tokens = None
+        if len(set(counts)) > 1:
+            num_tokens = torch.tensor(counts, device=device)
+        if not self.config.return_tree:
+            return Draft.chain(tokens, probs, num_tokens)
+        return Draft(tokens, parents, probs, num_tokens)
+
+
+class NaiveDiffusionDrafter(DiffusionDrafter):
+    """The baseline: the DLM's argmax path (through the first EOS) at a fixed k, no CPS, no ADL."""
+
+    def __init__(self, model, mask_token_id: int, target, *, k: int = 20, shift: bool = True,
+                 **kwargs):
+        config = DiffusionDrafterConfig(shift=shift, fixed_k=k, cps=None)
+        super().__init__(model, mask_token_id, target, config=config, **kwargs)

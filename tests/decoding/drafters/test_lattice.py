@@ -1,0 +1,97 @@
+import pytest
+import torch
+from .models import MASK, VOCAB, tiny_qwen2
+
+from mmspec.decoding.drafters.lattice import (bidirectional_attention_mask, build_lattice,
+                                              restrict_vocab)
+
+
+def full_forward(model, seq):
+    """Logits `[L, V]` of one unpadded sequence with an all-visible mask."""
+    valid = torch.ones(1, seq.numel(), dtype=torch.long)
+    mask = bidirectional_attention_mask(valid, torch.float32)
+    return model(input_ids=seq[None], attention_mask=mask).logits[0]
+
+
+def left_padded(rows):
+    width = max(r.numel() for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, width - r.numel():] = r
+        attn[b, width - r.numel():] = 1
+    return ids, attn
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_lattice_shapes_and_shift(dlm, shift):
+    torch.manual_seed(0)
+    rows = [torch.randint(2, 60, (7,)), torch.randint(2, 60, (4,))]
+    ks = [3, 5]
+    ids, attn = left_padded(rows)
+    lattice = build_lattice(dlm, ids, attn, ks, MASK, VOCAB, shift)
+    assert lattice.logprobs.shape == (2, 5, VOCAB)
+    assert lattice.lengths.tolist() == ks
+    assert torch.isneginf(lattice.logprobs[0, 3:]).all()  # past row 0's block
+    for b, (row, k) in enumerate(zip(rows, ks)):
+        seq = torch.cat([row, torch.full((k,), MASK)])
+        logits = full_forward(dlm, seq)  # [L + k, V]
+        first = row.numel() - int(shift)  # Dream: the first mask reads the last prefix token
+        expected = torch.log_softmax(logits[first:first + k].masked_fill(
+            torch.arange(VOCAB) == MASK, float("-inf")), -1)
+        torch.testing.assert_close(lattice.logprobs[b, :k], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_shift_moves_the_block_by_one(dlm):
+    ids = torch.randint(2, 60, (1, 6))
+    attn = torch.ones_like(ids)
+    shifted = build_lattice(dlm, ids, attn, [4], MASK, VOCAB, shift=True).logprobs[0]
+    unshifted = build_lattice(dlm, ids, attn, [4], MASK, VOCAB, shift=False).logprobs[0]
+    torch.testing.assert_close(shifted[1:], unshifted[:-1])
+    assert not torch.allclose(shifted[0], unshifted[0])
+
+
+def test_attention_is_bidirectional(dlm):
+    """Changing a later token changes an earlier position's logits, and the control run without the
+    mask (stock causal attention) shows that it would not otherwise."""
+    seq = torch.randint(2, 60, (10,))
+    changed = seq.clone()
+    changed[-1] = (seq[-1] + 1) % 60 + 2
+    before, after = full_forward(dlm, seq), full_forward(dlm, changed)
+    assert not torch.allclose(before[0], after[0], atol=1e-4)
+    causal_before = dlm(input_ids=seq[None]).logits[0, :-1]
+    causal_after = dlm(input_ids=changed[None]).logits[0, :-1]
+    torch.testing.assert_close(causal_before, causal_after)
+
+
+def test_block_length_changes_the_first_block_position(dlm):
+    """Through `build_lattice` itself: more masks after position 0 change its distribution."""
+    ids = torch.randint(2, 60, (1, 6))
+    attn = torch.ones_like(ids)
+    short = build_lattice(dlm, ids, attn, [2], MASK, VOCAB, shift=False).logprobs[0, 0]
+    long = build_lattice(dlm, ids, attn, [6], MASK, VOCAB, shift=False).logprobs[0, 0]
+    assert not torch.allclose(short, long, atol=1e-4)
+
+
+def test_drafter_wider_than_target_is_cut_and_renormalised():
+    wide = tiny_qwen2(2, vocab=72)
+    ids = torch.randint(2, 60, (1, 5))
+    lattice = build_lattice(wide, ids, torch.ones_like(ids), [3], 70, VOCAB, True,
+                            torch.tensor([70, 7]))
+    assert lattice.logprobs.shape == (1, 3, VOCAB)
+    assert torch.isneginf(lattice.logprobs[0, :, 7]).all()  # a suppressed DLM-only id
+    torch.testing.assert_close(lattice.logprobs.exp().sum(-1), torch.ones(1, 3))
+
+
+def test_drafter_narrower_than_target_never_proposes_missing_ids():
+    logits = torch.randn(2, 60)
+    logprobs = restrict_vocab(logits, 64, torch.tensor([3]))
+    assert logprobs.shape == (2, 64)
+    assert torch.isneginf(logprobs[:, 60:]).all() and torch.isneginf(logprobs[:, 3]).all()
+    torch.testing.assert_close(logprobs.exp().sum(-1), torch.ones(2))
+
+
+def test_block_length_must_be_positive(dlm):
+    ids = torch.randint(2, 60, (1, 5))
+    with pytest.raises(ValueError, match="k must be > 0"):
+        build_lattice(dlm, ids, torch.ones_like(ids), [0], MASK, VOCAB, True)
