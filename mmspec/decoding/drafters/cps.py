@@ -72,13 +72,14 @@ def candidate_sets(logprobs: torch.Tensor, cfg: CPSConfig, eos_ids: list[int]):
     """
     top = logprobs.topk(min(cfg.max_candidates, logprobs.shape[-1]), dim=-1)  # [k, M]
     mass_before = top.values.exp().cumsum(-1) - top.values.exp()  # [k, M]
-    keep = (mass_before < cfg.tau).sum(-1).clamp(min=1)  # [k]
+    finite = torch.isfinite(top.values).sum(-1)  # [k]; ids the lattice rules out never count
+    keep = torch.minimum((mass_before < cfg.tau).sum(-1).clamp(min=1), finite)  # [k]
     eos = torch.tensor(eos_ids, dtype=torch.long, device=logprobs.device)
     sets = []
     for i in range(logprobs.shape[0]):
         tokens = top.indices[i, :keep[i]]
         stop = bool(torch.isin(tokens[:1] if cfg.eos_stop == "top1" else tokens, eos).any())
-        missing = eos[~torch.isin(eos, tokens)]
+        missing = eos[~torch.isin(eos, tokens) & torch.isfinite(logprobs[i, eos])]
         tokens = torch.cat([tokens, missing])
         sets.append((tokens, logprobs[i, tokens]))
         if stop:
@@ -109,7 +110,9 @@ def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
     eos = set(eos_ids)
     for tokens, dlm in sets:
         prev = torch.tensor([b.score for b in live], dtype=torch.float64)  # [n]
-        step = cfg.lam * dlm.double()[None, :].expand(len(live), -1)  # [n, C]
+        step = torch.zeros(len(live), tokens.numel(), dtype=torch.float64)  # [n, C]
+        if cfg.lam > 0.0:  # lam == 0 must not turn a -inf DLM score into nan
+            step = step + cfg.lam * dlm.double()[None, :]
         if use_proxy:
             paths = torch.tensor([b.tokens for b in live], dtype=torch.long).reshape(len(live), -1)
             step = step + (1.0 - cfg.lam) * proxy.score(paths, tokens).double()

@@ -114,3 +114,12 @@ def test_lam_below_one_needs_a_proxy():
 def test_bad_config_raises(kwargs):
     with pytest.raises(ValueError):
         CPSConfig(**kwargs)
+
+
+def test_ids_the_lattice_rules_out_are_never_candidates():
+    lattice = torch.full((2, V), float("-inf"))
+    lattice[:, 10:14] = math.log(0.25)  # e.g. the mask id and ids past the target vocab are -inf
+    sets = candidate_sets(lattice, CPSConfig(tau=1.0), [EOS])
+    assert all(sorted(tokens.tolist()) == [10, 11, 12, 13] for tokens, _ in sets)
+    beams = search(lattice, CPSConfig(lam=0.0, tau=1.0), [EOS], NgramProxy(V))
+    assert all(math.isfinite(b.score) for b in beams)
