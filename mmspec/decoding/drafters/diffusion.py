@@ -95,12 +95,11 @@ class DiffusionDrafter:
             extra = drafter_only_ids(tokenizer, target_tokenizer, width)
         self.suppressed = suppressed_ids(mask_token_id, extra)
         self.proxy_factory = proxy or (lambda: NgramProxy(self.vocab_size, config.ngram_order))
-        self.histories: list[torch.Tensor] = []
 
     # -- state per sequence ------------------------------------------------------------------
     def _start(self, histories: list[torch.Tensor]) -> None:
         cfg = self.config
-        n = len(histories)
+        n = len(histories)  # the engine keeps every row for the whole call
         self.lengths = [FixedDraftLength(cfg.fixed_k) if cfg.fixed_k else
                         AdaptiveDraftLength(cfg.adl) for _ in range(n)]
         self.proxies = [self.proxy_factory() for _ in range(n)] if self._uses_proxy() else []
@@ -108,28 +107,21 @@ class DiffusionDrafter:
     def _uses_proxy(self) -> bool:
         return self.config.cps is not None and self.config.cps.lam < 1.0
 
-    def _continues(self, histories: list[torch.Tensor]) -> bool:
-        """True when every row extends the row seen last round (same generation)."""
-        if len(histories) != len(self.histories):
-            return False
-        return all(new.numel() >= old.numel() and torch.equal(new[:old.numel()], old)
-                   for new, old in zip(histories, self.histories))
-
     # -- one round ---------------------------------------------------------------------------
     def propose(self, state: DraftState) -> Draft:
-        valid = state.attention_mask.bool()
-        histories = [row[m] for row, m in zip(state.input_ids, valid)]
-        if not self._continues(histories):
-            self._start(histories)
-        self.histories = histories
+        valid = state.attention_mask.bool()  # 0 on left padding and on the engine's holes
+        self.histories = [row[m] for row, m in zip(state.input_ids, valid)]
+        if state.round == 0:  # a new generate call: fresh ADL controllers and proxies
+            self._start(self.histories)
         ks = [length.k for length in self.lengths]
         lattice = build_lattice(self.model, state.input_ids, self._context_mask(state, ks), ks,
                                 self.mask_token_id, self.vocab_size, self.config.shift,
                                 self.suppressed.to(state.input_ids.device))
         raw = lattice.argmax().tolist()  # [B, K]
         self.generated = [generated_length(raw[b][:k], self.eos_ids) for b, k in enumerate(ks)]
-        paths = [self._row_paths(lattice.logprobs[b, :k], b) for b, k in enumerate(ks)]
-        return self._to_draft(paths, lattice, state.max_tokens)
+        depth = [min(k, state.max_tokens) for k in ks]  # deeper nodes could not be committed
+        paths = [self._row_paths(lattice.logprobs[b, :d], b) for b, d in enumerate(depth)]
+        return self._to_draft(paths, lattice)
 
     def update(self, result: VerifyResult) -> None:
         for length, gen, acc in zip(self.lengths, self.generated, result.num_accepted.tolist()):
@@ -158,10 +150,9 @@ class DiffusionDrafter:
         beams = search(logprobs, cfg.cps, self.eos_ids, proxy)
         return [beam.tokens for beam in (beams if cfg.return_tree else beams[:1])]
 
-    def _to_draft(self, paths: list[list[list[int]]], lattice: Lattice, max_tokens: int) -> Draft:
+    def _to_draft(self, paths: list[list[list[int]]], lattice: Lattice) -> Draft:
         """Rows of paths -> one `Draft` `[B, T]`, ragged rows padded (token 0, parent -1)."""
         trees = [paths_to_tree(row) for row in paths]
-        trees = [tuple(part[:max_tokens] for part in tree) for tree in trees]
         counts = [len(tokens) for tokens, _, _ in trees]
         width = max(counts)
         device = lattice.logprobs.device
