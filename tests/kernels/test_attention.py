@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from mmspec.kernels import BlockSparseMask, available_backends, block_sparse_attention, causal_block_mask
 
-BACKENDS = ["torch", "triton"]
+from mmspec.kernels.backends import torch_blocks
+
+BACKENDS = ["torch", "torch-batched", "triton"]
 # floor for fp32, where the same-precision error is itself ~1e-7
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -32,6 +34,19 @@ def make_case(seed, b, hq, hkv, nq, nk, d, bs, dtype, mask_b=None, mask_h=None, 
     return q, k, v, mask
 
 
+@pytest.fixture
+def run_backend(monkeypatch):
+    """Calls a backend; "torch-batched" is the torch backend with its fused CPU kernel disabled."""
+
+    def run(backend, *args, **kwargs):
+        if backend == "torch-batched":
+            monkeypatch.setattr(torch_blocks, "_cpu_kernel", lambda: None)
+            backend = "torch"
+        return block_sparse_attention(*args, backend=backend, **kwargs)
+
+    return run
+
+
 def sdpa_same_precision(q, k, v, mask):
     group = q.shape[1] // k.shape[1]
     dense = mask.to_dense()
@@ -52,9 +67,9 @@ CASES = [
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"case{c[0]}")
-def test_backend_error_budget(backend, dtype, case):
+def test_backend_error_budget(run_backend, backend, dtype, case):
     q, k, v, mask = make_case(*case[:8], dtype, *case[8:])
-    out, lse = block_sparse_attention(q, k, v, mask, backend=backend, return_lse=True)
+    out, lse = run_backend(backend, q, k, v, mask, return_lse=True)
     ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), mask,
                                           backend="reference", return_lse=True)
     assert out.dtype == dtype and out.shape == q.shape
@@ -88,13 +103,13 @@ def test_dense_mask_fast_path_matches_reference():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_causal_bottom_right_matches_sdpa(backend):
+def test_causal_bottom_right_matches_sdpa(run_backend, backend):
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (20, 52, 52))
     mask = causal_block_mask(20, 52, 16)
     expect = F.scaled_dot_product_attention(
         q, k, v, attn_mask=torch.ones(20, 52, dtype=torch.bool).tril(32))
-    torch.testing.assert_close(block_sparse_attention(q, k, v, mask, backend=backend), expect,
+    torch.testing.assert_close(run_backend(backend, q, k, v, mask), expect,
                                atol=1e-5, rtol=1e-5)
 
 
@@ -116,6 +131,13 @@ def test_custom_op_passes_through_torch_compile():
 
     compiled = torch.compile(fn, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="the fused CPU kernel needs AVX2")
+def test_fused_cpu_kernel_builds_here():
+    # a silent fallback to the slower batched path would go unnoticed otherwise
+    assert torch_blocks._cpu_kernel() is not None
 
 
 def test_registry_lists_backends():
