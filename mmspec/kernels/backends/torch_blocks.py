@@ -57,10 +57,12 @@ def _cpu_kernel():
         "AVX2", "AVX512"
     ):
         return None
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import get_default_build_root, load
 
     source = Path(__file__).parent / "csrc" / "block_sparse_cpu.cpp"
-    _log.warning("mmspec: building the fused CPU attention kernel (once per machine, ~30 s)")
+    built = Path(get_default_build_root()).glob("*/mmspec_block_sparse_cpu/*.so")
+    if next(built, None) is None:
+        _log.warning("mmspec: building the fused CPU attention kernel (once per machine, ~30 s)")
     try:
         load(name="mmspec_block_sparse_cpu", sources=[str(source)], is_python_module=False,
              extra_cflags=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2",
