@@ -38,11 +38,15 @@ def make_case(seed, b, hq, hkv, nq, nk, d, bs, dtype, mask_b=None, mask_h=None, 
 def run_backend(monkeypatch):
     """Calls a backend; "torch-batched" is the torch backend with its fused CPU kernel disabled."""
 
-    def run(backend, *args, **kwargs):
+    def run(backend, q, k, v, mask, **kwargs):
         if backend == "torch-batched":
             monkeypatch.setattr(torch_blocks, "_cpu_kernel", lambda: None)
             backend = "torch"
-        return block_sparse_attention(*args, backend=backend, **kwargs)
+        if backend == "triton" and torch.cuda.is_available():  # compiled, not interpreted
+            q, k, v, mask = q.cuda(), k.cuda(), v.cuda(), mask.to("cuda")
+            result = block_sparse_attention(q, k, v, mask, backend=backend, **kwargs)
+            return tuple(t.cpu() for t in result) if isinstance(result, tuple) else result.cpu()
+        return block_sparse_attention(q, k, v, mask, backend=backend, **kwargs)
 
     return run
 
@@ -176,6 +180,12 @@ def test_rejects_dtypes(case):
         block_sparse_attention(q.double(), k.double(), v.double(), mask)
     with pytest.raises(TypeError, match="BlockSparseMask"):
         block_sparse_attention(q, k, v, mask.to_dense())
+
+
+def test_rejects_mixed_devices(case):
+    q, k, v, mask = case
+    with pytest.raises(ValueError, match="one device"):
+        block_sparse_attention(q.to("meta"), k.to("meta"), v.to("meta"), mask)
 
 
 def test_rejects_mask_heads(case):
