@@ -1,0 +1,178 @@
+import pytest
+import torch
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from mmspec.decoding.draft import DraftState, VerifyResult
+from mmspec.decoding.drafters import diffusion
+from mmspec.decoding.drafters.adl import AdaptiveDraftLength, generated_length
+from mmspec.decoding.drafters.cps import CPSConfig
+from mmspec.decoding.drafters.diffusion import (DiffusionDrafter, DiffusionDrafterConfig,
+                                                NaiveDiffusionDrafter)
+from mmspec.decoding.drafters.lattice import build_lattice
+
+from .models import EOS, MASK, VOCAB, tiny_qwen2
+
+
+def tokenizer(names: dict) -> PreTrainedTokenizerFast:
+    vocab = {name: i for i, name in names.items()}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, "t0")))
+
+
+def state(ids, round=0, max_tokens=64):
+    return DraftState(ids, torch.ones_like(ids), max_tokens, round=round)
+
+
+def result(accepted):
+    return VerifyResult(torch.tensor(accepted), [], [])
+
+
+# -- construction errors ------------------------------------------------------------------------
+def test_mask_id_outside_the_vocabulary_raises(dlm, target):
+    with pytest.raises(ValueError, match=r"mask_token_id 64 is outside .*\[0, 64\)"):
+        DiffusionDrafter(dlm, 64, target)
+
+
+def test_mask_id_equal_to_eos_raises(dlm, target):
+    with pytest.raises(ValueError, match="also an EOS id"):
+        DiffusionDrafter(dlm, EOS, target)
+
+
+def test_vocabulary_mismatch_names_what_differs(dlm, target):
+    names = {i: f"t{i}" for i in range(VOCAB)}
+    other = {**names, 7: "seven"}
+    with pytest.raises(ValueError, match=r"1 shared ids map .*\(id 7 is 't7' for the drafter and "
+                                         r"'seven' for the target"):
+        DiffusionDrafter(dlm, MASK, target, tokenizer=tokenizer(names),
+                         target_tokenizer=tokenizer(other))
+    fewer = {i: f"t{i}" for i in range(40)}
+    with pytest.raises(ValueError, match="24 target ids are missing"):
+        DiffusionDrafter(dlm, MASK, target, tokenizer=tokenizer(fewer),
+                         target_tokenizer=tokenizer(names))
+    with pytest.raises(ValueError, match="pass both"):
+        DiffusionDrafter(dlm, MASK, target, tokenizer=tokenizer(names))
+
+
+def test_dlm_only_ids_are_suppressed(dlm, target):
+    drafter_names = {i: f"t{i}" for i in range(VOCAB)}
+    target_names = {i: f"t{i}" for i in range(60)}  # 60..63 (the mask 63 among them) DLM-only
+    drafter = DiffusionDrafter(dlm, MASK, target, tokenizer=tokenizer(drafter_names),
+                               target_tokenizer=tokenizer(target_names))
+    assert drafter.suppressed.tolist() == [60, 61, 62, 63]
+
+
+@pytest.mark.parametrize("make", [
+    lambda m, t: NaiveDiffusionDrafter(m, MASK, t, k=0),
+    lambda m, t: DiffusionDrafter(m, MASK, t, config=DiffusionDrafterConfig(fixed_k=-3)),
+])
+def test_k_not_positive_raises(dlm, target, make):
+    with pytest.raises(ValueError, match="k must be > 0"):
+        make(dlm, target)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"return_tree": True, "cps": None}, "needs CPS"),
+    ({"proposal": "l2r"}, "proposal must be"),
+    ({"max_context": 30}, "must exceed the largest block 30"),
+])
+def test_bad_drafter_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DiffusionDrafterConfig(**kwargs)
+
+
+# -- one round ----------------------------------------------------------------------------------
+def test_naive_drafter_proposes_the_argmax_path_through_the_first_eos(dlm, target):
+    ids = torch.randint(2, 60, (2, 9))
+    draft = NaiveDiffusionDrafter(dlm, MASK, target, k=12).propose(state(ids))
+    lattice = build_lattice(dlm, ids, torch.ones_like(ids), [12, 12], MASK, VOCAB, True)
+    for b in range(2):
+        argmax = lattice.argmax()[b].tolist()
+        expected = argmax[:generated_length(argmax, [EOS]) + 1]
+        n = len(expected) if draft.num_tokens is None else int(draft.num_tokens[b])
+        assert draft.tokens[b, :n].tolist() == expected
+    assert draft.parents.tolist() == list(range(-1, draft.tokens.shape[1] - 1))
+    assert draft.probs is None  # a chosen path is a point-mass proposal
+
+
+def test_adl_drives_the_block_length_round_by_round(dlm, target, monkeypatch):
+    seen = []
+
+    def spy(model, ids, mask, ks, *args):
+        seen.append(list(ks))
+        return build_lattice(model, ids, mask, ks, *args)
+
+    monkeypatch.setattr(diffusion, "build_lattice", spy)
+    ids = torch.randint(2, 60, (1, 9))
+    drafter = DiffusionDrafter(dlm, MASK, target)
+    reference = AdaptiveDraftLength()
+    for rnd, accepted in enumerate([3, 0, 25]):
+        drafter.propose(state(ids, round=rnd))
+        raw = build_lattice(dlm, ids, torch.ones_like(ids), seen[-1], MASK, VOCAB, True)
+        drafter.update(result([accepted]))
+        reference.update(generated_length(raw.argmax()[0].tolist(), [EOS]), accepted)
+        assert drafter.lengths[0].k == reference.k
+    assert seen[0] == [30]  # k_1 = k_max
+    assert seen[1:] == [[k] for k in _replay([3, 0], ids, dlm)]
+    drafter.propose(state(ids, round=0))  # a new generate call starts over
+    assert seen[-1] == [30]
+
+
+def _replay(accepted, ids, dlm):
+    adl, ks = AdaptiveDraftLength(), []
+    for acc in accepted:
+        raw = build_lattice(dlm, ids, torch.ones_like(ids), [adl.k], MASK, VOCAB, True)
+        ks.append(adl.update(generated_length(raw.argmax()[0].tolist(), [EOS]), acc))
+    return ks
+
+
+def test_max_tokens_caps_the_depth(dlm, target):
+    ids = torch.randint(2, 60, (1, 9))
+    config = DiffusionDrafterConfig(return_tree=True, cps=CPSConfig(lam=1.0))
+    draft = DiffusionDrafter(dlm, MASK, target, config=config).propose(state(ids, max_tokens=3))
+    depth = torch.zeros(draft.tokens.shape[1], dtype=torch.long)
+    for i, p in enumerate(draft.parents[0].tolist()):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    assert int(depth.max()) == 2
+
+
+def test_beams_come_back_as_one_tree(dlm, target):
+    ids = torch.randint(2, 60, (2, 9))
+    config = DiffusionDrafterConfig(fixed_k=6, return_tree=True, cps=CPSConfig(lam=1.0))
+    tree = DiffusionDrafter(dlm, MASK, target, config=config).propose(state(ids))
+    chain_config = DiffusionDrafterConfig(fixed_k=6, cps=CPSConfig(lam=1.0))
+    chain = DiffusionDrafter(dlm, MASK, target, config=chain_config).propose(state(ids))
+    assert tree.parents.shape == tree.tokens.shape  # a tree per row
+    for b in range(2):
+        n = tree.tokens.shape[1] if tree.num_tokens is None else int(tree.num_tokens[b])
+        parents = tree.parents[b, :n].tolist()
+        assert all(p < i for i, p in enumerate(parents))
+        assert n > 6  # B = 3 beams over 6 positions share some nodes but not all
+        best = chain.tokens[b].tolist()  # the best beam is the first root-to-leaf path
+        assert tree.tokens[b, :len(best)].tolist() == best
+        assert parents[:len(best)] == list(range(-1, len(best) - 1))
+
+
+def test_approximate_proposal_carries_the_lattice_marginals(dlm, target):
+    ids = torch.randint(2, 60, (1, 9))
+    config = DiffusionDrafterConfig(fixed_k=5, proposal="approximate_l2r")
+    draft = DiffusionDrafter(dlm, MASK, target, config=config).propose(state(ids))
+    lattice = build_lattice(dlm, ids, torch.ones_like(ids), [5], MASK, VOCAB, True)
+    t = draft.tokens.shape[1]
+    torch.testing.assert_close(draft.probs, lattice.logprobs[:, :t].exp())
+
+
+def test_max_context_hides_the_oldest_tokens(dlm, target):
+    ids = torch.randint(2, 60, (1, 20))
+    config = DiffusionDrafterConfig(fixed_k=4, cps=None, max_context=12)
+    capped = DiffusionDrafter(dlm, MASK, target, config=config).propose(state(ids))
+    short = NaiveDiffusionDrafter(dlm, MASK, target, k=4).propose(state(ids[:, -8:]))
+    assert torch.equal(capped.tokens, short.tokens)
+
+
+def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
+    drafter = NaiveDiffusionDrafter(dlm, MASK, 72, k=4, eos_token_id=EOS)
+    assert drafter.vocab_size == 72  # the engine checks this against the target's logits
+    config = DiffusionDrafterConfig(fixed_k=4, proposal="approximate_l2r")
+    draft = DiffusionDrafter(dlm, MASK, 72, eos_token_id=EOS, config=config).propose(
+        state(torch.randint(2, 60, (1, 6))))
+    assert draft.probs.shape[-1] == 72 and (draft.probs[..., 64:] == 0).all()
