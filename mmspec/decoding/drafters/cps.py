@@ -18,6 +18,7 @@ Two choices the paper leaves open are options here (reference notes §1.4 (a), (
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -67,21 +68,25 @@ class Beam:
 def candidate_sets(logprobs: torch.Tensor, cfg: CPSConfig, eos_ids: list[int]):
     """Eq. 7 plus the EOS rules for one row's lattice `[k, V]`.
 
-    Returns (list of (token ids `[c]`, dlm log-probs `[c]`) for the positions to search, in order).
+    Returns a list of (token ids, DLM log-probs), two lists of floats/ints per position, in order.
     The list stops at the first EOS position (inclusive), so its length is m_max.
     """
     top = logprobs.topk(min(cfg.max_candidates, logprobs.shape[-1]), dim=-1)  # [k, M]
-    mass_before = top.values.exp().cumsum(-1) - top.values.exp()  # [k, M]
+    probs = top.values.exp()
+    mass_before = probs.cumsum(-1) - probs  # [k, M]
     finite = torch.isfinite(top.values).sum(-1)  # [k]; ids the lattice rules out never count
-    keep = torch.minimum((mass_before < cfg.tau).sum(-1).clamp(min=1), finite)  # [k]
-    eos = torch.tensor(eos_ids, dtype=torch.long, device=logprobs.device)
+    keep = torch.minimum((mass_before < cfg.tau).sum(-1).clamp(min=1), finite).tolist()  # [k]
+    indices, values = top.indices.tolist(), top.values.tolist()
+    eos_lp = logprobs[:, eos_ids].tolist() if eos_ids else [[] for _ in keep]  # [k, E]
+    eos = set(eos_ids)
     sets = []
-    for i in range(logprobs.shape[0]):
-        tokens = top.indices[i, :keep[i]]
-        stop = bool(torch.isin(tokens[:1] if cfg.eos_stop == "top1" else tokens, eos).any())
-        missing = eos[~torch.isin(eos, tokens) & torch.isfinite(logprobs[i, eos])]
-        tokens = torch.cat([tokens, missing])
-        sets.append((tokens, logprobs[i, tokens]))
+    for i, m in enumerate(keep):
+        tokens, dlm = indices[i][:m], values[i][:m]
+        stop = bool(eos & set(tokens[:1] if cfg.eos_stop == "top1" else tokens))
+        for e, lp in zip(eos_ids, eos_lp[i]):
+            if e not in tokens and lp != float("-inf"):
+                tokens, dlm = tokens + [e], dlm + [lp]
+        sets.append((tokens, dlm))
         if stop:
             break
     return sets
@@ -100,7 +105,8 @@ def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
     """Left-to-right beam search over `candidate_sets` output. Returns up to B beams, best first.
 
     At every depth the B best extensions of the live beams survive (all have equal length, so raw
-    scores compare fairly); those ending in EOS are finished and no longer expanded.
+    scores compare fairly); those ending in EOS are finished and no longer expanded. Plain Python
+    floats: at most B x (M_max + #EOS) scores per depth.
     """
     use_proxy = cfg.lam < 1.0
     if use_proxy and proxy is None:
@@ -109,20 +115,23 @@ def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
     finished: list[Beam] = []
     eos = set(eos_ids)
     for tokens, dlm in sets:
-        prev = torch.tensor([b.score for b in live], dtype=torch.float64)  # [n]
-        step = torch.zeros(len(live), tokens.numel(), dtype=torch.float64)  # [n, C]
         if cfg.lam > 0.0:  # lam == 0 must not turn a -inf DLM score into nan
-            step = step + cfg.lam * dlm.double()[None, :]
+            dlm = [cfg.lam * lp for lp in dlm]
+        else:
+            dlm = [0.0] * len(tokens)
         if use_proxy:
             paths = torch.tensor([b.tokens for b in live], dtype=torch.long).reshape(len(live), -1)
-            step = step + (1.0 - cfg.lam) * proxy.score(paths, tokens).double()
-        total = (prev[:, None] + step).flatten()  # [n * C]
-        best = total.topk(min(cfg.beam_width, total.numel()))
+            causal = proxy.score(paths, torch.tensor(tokens)).tolist()  # [n][C]
+        extensions = []  # (score, beam index, candidate index)
+        for p, beam in enumerate(live):
+            for c in range(len(tokens)):
+                score = beam.score + dlm[c]
+                if use_proxy:
+                    score += (1.0 - cfg.lam) * causal[p][c]
+                extensions.append((score, p, c))
         live_next = []
-        for score, flat in zip(best.values.tolist(), best.indices.tolist()):
-            parent, c = divmod(flat, tokens.numel())
-            token = int(tokens[c])
-            beam = Beam(live[parent].tokens + [token], score, token in eos)
+        for score, p, c in heapq.nlargest(cfg.beam_width, extensions, key=lambda e: e[0]):
+            beam = Beam(live[p].tokens + [tokens[c]], score, tokens[c] in eos)
             (finished if beam.finished else live_next).append(beam)
         live = live_next
         if not live:

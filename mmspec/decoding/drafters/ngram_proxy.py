@@ -64,10 +64,9 @@ class NgramProxy:
 
     def score(self, paths: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """paths `[n, d]`, candidates `[C]` -> log-probs `[n, C]`."""
-        out = torch.empty(paths.shape[0], candidates.numel(), dtype=torch.float64)
         cands = candidates.tolist()
-        for i, path in enumerate(paths.tolist()):
+        rows = []
+        for path in paths.tolist():
             context = self.history[-self.order:] + path
-            for j, c in enumerate(cands):
-                out[i, j] = math.log(self.prob(context, c))
-        return out
+            rows.append([math.log(self.prob(context, c)) for c in cands])
+        return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(cands))
