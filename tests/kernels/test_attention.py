@@ -87,6 +87,17 @@ def test_backend_error_budget(run_backend, backend, dtype, case):
     assert (lse - ref_lse)[~empty].abs().max() < 1e-2
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposed_inputs(run_backend, backend):
+    """HF attention passes q/k/v as transposed views of [B, N, H, D]."""
+    q, k, v, mask = make_case(11, 2, 2, 2, 32, 32, 16, (16, 16), torch.float32)
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not qt.is_contiguous()
+    torch.testing.assert_close(run_backend(backend, qt, kt, vt, mask),
+                               block_sparse_attention(q, k, v, mask, backend="reference"),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_reference_matches_plain_softmax():
     q, k, v, mask = make_case(5, 1, 2, 2, 24, 40, 16, (16, 16), torch.float32)
     dense = mask.to_dense()

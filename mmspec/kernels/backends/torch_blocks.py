@@ -143,9 +143,11 @@ def _batched(q, k, v, mask: BlockSparseMask, scale: float):
     rows = b * hq * mq
 
     # pad to whole blocks; padded queries are dropped, padded keys masked below
-    qf = torch.nn.functional.pad(q.float() * scale, (0, 0, 0, mq * bq - nq))
-    kf = torch.nn.functional.pad(k.float(), (0, 0, 0, nk * bk - nkv))
-    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, nk * bk - nkv))
+    # elementwise ops keep a transposed input's strides (HF passes [B, N, H, D] views), and the
+    # block views below need contiguous memory
+    qf = torch.nn.functional.pad(q.float() * scale, (0, 0, 0, mq * bq - nq)).contiguous()
+    kf = torch.nn.functional.pad(k.float(), (0, 0, 0, nk * bk - nkv)).contiguous()
+    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, nk * bk - nkv)).contiguous()
     q_rows = qf.view(rows, bq, d)  # [R, bq, D]
     k_blocks = kf.view(b * hkv * nk, bk, d)  # [B*Hkv*Nk, bk, D]
     v_blocks = vf.view(b * hkv * nk, bk, d)
