@@ -264,7 +264,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         stats.rounds += 1
         stats.row_rounds += int(live.sum())
         stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
-        stats.accepted += int(depth[live].sum())
+        stats.accepted += int(torch.minimum(depth, num)[live].sum())
         stats.new_tokens += int(num.sum())
         stats.draft_time += (t1 - t0) + (t5 - t4)
         stats.verify_time += t4 - t1

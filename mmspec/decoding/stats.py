@@ -15,7 +15,7 @@ class SpecStats:
     rounds: int = 0  # verification forwards of the target (the prefill not counted)
     row_rounds: int = 0  # (row, round) pairs with the row still generating
     drafted: int = 0  # draft nodes proposed to live rows
-    accepted: int = 0  # draft tokens the target accepted (bonus excluded)
+    accepted: int = 0  # draft tokens accepted and committed (bonus excluded, cut at EOS/budget)
     new_tokens: int = 0  # tokens committed, all rows, the prefill's first token included
     draft_time: float = 0.0  # seconds in drafter.propose and drafter.update
     verify_time: float = 0.0  # seconds from a draft to its commit (target forward included)
