@@ -254,10 +254,11 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
 
         if streamer is not None and num[0] > 0:
             streamer.put(new[0, : num[0]].cpu())
+        col = torch.arange(k, device=device)
         drafter.update(VerifyResult(
             num_accepted=torch.where(live, depth, 0),
-            new_tokens=[new[b, : num[b]] for b in range(len(num))],
-            accepted_nodes=[keep[b, 1 : depth[b] + 1] - 1 for b in range(len(num))],
+            new_tokens=list(new[col < num[:, None]].split(num.tolist())),
+            accepted_nodes=list((keep[:, 1:] - 1)[col[1:] <= depth[:, None]].split(depth.tolist())),
             target_hidden=hidden,
         ))
         t5 = _sync(device)

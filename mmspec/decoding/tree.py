@@ -72,8 +72,9 @@ def build_tree(roots: torch.Tensor, draft: Draft, vocab: int) -> Tree:
     parents = draft.parents.to(roots.device)
     if parents.ndim == 1:
         anc = _full_ancestors(parents).expand(b, t + 1, t + 1)
-    else:
-        anc = torch.stack([_full_ancestors(p) for p in parents])
+    else:  # rows often share a tree shape: one ancestor matrix per distinct shape
+        shapes, which = torch.unique(parents, dim=0, return_inverse=True)
+        anc = torch.stack([_full_ancestors(p) for p in shapes])[which]
     full_parents = torch.cat([parents.new_full((*parents.shape[:-1], 1), -1),
                               torch.where(parents < 0, 0, parents + 1)], dim=-1)
     valid = torch.ones(b, t + 1, dtype=torch.bool, device=roots.device)
