@@ -10,9 +10,9 @@ One round (Leviathan et al. 2023, tree verification as in SpecInfer / EAGLE-2):
 
 The target stays an unmodified transformers model: the prompt goes through its own
 `prepare_inputs_for_generation` (so `pixel_values`, `image_grid_thw`, M-RoPE positions work as in
-`model.generate`), and every verification forward passes `block_sparse_mask=` to the attention
+`model.generate`), and every tree verification forward passes `block_sparse_mask=` to the attention
 function `mmspec_block_sparse` (`mmspec.kernels.register_hf_attention`), which `generate` switches
-the target to for the call (it is transformers' SDPA when no mask is passed).
+the target to for the call (it is transformers' SDPA when no mask is passed, as for chains).
 
 Batches: rows are left-padded and each row accepts its own number of tokens, so the KV cache and
 the token slots get *holes* that the mask hides (see `draft.py`); no row waits for another.
@@ -218,14 +218,14 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
         t1 = _sync(device)
         tree = build_tree(slot_ids[:, -1], draft, vocab)
-        mask = verify_mask(tree, slot_valid[:, :-1])
-        n = tree.num_nodes
+        # trees go through the shared block-sparse layer; a chain's mask is causal (tree.py)
+        tree_kwargs = {} if tree.is_chain else {"block_sparse_mask": verify_mask(tree, slot_valid[:, :-1])}
         positions = root_pos + tree.depth  # [..., B, N]
         attn_2d = torch.cat([slot_valid[:, :-1], tree.valid.new_ones(tree.valid.shape)], 1).long()
         t2 = _sync(device)
         out = target(input_ids=tree.tokens, attention_mask=attn_2d, position_ids=positions,
-                     past_key_values=cache, use_cache=True, block_sparse_mask=mask,
-                     output_hidden_states=need_hidden, return_dict=True)
+                     past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
+                     return_dict=True, **tree_kwargs)
         t3 = _sync(device)
         if cfg.do_sample:
             best, bonus = verify_sampling(tree, target_probs(out.logits, cfg), generator)

@@ -4,6 +4,11 @@ Node 0 is the root; draft node i becomes node i + 1, so a draft parent -1 become
 come from `mmspec.kernels.tree_ancestors`, the same rule the attention mask uses, and the mask for
 the verification forward is built with `BlockSparseMask.from_token_mask` of the shared layer: each
 node attends the row's valid cache slots, itself and its ancestors.
+
+A chain needs no tree mask: its mask is causal plus the rows' padding and holes, which the model's
+own attention builds from a 2-D attention mask. The engine verifies chains that way (SDPA), because
+on CPU the shared layer's torch backend costs about 2x SDPA's time for a few queries against a long
+cache (measured: 34 ms vs 16 ms per forward of the built-in 4-layer model, 6 queries, 206 keys).
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ class Tree:
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def is_chain(self) -> bool:
+        """Every node's parent is the node before it: the tree mask is plain causal."""
+        n = self.num_nodes
+        return bool((self.parents[:, 1:] == torch.arange(n - 1, device=self.parents.device)).all())
 
 
 def _full_ancestors(parents: torch.Tensor) -> torch.Tensor:
