@@ -215,18 +215,19 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
         state = DraftState(slot_ids, slot_valid.long(), depth_cap, root_pos, stats.rounds,
                            hidden, model_kwargs)
+        ta = _sync(device)
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
-        t1 = _sync(device)
+        tb = _sync(device)
         tree = build_tree(slot_ids[:, -1], draft, vocab)
         # trees go through the shared block-sparse layer; a chain's mask is causal (tree.py)
         tree_kwargs = {} if tree.is_chain else {"block_sparse_mask": verify_mask(tree, slot_valid[:, :-1])}
         positions = root_pos + tree.depth  # [..., B, N]
         attn_2d = torch.cat([slot_valid[:, :-1], tree.valid.new_ones(tree.valid.shape)], 1).long()
-        t2 = _sync(device)
+        tc = _sync(device)
         out = target(input_ids=tree.tokens, attention_mask=attn_2d, position_ids=positions,
                      past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
                      return_dict=True, **tree_kwargs)
-        t3 = _sync(device)
+        td = _sync(device)
         if cfg.do_sample:
             best, bonus = verify_sampling(tree, target_probs(out.logits, cfg), generator)
         else:
@@ -250,26 +251,26 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         root_pos = root_pos + (depth + 1)[:, None]
         hidden = out.hidden_states[-1].gather(
             1, keep[..., None].expand(-1, -1, out.hidden_states[-1].shape[-1])) if need_hidden else None
-        t4 = _sync(device)
-
         if streamer is not None and num[0] > 0:
             streamer.put(new[0, : num[0]].cpu())
         col = torch.arange(k, device=device)
-        drafter.update(VerifyResult(
+        result = VerifyResult(
             num_accepted=torch.where(live, depth, 0),
             new_tokens=list(new[col < num[:, None]].split(num.tolist())),
             accepted_nodes=list((keep[:, 1:] - 1)[col[1:] <= depth[:, None]].split(depth.tolist())),
             target_hidden=hidden,
-        ))
-        t5 = _sync(device)
+        )
+        te = _sync(device)
+        drafter.update(result)
+        tf = _sync(device)
         stats.rounds += 1
         stats.row_rounds += int(live.sum())
         stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
         stats.accepted += int(torch.minimum(depth, num)[live].sum())
         stats.new_tokens += int(num.sum())
-        stats.draft_time += (t1 - t0) + (t5 - t4)
-        stats.verify_time += t4 - t1
-        stats.target_forward_time += t3 - t2
+        stats.draft_time += (tb - ta) + (tf - te)
+        stats.verify_time += (te - t0) - (tb - ta)
+        stats.target_forward_time += td - tc
 
     if streamer is not None:
         streamer.end()

@@ -70,3 +70,17 @@ def test_per_row_tree_shapes():
     assert tree.depth.tolist() == [[0, 1, 2], [0, 1, 1]]
     best, _ = verify_greedy(tree, _logits_predicting([3, 4, 0]).expand(2, -1, -1))
     assert best.tolist() == [2, 1]
+
+
+def test_tree_of_a_whole_query_block_in_a_batch():
+    """16 nodes (one full query block) in a batch: the mask must avoid the torch backend's
+    non-contiguous `.view` (see `tree.query_block_size`)."""
+    from spec_helpers import RandomDrafter, tiny_llama
+
+    from mmspec import generate
+
+    target = tiny_llama(0)
+    ids = torch.randint(3, 64, (2, 5))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=4, eos_token_id=[])
+    out = generate(target, RandomDrafter(15), ids, max_new_tokens=4, eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
