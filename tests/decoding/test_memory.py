@@ -20,11 +20,11 @@ def _live_tensor_bytes() -> tuple[int, int]:
 
 def test_no_growth_over_100_calls():
     # a tree drafter: the engine's tree, mask and cache paths and the drafter's own cache
-    target, drafter = tiny_llama(0, layers=1), ModelDrafter(tiny_llama(1, layers=1), 3, top_k=2, depth=2)
+    target, drafter = tiny_llama(0, layers=1), ModelDrafter(tiny_llama(1, layers=1), 2, top_k=2, depth=2)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     counts = []
     for i in range(100):
-        generate(target, drafter, ids + i % 7, max_new_tokens=4)
+        generate(target, drafter, ids + i % 7, max_new_tokens=3)
         if i in (9, 99):
             counts.append(_live_tensor_bytes())
     (n10, bytes10), (n100, bytes100) = counts
