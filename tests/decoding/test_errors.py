@@ -66,3 +66,26 @@ class _BadDrafter:
 def test_malformed_draft(target, draft, message):
     with pytest.raises(ValueError, match=message):
         generate(target, _BadDrafter(draft), IDS, max_new_tokens=4)
+
+
+def test_unapplied_generation_config_processors_are_refused(target):
+    target.generation_config.repetition_penalty = 1.05
+    try:
+        with pytest.raises(ValueError, match=r"generation_config.repetition_penalty=1.05 .*set "
+                                             r"target.generation_config.repetition_penalty = 1.0"):
+            generate(target, PromptLookupDrafter(), IDS)
+    finally:
+        target.generation_config.repetition_penalty = None
+
+
+def test_top_k_and_top_p_default_to_the_generation_config(target):
+    from mmspec.decoding.generate import sampling_config
+
+    target.generation_config.top_k, target.generation_config.top_p = 7, 0.8
+    try:
+        cfg = sampling_config(target, True, 1.0, None, None)
+        assert (cfg.top_k, cfg.top_p) == (7, 0.8)
+        cfg = sampling_config(target, True, 1.0, 3, 1.0)  # explicit arguments win
+        assert (cfg.top_k, cfg.top_p) == (3, 1.0)
+    finally:
+        target.generation_config.top_k = target.generation_config.top_p = None
