@@ -48,3 +48,43 @@ def test_self_drafting_accepts_everything():
     tree = ModelDrafter(target, num_tokens=3 + 9 + 9, top_k=3, depth=3)
     out = generate(target, tree, ids, max_new_tokens=21, eos_token_id=[])
     assert out.stats.accepted == 15 and out.stats.rounds == 5  # 1 + 5 * (3 + 1)
+
+
+class _CheckedDrafter:
+    """Runs a stateful ModelDrafter and checks every draft against one recomputed from scratch."""
+
+    def __init__(self, model, **kwargs):
+        self.live, self.model, self.kwargs = ModelDrafter(model, **kwargs), model, kwargs
+        self.checked = 0
+
+    def propose(self, state):
+        draft = self.live.propose(state)
+        fresh_state = DraftState(state.input_ids, state.attention_mask, state.max_tokens, round=0)
+        fresh = ModelDrafter(self.model, **self.kwargs).propose(fresh_state)
+        assert torch.equal(draft.tokens, fresh.tokens) and torch.equal(draft.parents, fresh.parents)
+        self.checked += 1
+        return draft
+
+    def update(self, result):
+        self.live.update(result)
+
+
+def test_model_drafter_cache_stays_in_step_with_holes():
+    """A batch whose rows accept different lengths (holes in the slots): the drafter's reused
+    cache gives the same drafts as a fresh drafter over the same committed slots."""
+    from test_generate import _left_padded_batch
+
+    target, draft_model = tiny_llama(0), tiny_llama(0)
+    with torch.no_grad():  # a perturbed copy of the target: it agrees often, not always
+        draft_model.lm_head.weight += 0.5 * draft_model.lm_head.weight.std() * torch.randn(
+            draft_model.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+    ids, mask = _left_padded_batch()
+    for kwargs in (dict(num_tokens=4), dict(num_tokens=6, top_k=2, depth=3)):
+        drafter = _CheckedDrafter(draft_model, **kwargs)
+        for prompt in (ids, ids.flip(0)):  # a second call must not reuse the first one's cache
+            out = generate(target, drafter, prompt, attention_mask=mask.flip(0) if prompt is not ids
+                           else mask, max_new_tokens=16, eos_token_id=[])
+            assert out.stats.rounds >= 4
+            s = out.stats
+            assert 0.1 * s.drafted < s.accepted < 0.9 * s.drafted, s  # partial acceptance: holes
+        assert drafter.checked >= 2 * 4

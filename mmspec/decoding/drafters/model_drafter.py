@@ -13,9 +13,9 @@ One deliberate difference from EAGLE: a child's score is its parent's minus a ti
 least, so the kept set is always closed under parents (EAGLE can keep an orphan on exact ties).
 
 KV cache "in step": the drafter keeps its cache in the engine's slot layout (`draft.py`). At each
-round it keeps the longest prefix of cached slots whose tokens and validity still match the
-committed ones (the accepted part of its own chain survives), crops the rest and feeds the new
-slots in one forward. It resets at round 0 of every `generate` call, so its memory is bounded by
+round it keeps the longest prefix of cached slots that are still right (the accepted part of its
+own chain survives, and its rejected tokens stay as masked holes; see `_reusable`), crops the rest
+and feeds the new slots in one forward. It resets at round 0 of every `generate` call, so its memory is bounded by
 one call's cache.
 """
 
@@ -63,12 +63,20 @@ class ModelDrafter:
     # ------------------------------------------------------------------ cache in the slot layout
 
     def _reusable(self, ids: torch.Tensor, valid: torch.Tensor) -> int:
-        """Cached slots whose tokens and validity match the committed prefix, for every row."""
+        """How many cached slots still hold the right keys for every row.
+
+        A slot now valid is right when it was fed with the same token and nothing before it
+        changed (validity or token). A slot now invalid (padding, a rejected draft token turned
+        hole) is masked, so whatever it holds is right. Rejected chain tokens thus stay cached as
+        holes, and a round re-feeds only the slots after the drafter's own chain.
+        """
         if self.cache is None or self.fed_ids.shape[0] != ids.shape[0]:
             return 0
         m = min(self.fed_ids.shape[1], ids.shape[1] - 1)  # the root is always fed again
-        same = (self.fed_valid[:, :m] == valid[:, :m]) & (~valid[:, :m] | (self.fed_ids[:, :m] == ids[:, :m]))
-        bad = (~same.all(0)).nonzero()
+        fed_ids, fed_valid, ids, valid = self.fed_ids[:, :m], self.fed_valid[:, :m], ids[:, :m], valid[:, :m]
+        changed = (fed_valid != valid) | (valid & (fed_ids != ids))  # [B, m]
+        stale = valid & (changed.cumsum(-1) > 0)
+        bad = stale.any(0).nonzero()
         return int(bad[0]) if len(bad) else m
 
     def _forward(self, ids, attention_mask, position_ids, mask=None):
