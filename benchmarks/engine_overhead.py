@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, write_section  # noqa: E402
-from mmspec import Draft, generate  # noqa: E402
+from benchmarks.report import markdown_table, write_section
+from mmspec import Draft, generate
 
 BAR = 10.0  # issue 4: engine overhead <= 10% of a target forward
 

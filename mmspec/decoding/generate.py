@@ -24,7 +24,6 @@ import inspect
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 

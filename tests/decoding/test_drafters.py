@@ -79,7 +79,7 @@ def test_model_drafter_cache_stays_in_step_with_holes():
         draft_model.lm_head.weight += 0.5 * draft_model.lm_head.weight.std() * torch.randn(
             draft_model.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
     ids, mask = _left_padded_batch()
-    for kwargs in (dict(num_tokens=4), dict(num_tokens=6, top_k=2, depth=3)):
+    for kwargs in ({"num_tokens": 4}, {"num_tokens": 6, "top_k": 2, "depth": 3}):
         drafter = _CheckedDrafter(draft_model, **kwargs)
         for prompt in (ids, ids.flip(0)):  # a second call must not reuse the first one's cache
             out = generate(target, drafter, prompt, attention_mask=mask.flip(0) if prompt is not ids

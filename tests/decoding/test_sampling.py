@@ -4,8 +4,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from spec_helpers import tiny_llama
-from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
-                                                    TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from mmspec import Draft, ModelDrafter, generate
 from mmspec.decoding.sampling import SamplingConfig, warp_logits
@@ -97,8 +101,8 @@ def _exact_joint(model, prompt, n, **warp):
 
 
 @pytest.mark.parametrize("drafter_kind,warp", [
-    ("chain_sampled", dict(temperature=0.9, top_k=4, top_p=0.95)),
-    ("tree_point_mass", dict(temperature=1.0)),
+    ("chain_sampled", {"temperature": 0.9, "top_k": 4, "top_p": 0.95}),
+    ("tree_point_mass", {"temperature": 1.0}),
 ])
 def test_generate_samples_the_target_joint(drafter_kind, warp):
     """End to end: 4 new tokens for 10000 identical rows, their joint vs the exact one."""

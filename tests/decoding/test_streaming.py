@@ -37,7 +37,7 @@ def test_text_iterator_streamer_yields_while_generating():
     target, ids, ref, drafter = _case()
     streamer = TextIteratorStreamer(WordTokenizer(), skip_prompt=True)
     thread = Thread(target=generate, args=(target, drafter, ids),
-                    kwargs=dict(max_new_tokens=12, eos_token_id=[], streamer=streamer))
+                    kwargs={"max_new_tokens": 12, "eos_token_id": [], "streamer": streamer})
     thread.start()
     chunks = list(streamer)
     thread.join()

@@ -21,8 +21,6 @@ one call's cache.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from mmspec.kernels import BlockSparseMask, register_hf_attention
@@ -37,7 +35,7 @@ _EPS = 1e-6  # strict score decrease along a path (closure under parents)
 
 
 class ModelDrafter:
-    def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: Optional[int] = None,
+    def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: int | None = None,
                  temperature: float = 0.0):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -57,8 +55,8 @@ class ModelDrafter:
         if top_k > 1:  # tree levels go through the shared layer; without a mask it is SDPA
             model.set_attn_implementation(register_hf_attention())
         self.cache = None
-        self.fed_ids: Optional[torch.Tensor] = None  # long [B, F] tokens behind the cached slots
-        self.fed_valid: Optional[torch.Tensor] = None  # bool [B, F]
+        self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
+        self.fed_valid: torch.Tensor | None = None  # bool [B, F]
 
     # ------------------------------------------------------------------ cache in the slot layout
 
