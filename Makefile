@@ -4,6 +4,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+# the venv's tools (ninja for the CPU kernel build) come first
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install run test bench clean
 

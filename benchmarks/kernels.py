@@ -1,0 +1,101 @@
+"""Block-sparse attention vs dense SDPA, side by side in one run.
+
+CPU (always): the torch backend vs dense `F.scaled_dot_product_attention`, B=1, H=4, N=16384, D=64,
+fp32, 128-token blocks, at density 1.0, 0.25 and 0.1 (random kept blocks, the same count in every
+row). Bars: >= 8x faster than dense at density 0.1; no slower than 1.3x dense at density 1.0.
+
+GPU (when CUDA is present): the Triton kernel vs SDPA's flash backend, bf16, B=1, H=16, N=32768,
+D=128. Aims: >= 0.8x flash throughput at density 1.0, >= 8x its speed at density 0.1.
+
+    python benchmarks/kernels.py [--write] [--repeats 3]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from mmspec.kernels import BlockSparseMask, block_sparse_attention
+
+try:
+    from report import markdown_table, write_section
+except ImportError:  # run as a module from the repo root
+    from benchmarks.report import markdown_table, write_section
+
+
+def random_block_mask(h, n, block, density, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    nb = n // block
+    keep = max(1, round(density * nb))
+    order = torch.rand(1, h, nb, nb, generator=g).argsort(-1)[..., :keep]
+    blocks = torch.zeros(1, h, nb, nb, dtype=torch.bool).scatter_(-1, order, True)
+    return BlockSparseMask.from_dense(blocks.to(device), block, n, n)
+
+
+def timed(fn, repeats, sync=lambda: None):
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench(device, dtype, b, h, n, d, block, densities, backend, repeats, dense_label, dense_ctx):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, generator=g).to(device, dtype) for _ in range(3))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with dense_ctx():
+        t_dense = timed(lambda: F.scaled_dot_product_attention(q, k, v), repeats, sync)
+    rows = []
+    for density in densities:
+        mask = random_block_mask(h, n, block, density, device)
+        t_sparse = timed(lambda: block_sparse_attention(q, k, v, mask, backend=backend), repeats, sync)
+        rows.append([f"{mask.density():.2f}", f"{t_dense * 1e3:.0f}", f"{t_sparse * 1e3:.0f}",
+                     f"{t_dense / t_sparse:.2f}x"])
+        print(f"density {mask.density():.2f}: {dense_label} {t_dense * 1e3:.0f} ms, "
+              f"{backend} {t_sparse * 1e3:.0f} ms, speedup {t_dense / t_sparse:.2f}x", flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from contextlib import nullcontext
+
+    header = ["density", "dense (ms)", "block-sparse (ms)", "speedup vs dense"]
+    rows = bench("cpu", torch.float32, 1, 4, 16384, 64, 128, (1.0, 0.25, 0.1), "torch",
+                 args.repeats, "dense SDPA", nullcontext)
+    speed = {r[0]: float(r[3][:-1]) for r in rows}
+    verdict = (
+        f"Bars: density 0.10 needs >= 8x (measured {speed['0.10']:.2f}x: "
+        f"{'met' if speed['0.10'] >= 8 else 'missed'}); density 1.00 needs >= 1/1.3 = 0.77x "
+        f"(measured {speed['1.00']:.2f}x: {'met' if speed['1.00'] >= 1 / 1.3 else 'missed'})."
+    )
+    body = ("CPU, torch backend vs dense `F.scaled_dot_product_attention`: B=1, H=4, N=16384, "
+            "D=64, fp32, 128x128 blocks, random kept blocks (same count per row), median of "
+            f"{args.repeats}.\n\n" + markdown_table(header, rows) + "\n\n" + verdict + "\n")
+    print(verdict)
+    if torch.cuda.is_available():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        gpu_rows = bench("cuda", torch.bfloat16, 1, 16, 32768, 128, 128, (1.0, 0.25, 0.1),
+                         "triton", max(args.repeats, 10), "SDPA flash",
+                         lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
+        body += ("\nGPU, Triton kernel vs SDPA flash backend: bf16, B=1, H=16, N=32768, D=128.\n\n"
+                 + markdown_table(header, gpu_rows) + "\n")
+    else:
+        body += "\nGPU comparison (Triton vs SDPA flash): not run, no CUDA device on this machine.\n"
+    if args.write:
+        write_section("kernels", "Block-sparse attention kernel (`benchmarks/kernels.py`)", body)
+
+
+if __name__ == "__main__":
+    main()

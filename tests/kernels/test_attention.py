@@ -1,0 +1,194 @@
+"""Backends against an fp32 reference, with flash-attention's criterion: a backend's max error is at
+most 2x that of a same-precision PyTorch implementation (SDPA in the input dtype)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmspec.kernels import BlockSparseMask, available_backends, block_sparse_attention, causal_block_mask
+
+from mmspec.kernels.backends import torch_blocks
+
+BACKENDS = ["torch", "torch-batched", "triton"]
+# floor for fp32, where the same-precision error is itself ~1e-7
+FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def make_case(seed, b, hq, hkv, nq, nk, d, bs, dtype, mask_b=None, mask_h=None, kind="token"):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
+    mb, mh = mask_b or b, mask_h or hq
+    if kind == "token":  # full, partial and empty blocks, and empty rows
+        token = torch.rand(mb, mh, nq, nk, generator=g) < 0.5
+        token[..., : bs[0], :] = True
+        token[..., 3, :] = False
+        mask = BlockSparseMask.from_token_mask(token, bs)
+    else:
+        blocks = torch.rand(mb, mh, math.ceil(nq / bs[0]), math.ceil(nk / bs[1]), generator=g) < 0.4
+        blocks[..., -1, :] = False  # an all-empty query block
+        mask = BlockSparseMask.from_dense(blocks, bs, nq, nk)
+    return q, k, v, mask
+
+
+@pytest.fixture
+def run_backend(monkeypatch):
+    """Calls a backend; "torch-batched" is the torch backend with its fused CPU kernel disabled."""
+
+    def run(backend, *args, **kwargs):
+        if backend == "torch-batched":
+            monkeypatch.setattr(torch_blocks, "_cpu_kernel", lambda: None)
+            backend = "torch"
+        return block_sparse_attention(*args, backend=backend, **kwargs)
+
+    return run
+
+
+def sdpa_same_precision(q, k, v, mask):
+    group = q.shape[1] // k.shape[1]
+    dense = mask.to_dense()
+    out = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
+                                         v.repeat_interleave(group, 1), attn_mask=dense)
+    return torch.where(dense.any(-1, keepdim=True), out, 0)
+
+
+CASES = [
+    # seed, B, Hq, Hkv, Nq, Nk, D, block, mask B, mask H, kind
+    (0, 1, 2, 2, 64, 64, 64, (32, 32), None, None, "token"),
+    (1, 2, 4, 2, 50, 90, 64, (16, 32), 1, None, "token"),  # GQA, ragged tails, batch broadcast
+    (2, 1, 2, 1, 40, 70, 128, (16, 16), 1, 1, "blocks"),  # MQA, full broadcast, D=128
+    (3, 2, 2, 2, 33, 33, 40, (16, 16), None, 1, "token"),  # odd head dim, head broadcast
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"case{c[0]}")
+def test_backend_error_budget(run_backend, backend, dtype, case):
+    q, k, v, mask = make_case(*case[:8], dtype, *case[8:])
+    out, lse = run_backend(backend, q, k, v, mask, return_lse=True)
+    ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), mask,
+                                          backend="reference", return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert not out.isnan().any() and not lse.isnan().any()
+    err = (out.float() - ref).abs().max().item()
+    err_pt = (sdpa_same_precision(q, k, v, mask).float() - ref).abs().max().item()
+    assert err <= max(2 * err_pt, FLOOR[dtype]), (err, err_pt)
+    empty = ~mask.to_dense().expand(q.shape[0], q.shape[1], -1, -1).any(-1)
+    assert torch.equal(lse.isinf(), empty) and torch.equal(ref_lse.isinf(), empty)
+    assert (out[empty] == 0).all()
+    assert (lse - ref_lse)[~empty].abs().max() < 1e-2
+
+
+def test_reference_matches_plain_softmax():
+    q, k, v, mask = make_case(5, 1, 2, 2, 24, 40, 16, (16, 16), torch.float32)
+    dense = mask.to_dense()
+    scores = (q @ k.transpose(-1, -2)) / 4.0
+    probs = torch.softmax(scores.masked_fill(~dense, float("-inf")), -1).nan_to_num(0.0)
+    out = block_sparse_attention(q, k, v, mask, backend="reference")
+    torch.testing.assert_close(out, probs @ v)
+
+
+def test_dense_mask_fast_path_matches_reference():
+    q, k, v, _ = make_case(6, 1, 4, 2, 70, 70, 32, (32, 32), torch.float32)
+    mask = BlockSparseMask.from_dense(torch.ones(1, 1, 3, 3, dtype=torch.bool), 32, 70, 70)
+    assert mask.is_dense
+    out, lse = block_sparse_attention(q, k, v, mask, backend="torch", return_lse=True)
+    ref, ref_lse = block_sparse_attention(q, k, v, mask, backend="reference", return_lse=True)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_bottom_right_matches_sdpa(run_backend, backend):
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (20, 52, 52))
+    mask = causal_block_mask(20, 52, 16)
+    expect = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.ones(20, 52, dtype=torch.bool).tril(32))
+    torch.testing.assert_close(run_backend(backend, q, k, v, mask), expect,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_agrees_with_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v, mask = make_case(8, 1, 2, 2, 48, 80, 32, (16, 16), torch.float32)
+    flex = flex_attention(q, k, v, block_mask=mask.to_flex())
+    ours = block_sparse_attention(q, k, v, mask)
+    rows = mask.to_dense().any(-1)  # flex leaves fully masked rows undefined
+    torch.testing.assert_close(ours[rows], flex[rows], atol=1e-5, rtol=1e-5)
+
+
+def test_custom_op_passes_through_torch_compile():
+    q, k, v, mask = make_case(9, 1, 2, 2, 32, 32, 16, (16, 16), torch.float32)
+
+    def fn(q, k, v):
+        return block_sparse_attention(q * 2, k, v, mask) + 1
+
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="the fused CPU kernel needs AVX2")
+def test_fused_cpu_kernel_builds_here():
+    # a silent fallback to the slower batched path would go unnoticed otherwise
+    assert torch_blocks._cpu_kernel() is not None
+
+
+def test_registry_lists_backends():
+    assert {"reference", "torch", "triton"} <= set(available_backends())
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+@pytest.fixture
+def case():
+    return make_case(10, 1, 2, 2, 32, 32, 16, (16, 16), torch.float32)
+
+
+def test_rejects_shape_mismatch(case):
+    q, k, v, mask = case
+    with pytest.raises(ValueError, match="must have the same shape"):
+        block_sparse_attention(q, k, v[:, :, :-1], mask)
+    with pytest.raises(ValueError, match="4-D"):
+        block_sparse_attention(q[0], k, v, mask)
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        block_sparse_attention(torch.randn(1, 3, 32, 16), k, v, mask)
+
+
+def test_rejects_mask_for_other_lengths(case):
+    q, k, v, mask = case
+    with pytest.raises(ValueError, match="mask is for q_len=32, kv_len=32"):
+        block_sparse_attention(q[:, :, :20], k, v, mask)
+
+
+def test_rejects_dtypes(case):
+    q, k, v, mask = case
+    with pytest.raises(TypeError, match="share a dtype"):
+        block_sparse_attention(q.half(), k, v, mask)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        block_sparse_attention(q.double(), k.double(), v.double(), mask)
+    with pytest.raises(TypeError, match="BlockSparseMask"):
+        block_sparse_attention(q, k, v, mask.to_dense())
+
+
+def test_rejects_mask_heads(case):
+    q, k, v, _ = case
+    mask = BlockSparseMask.from_dense(torch.ones(1, 3, 2, 2, dtype=torch.bool), 16, 32, 32)
+    with pytest.raises(ValueError, match="batch/head"):
+        block_sparse_attention(q, k, v, mask)
+
+
+def test_rejects_unknown_or_unfit_backend(case):
+    q, k, v, mask = case
+    with pytest.raises(ValueError, match="backend must be"):
+        block_sparse_attention(q, k, v, mask, backend="cuda")
+    odd = BlockSparseMask.from_dense(torch.ones(1, 1, 4, 4, dtype=torch.bool), 8, 32, 32)
+    with pytest.raises(ValueError, match="powers of two"):
+        block_sparse_attention(q, k, v, odd, backend="triton")

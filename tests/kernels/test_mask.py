@@ -1,0 +1,152 @@
+import math
+
+import pytest
+import torch
+
+from mmspec.kernels import (
+    BlockSparseMask,
+    causal_block_mask,
+    prefix_block_mask,
+    tree_ancestors,
+    tree_block_mask,
+    tree_depths,
+)
+
+
+def expand_blocks(block_bool, bq, bk, q_len, kv_len):
+    dense = block_bool.repeat_interleave(bq, -2).repeat_interleave(bk, -1)
+    return dense[..., :q_len, :kv_len]
+
+
+@pytest.mark.parametrize("q_len,kv_len,bs", [(64, 64, 16), (100, 150, 32), (7, 300, (16, 64))])
+def test_from_dense_round_trip(q_len, kv_len, bs):
+    bq, bk = (bs, bs) if isinstance(bs, int) else bs
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.rand(2, 3, math.ceil(q_len / bq), math.ceil(kv_len / bk), generator=g) < 0.4
+    mask = BlockSparseMask.from_dense(blocks, bs, q_len, kv_len)
+    assert torch.equal(mask.to_dense(), expand_blocks(blocks, bq, bk, q_len, kv_len))
+    assert torch.equal(mask.block_layout() == 2, blocks)
+    assert mask.density() == pytest.approx(blocks.float().mean().item())
+    assert mask.kv_num_blocks.sum() == 0
+
+
+@pytest.mark.parametrize("shape,bs", [((1, 1, 50, 70), 16), ((2, 3, 33, 65), (16, 32))])
+def test_from_token_mask_classifies_blocks(shape, bs):
+    g = torch.Generator().manual_seed(1)
+    token = torch.rand(shape, generator=g) < 0.5
+    token[..., :16, :] = True  # some full blocks
+    token[..., -5:, :] = False  # some empty rows and blocks
+    mask = BlockSparseMask.from_token_mask(token, bs)
+    assert torch.equal(mask.to_dense(), token)
+    layout = mask.block_layout()
+    bq, bk = (bs, bs) if isinstance(bs, int) else bs
+    for m in range(layout.shape[2]):
+        for n in range(layout.shape[3]):
+            tile = token[..., m * bq:(m + 1) * bq, n * bk:(n + 1) * bk]
+            expect = torch.where(tile.flatten(-2).all(-1), 2, torch.where(tile.flatten(-2).any(-1), 1, 0))
+            assert torch.equal(layout[..., m, n], expect.to(torch.int8))
+
+
+def test_ragged_tail_block_can_be_full():
+    token = torch.ones(1, 1, 20, 20, dtype=torch.bool)
+    mask = BlockSparseMask.from_token_mask(token, 16)
+    assert mask.is_dense and mask.kv_num_blocks.sum() == 0
+
+
+@pytest.mark.parametrize("q_len,kv_len,bs", [(64, 64, 16), (30, 100, 16), (100, 100, (32, 16)), (1, 77, 16)])
+def test_causal_fast_constructor_matches_generic(q_len, kv_len, bs):
+    fast = causal_block_mask(q_len, kv_len, bs)
+    token = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)[None, None]
+    generic = BlockSparseMask.from_token_mask(token, bs)
+    assert torch.equal(fast.to_dense(), token)
+    assert torch.equal(fast.block_layout(), generic.block_layout())
+
+
+def test_tree_ancestors_and_depths():
+    parents = torch.tensor([-1, 0, 0, 1, 3, -1])
+    anc = tree_ancestors(parents)
+    assert anc[4].nonzero().flatten().tolist() == [0, 1, 3, 4]
+    assert anc[5].nonzero().flatten().tolist() == [5]
+    assert tree_depths(parents).tolist() == [0, 1, 1, 2, 3, 0]
+    chain = tree_ancestors(torch.arange(-1, 5))
+    assert torch.equal(chain, torch.ones(6, 6, dtype=torch.bool).tril())
+
+
+def test_tree_block_mask_sees_prefix_and_ancestors_only():
+    parents = torch.tensor([-1, 0, 0, 1, 2])
+    mask = tree_block_mask(parents, prefix_len=20, block_size=16)
+    dense = mask.to_dense()[0, 0]
+    assert dense.shape == (5, 25)
+    assert dense[:, :20].all()
+    assert torch.equal(dense[:, 20:], tree_ancestors(parents))
+
+
+@pytest.mark.parametrize("bad", [[0], [-1, 1], [-1, 0, -2]])
+def test_tree_rejects_bad_parents(bad):
+    with pytest.raises(ValueError, match="parents"):
+        tree_block_mask(torch.tensor(bad), prefix_len=4)
+
+
+@pytest.mark.parametrize("prefix_causal", [True, False])
+def test_prefix_block_mask(prefix_causal):
+    p, k = 37, 20
+    mask = prefix_block_mask(p, k, block_size=16, prefix_causal=prefix_causal)
+    n = p + k
+    q = torch.arange(n)[:, None]
+    kv = torch.arange(n)[None, :]
+    prefix_rows = (kv < p) & ((kv <= q) if prefix_causal else True)
+    expect = torch.where(q >= p, torch.ones(n, n, dtype=torch.bool), prefix_rows)
+    assert torch.equal(mask.to_dense()[0, 0], expect)
+    generic = BlockSparseMask.from_token_mask(expect[None, None], 16)
+    assert torch.equal(mask.block_layout(), generic.block_layout())
+
+
+def test_to_flex_layout_matches():
+    token = torch.rand(2, 1, 40, 72, generator=torch.Generator().manual_seed(3)) < 0.3
+    mask = BlockSparseMask.from_token_mask(token, 16)
+    flex = mask.to_flex()
+    ours = mask.block_layout() > 0
+    assert torch.equal(flex.to_dense().bool(), ours)
+    assert flex.seq_lengths == (40, 72)
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+def valid_parts():
+    mask = BlockSparseMask.from_token_mask(torch.rand(1, 2, 32, 48) < 0.5, 16)
+    return dict(kv_num_blocks=mask.kv_num_blocks, kv_indices=mask.kv_indices,
+                full_kv_num_blocks=mask.full_kv_num_blocks, full_kv_indices=mask.full_kv_indices,
+                partial_masks=mask.partial_masks, block_size=(16, 16), q_len=32, kv_len=48)
+
+
+def test_valid_parts_construct():
+    BlockSparseMask(**valid_parts())
+
+
+@pytest.mark.parametrize("edit,error,match", [
+    (lambda p: p.update(full_kv_indices=p["full_kv_indices"].long()), TypeError, "dtype"),
+    (lambda p: p.update(q_len=100), ValueError, "shape"),
+    (lambda p: p.update(block_size=(16, 0)), ValueError, "block_size"),
+    (lambda p: p.update(full_kv_num_blocks=p["full_kv_num_blocks"] + 9), ValueError, r"\[0, 3\]"),
+    (lambda p: p.update(full_kv_indices=torch.full_like(p["full_kv_indices"], 7),
+                        full_kv_num_blocks=torch.ones_like(p["full_kv_num_blocks"])),
+     ValueError, "must lie in"),
+    (lambda p: p.update(full_kv_indices=torch.zeros_like(p["full_kv_indices"]),
+                        full_kv_num_blocks=torch.full_like(p["full_kv_num_blocks"], 2)),
+     ValueError, "twice"),
+    (lambda p: p.update(q_len=0), ValueError, "q_len"),
+])
+def test_bad_mask_tensors_raise(edit, error, match):
+    parts = valid_parts()
+    parts["kv_num_blocks"] = torch.zeros_like(parts["kv_num_blocks"])  # only full blocks in play
+    edit(parts)
+    with pytest.raises(error, match=match):
+        BlockSparseMask(**parts)
+
+
+def test_from_dense_rejects_wrong_block_count():
+    with pytest.raises(ValueError, match="need"):
+        BlockSparseMask.from_dense(torch.ones(1, 1, 2, 3, dtype=torch.bool), 16, 64, 48)
+    with pytest.raises(TypeError, match="bool"):
+        BlockSparseMask.from_dense(torch.ones(1, 1, 2, 3), 16, 32, 48)
