@@ -1,3 +1,14 @@
 """mmspec: make multimodal and diffusion models generate faster without changing what they generate."""
 
 __version__ = "0.1.0"
+
+__all__ = ["Draft", "ModelDrafter", "PromptLookupDrafter", "SpecOutput", "generate"]
+
+
+def __getattr__(name):
+    # lazy: `mmspec.kernels` users should not pay for importing transformers
+    if name in __all__:
+        from . import decoding
+
+        return getattr(decoding, name)
+    raise AttributeError(f"module 'mmspec' has no attribute {name!r}")

@@ -67,8 +67,9 @@ class DraftState:
     input_ids:      long `[B, S]`, committed tokens in slot layout (module docstring); the last
                     column is every row's root.
     attention_mask: long `[B, S]`, 0 on left padding and on holes.
-    max_tokens:     int >= 1, the most draft nodes the engine will verify this round (it already
-                    accounts for `max_new_tokens`); a longer draft is truncated.
+    max_tokens:     int >= 1, the most draft tokens a row can still commit this round
+                    (`max_new_tokens` minus what the row has, minus the bonus token): tree depth
+                    beyond it is wasted. The drafter's own budget bounds the number of nodes.
     position_ids:   long `[B, 1]`, or `[A, B, 1]` for multi-axis RoPE (Qwen2.5-VL's M-RoPE, with
                     `rope_deltas` included): the target's position of each root. A draft node at
                     tree depth d (0 for a child of the root) gets `position_ids + 1 + d`.

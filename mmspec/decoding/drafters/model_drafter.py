@@ -1,0 +1,168 @@
+"""`ModelDrafter`: a small autoregressive model with the target's vocabulary drafts a chain or a tree.
+
+Chain (`top_k=1`): `num_tokens` tokens, one drafter forward each (Leviathan et al. 2023). Greedy by
+default (a point-mass proposal); with `temperature > 0` it samples and hands its probabilities to
+the verifier, which then uses the min(1, p/q) rule.
+
+Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec.md §1.5). Each of
+`depth` levels expands the current top-k frontier by its top-k children, scores nodes by
+cumulative draft log-probability, keeps the best `top_k` as the next frontier, and finally the best
+`num_tokens` nodes over all levels form the tree. Frontier nodes are fed through the shared
+block-sparse layer with a tree mask. Tree nodes are chosen, not sampled: a point-mass proposal.
+One deliberate difference from EAGLE: a child's score is its parent's minus a tiny epsilon at
+least, so the kept set is always closed under parents (EAGLE can keep an orphan on exact ties).
+
+KV cache "in step": the drafter keeps its cache in the engine's slot layout (`draft.py`). At each
+round it keeps the longest prefix of cached slots whose tokens and validity still match the
+committed ones (the accepted part of its own chain survives), crops the rest and feeds the new
+slots in one forward. It resets at round 0 of every `generate` call, so its memory is bounded by
+one call's cache.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from mmspec.kernels import BlockSparseMask, register_hf_attention
+
+from .. import kv_cache
+from ..draft import Draft, DraftState, VerifyResult
+from ..tree import BLOCK_SIZE
+
+# vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
+DEFAULT_TREE_DEPTH = 4
+_EPS = 1e-6  # strict score decrease along a path (closure under parents)
+
+
+class ModelDrafter:
+    def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: Optional[int] = None,
+                 temperature: float = 0.0):
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if temperature > 0 and top_k > 1:
+            raise ValueError("temperature > 0 samples a chain; a top-k tree (top_k > 1) is chosen "
+                             "deterministically, so it needs temperature=0")
+        self.model = model.eval()
+        self.num_tokens = num_tokens
+        self.top_k = top_k
+        self.depth = depth if depth is not None else (num_tokens if top_k == 1 else DEFAULT_TREE_DEPTH)
+        self.temperature = temperature
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        if top_k > 1:  # tree levels go through the shared layer; without a mask it is SDPA
+            model.set_attn_implementation(register_hf_attention())
+        self.cache = None
+        self.fed_ids: Optional[torch.Tensor] = None  # long [B, F] tokens behind the cached slots
+        self.fed_valid: Optional[torch.Tensor] = None  # bool [B, F]
+
+    # ------------------------------------------------------------------ cache in the slot layout
+
+    def _reusable(self, ids: torch.Tensor, valid: torch.Tensor) -> int:
+        """Cached slots whose tokens and validity match the committed prefix, for every row."""
+        if self.cache is None or self.fed_ids.shape[0] != ids.shape[0]:
+            return 0
+        m = min(self.fed_ids.shape[1], ids.shape[1] - 1)  # the root is always fed again
+        same = (self.fed_valid[:, :m] == valid[:, :m]) & (~valid[:, :m] | (self.fed_ids[:, :m] == ids[:, :m]))
+        bad = (~same.all(0)).nonzero()
+        return int(bad[0]) if len(bad) else m
+
+    def _forward(self, ids, attention_mask, position_ids, mask=None):
+        kwargs = {} if mask is None else {"block_sparse_mask": mask}
+        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=self.cache, use_cache=True, return_dict=True, **kwargs)
+        self.cache = out.past_key_values
+        return out.logits.float()
+
+    def _catch_up(self, state: DraftState) -> torch.Tensor:
+        """Feed the slots the cache lacks; returns the drafter's logits at the roots `[B, V]`."""
+        ids, valid = state.input_ids, state.attention_mask.bool()
+        if state.round == 0:
+            self.cache = None
+        start = self._reusable(ids, valid)
+        if self.cache is not None:
+            kv_cache.crop(self.cache, start)
+        pos = (valid.long().cumsum(-1) - 1).clamp_min(0)  # [B, S]
+        logits = self._forward(ids[:, start:], valid.long(), pos[:, start:])
+        self.fed_ids, self.fed_valid = ids, valid
+        return logits[:, -1]
+
+    # ------------------------------------------------------------------------------- drafting
+
+    def propose(self, state: DraftState) -> Draft:
+        root_logits = self._catch_up(state)
+        depth = min(self.depth, state.max_tokens)
+        if self.top_k == 1:
+            return self._chain(state, root_logits, min(self.num_tokens, depth))
+        return self._tree(state, root_logits, depth)
+
+    def _chain(self, state, logits, n) -> Draft:
+        valid = state.attention_mask.bool()
+        pos = valid.long().sum(-1, keepdim=True) - 1  # [B, 1] root position
+        tokens, probs = [], []
+        for i in range(n):
+            if self.temperature > 0:
+                p = (logits / self.temperature).softmax(-1)  # [B, V]
+                tok = torch.multinomial(p, 1)[:, 0]
+                probs.append(p)
+            else:
+                tok = logits.argmax(-1)
+            tokens.append(tok)
+            if i + 1 < n:
+                valid = torch.cat([valid, valid.new_ones(len(tok), 1)], 1)
+                logits = self._forward(tok[:, None], valid.long(), pos + 1 + i)[:, -1]
+                self.fed_ids = torch.cat([self.fed_ids, tok[:, None]], 1)
+                self.fed_valid = valid
+        return Draft.chain(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None)
+
+    def _tree(self, state, logits, depth) -> Draft:
+        valid = state.attention_mask.bool()  # [B, S]
+        b, s = valid.shape
+        k = self.top_k
+        root_pos = valid.long().sum(-1, keepdim=True) - 1  # [B, 1]
+        logp, tok = logits.log_softmax(-1).topk(k, dim=-1)  # [B, K]
+        cand_tok, cand_score = [tok], [logp]
+        cand_parent = [torch.full((b, k), -1, dtype=torch.long, device=tok.device)]
+        front = torch.arange(k, device=tok.device).expand(b, k)  # candidate ids of the frontier
+        front_tok, front_score = tok, logp
+        fed_anc = torch.zeros(b, 0, 0, dtype=torch.bool, device=tok.device)  # [B, M, M]
+        front_fed = torch.zeros(b, k, dtype=torch.long, device=tok.device)  # unused at level 0
+        n_cand = k
+        for level in range(1, depth):
+            # ancestors of the frontier among fed tree nodes: parent's row plus itself
+            m = fed_anc.shape[1]
+            rows = torch.arange(b, device=tok.device)[:, None]
+            parent_rows = fed_anc[rows, front_fed] if level > 1 else fed_anc.new_zeros(b, k, 0)
+            new_rows = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=tok.device).expand(b, k, k)], -1)
+            fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(b, m, k)], -1), new_rows], 1)
+            token_mask = torch.cat([valid[:, None, :].expand(b, k, s), new_rows], -1)  # [B, K, S+M+K]
+            mask = BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)
+            attn = torch.cat([valid, valid.new_ones(b, m + k)], 1).long()
+            lg = self._forward(front_tok, attn, root_pos + level, mask)  # [B, K, V]
+            child_logp, child_tok = lg.log_softmax(-1).topk(k, dim=-1)  # [B, K, K]
+            score = front_score[..., None] + child_logp.clamp_max(-_EPS)
+            cand_tok.append(child_tok.flatten(1))
+            cand_score.append(score.flatten(1))
+            cand_parent.append(front[..., None].expand(b, k, k).flatten(1))
+            best = score.flatten(1).topk(k, dim=-1).indices  # [B, K] among the K*K children
+            front = n_cand + best
+            front_fed = m + best // k  # fed index of each new frontier node's parent
+            front_tok = child_tok.flatten(1).gather(1, best)
+            front_score = score.flatten(1).gather(1, best)
+            n_cand += k * k
+        kv_cache.crop(self.cache, s)  # tree entries are not committed slots
+        tokens, scores = torch.cat(cand_tok, 1), torch.cat(cand_score, 1)  # [B, C]
+        parents = torch.cat(cand_parent, 1)
+        n = min(self.num_tokens, tokens.shape[1])
+        sel = scores.topk(n, dim=-1).indices.sort(-1).values  # [B, N], parents first
+        where = torch.full_like(tokens, -1).scatter(1, sel, torch.arange(n, device=sel.device).expand(b, n))
+        par = parents.gather(1, sel)
+        new_par = torch.where(par < 0, -1, where.gather(1, par.clamp_min(0)))
+        return Draft(tokens.gather(1, sel), new_par)
+
+    def update(self, result: VerifyResult) -> None:
+        """Nothing to do: `propose` re-syncs the cache from the committed slots."""

@@ -1,0 +1,277 @@
+"""`generate`: lossless speculative decoding for any Hugging Face causal LM or VLM.
+
+One round (Leviathan et al. 2023, tree verification as in SpecInfer / EAGLE-2):
+
+    draft   = drafter.propose(state)                  # a tree below each row's last token
+    logits  = target(root + draft nodes, tree mask)   # one forward, shared block-sparse layer
+    path    = verify(draft, logits)                   # greedy match or rejection sampling
+    commit(path): gather its KV entries, append the tokens and the target's bonus token
+    drafter.update(result)
+
+The target stays an unmodified transformers model: the prompt goes through its own
+`prepare_inputs_for_generation` (so `pixel_values`, `image_grid_thw`, M-RoPE positions work as in
+`model.generate`), and every verification forward passes `block_sparse_mask=` to the attention
+function `mmspec_block_sparse` (`mmspec.kernels.register_hf_attention`), which `generate` switches
+the target to for the call (it is transformers' SDPA when no mask is passed).
+
+Batches: rows are left-padded and each row accepts its own number of tokens, so the KV cache and
+the token slots get *holes* that the mask hides (see `draft.py`); no row waits for another.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from mmspec.kernels import register_hf_attention
+
+from . import kv_cache
+from .draft import Draft, DraftState, VerifyResult
+from .positions import prefill_position_ids
+from .sampling import SamplingConfig, target_probs
+from .stats import SpecStats
+from .tree import build_tree, verify_mask
+from .verify import verify_greedy, verify_sampling
+
+
+@dataclass
+class SpecOutput:
+    """sequences: long `[B, L + n]`, the (left-padded) prompt then the new tokens, padded after EOS."""
+
+    sequences: torch.Tensor
+    stats: SpecStats
+
+
+def vocab_size(model) -> int:
+    """Rows of the model's output embedding: the size of its logits."""
+    head = model.get_output_embeddings()
+    if head is not None:
+        return head.weight.shape[0]
+    return model.config.get_text_config(decoder=True).vocab_size
+
+
+@contextmanager
+def block_sparse_attention_of(model):
+    """Route the model's attention through mmspec's layer for the duration of the block."""
+    name = register_hf_attention()
+    old = model.config._attn_implementation
+    if old != name:
+        model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        if old != name:
+            model.set_attn_implementation(old)
+
+
+def _sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _eos_ids(target, eos_token_id) -> torch.Tensor:
+    if eos_token_id is None:
+        eos_token_id = target.generation_config.eos_token_id
+    if eos_token_id is None:
+        return torch.zeros(0, dtype=torch.long)
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a long tensor [B, L], got "
+                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
+                         f"{tuple(getattr(input_ids, 'shape', ()))}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
+                             f"{tuple(attention_mask.shape)}")
+        if not attention_mask[:, -1].bool().all():
+            raise ValueError("attention_mask must be left-padded (every row's last token real); "
+                             "set tokenizer.padding_side = 'left'")
+    if input_ids.shape[0] > 1 and pad_token_id is None:
+        raise ValueError(f"a batch of {input_ids.shape[0]} rows needs a padding token: pass "
+                         f"pad_token_id= or set target.generation_config.pad_token_id")
+    drafter_vocab = getattr(drafter, "vocab_size", None)
+    if drafter_vocab is not None and drafter_vocab != vocab_size(target):
+        raise ValueError(f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
+                         f"({vocab_size(target)} tokens); target and drafter must share a tokenizer "
+                         f"and an output vocabulary")
+
+
+def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
+    """logits `[B, V]` -> long `[B]`, greedy or sampled from the warped target distribution."""
+    if not cfg.do_sample:
+        return logits.argmax(-1)
+    return torch.multinomial(target_probs(logits, cfg), 1, generator=generator)[:, 0]
+
+
+def _prefill(target, input_ids, attention_mask, model_kwargs, need_hidden):
+    """The prompt forward, as `target.generate` runs it (no mask without padding, last logits only)."""
+    position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
+    if "logits_to_keep" in inspect.signature(target.forward).parameters:
+        model_kwargs = {"logits_to_keep": 1, **model_kwargs}
+    mask = None if bool(attention_mask.all()) else attention_mask
+    inputs = target.prepare_inputs_for_generation(
+        input_ids, past_key_values=None, attention_mask=mask, position_ids=position_ids,
+        use_cache=True, is_first_iteration=True, **model_kwargs)
+    out = target(**inputs, output_hidden_states=need_hidden, return_dict=True)
+    hidden = out.hidden_states[-1] if need_hidden else None
+    return out.logits[:, -1], out.past_key_values, position_ids, hidden
+
+
+class _Rows:
+    """Per-row output buffer: committed tokens, counts, EOS and budget bookkeeping."""
+
+    def __init__(self, batch, max_new_tokens, eos, pad, device):
+        self.tokens = torch.full((batch, max_new_tokens), pad, dtype=torch.long, device=device)
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.live = torch.ones(batch, dtype=torch.bool, device=device)
+        self.eos = eos.to(device)
+        self.max_new = max_new_tokens
+
+    def commit(self, new: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
+        """new long `[B, K]`, num long `[B]` -> tokens committed per row after EOS/budget cuts."""
+        k = new.shape[1]
+        col = torch.arange(k, device=new.device)
+        num = torch.where(self.live, torch.minimum(num, self.max_new - self.count), 0)
+        is_eos = torch.isin(new, self.eos) & (col < num[:, None])  # [B, K]
+        hit = is_eos.any(-1)
+        num = torch.where(hit, is_eos.int().argmax(-1) + 1, num)
+        keep = col < num[:, None]
+        rows = torch.arange(new.shape[0], device=new.device)[:, None].expand_as(new)
+        self.tokens[rows[keep], (self.count[:, None] + col)[keep]] = new[keep]
+        self.count += num
+        self.live &= ~hit & (self.count < self.max_new)
+        return num
+
+
+def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32, do_sample=False,
+             temperature=1.0, top_k=None, top_p=None, eos_token_id=None, streamer=None,
+             pad_token_id=None, generator=None, **model_kwargs) -> SpecOutput:
+    """Speculative decoding with `drafter`; output distributed exactly as `target.generate`'s.
+
+    Args:
+        target: a transformers causal LM or VLM (`...ForCausalLM`, `...ForConditionalGeneration`).
+        drafter: an object with `propose(DraftState) -> Draft` and `update(VerifyResult)`.
+        input_ids: long `[B, L]`, left-padded when B > 1.
+        attention_mask: `[B, L]`, 0 on padding; None means no padding.
+        max_new_tokens: new tokens per row, at most.
+        do_sample, temperature, top_k, top_p: the target's sampling (transformers' semantics).
+        eos_token_id: int or list; None means `target.generation_config.eos_token_id`.
+        streamer: a transformers `TextStreamer` / `TextIteratorStreamer` (batch 1).
+        pad_token_id: fills rows after their EOS; None means the target's generation config.
+            Required when B > 1.
+        generator: optional `torch.Generator` for the sampling draws.
+        **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...).
+    """
+    cfg = SamplingConfig(do_sample, temperature, top_k, top_p)
+    if pad_token_id is None:
+        pad_token_id = target.generation_config.pad_token_id
+    _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    with block_sparse_attention_of(target), torch.no_grad():
+        return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens, cfg,
+                         _eos_ids(target, eos_token_id), streamer,
+                         0 if pad_token_id is None else pad_token_id, generator, model_kwargs)
+
+
+def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, streamer,
+              pad, generator, model_kwargs) -> SpecOutput:
+    device = input_ids.device
+    stats = SpecStats()
+    start = _sync(device)
+    need_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+    vocab = vocab_size(target)
+
+    logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
+                                                 need_hidden)
+    first = _pick(logits, cfg, generator)  # [B]
+    rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
+    rows.commit(first[:, None], torch.ones_like(first))
+    stats.new_tokens += input_ids.shape[0]
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+        streamer.put(first.cpu())
+    slot_ids = torch.cat([input_ids, first[:, None]], dim=1)  # [B, S]; last column: the roots
+    slot_valid = torch.cat([attention_mask.bool(), torch.ones_like(first[:, None], dtype=torch.bool)], 1)
+    root_pos = prompt_pos[..., -1:] + 1  # [..., B, 1] position of each root
+    stats.prefill_time = _sync(device) - start
+
+    while rows.live.any():
+        t0 = _sync(device)
+        depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
+        state = DraftState(slot_ids, slot_valid.long(), depth_cap, root_pos, stats.rounds,
+                           hidden, model_kwargs)
+        draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
+        t1 = _sync(device)
+        tree = build_tree(slot_ids[:, -1], draft, vocab)
+        mask = verify_mask(tree, slot_valid[:, :-1])
+        n = tree.num_nodes
+        positions = root_pos + tree.depth  # [..., B, N]
+        attn_2d = torch.cat([slot_valid[:, :-1], tree.valid.new_ones(tree.valid.shape)], 1).long()
+        t2 = _sync(device)
+        out = target(input_ids=tree.tokens, attention_mask=attn_2d, position_ids=positions,
+                     past_key_values=cache, use_cache=True, block_sparse_mask=mask,
+                     output_hidden_states=need_hidden, return_dict=True)
+        t3 = _sync(device)
+        if cfg.do_sample:
+            best, bonus = verify_sampling(tree, target_probs(out.logits, cfg), generator)
+        else:
+            best, bonus = verify_greedy(tree, out.logits)
+
+        # commit: the root and the accepted nodes, in path order, at cache slots [C, C + K)
+        b_idx = torch.arange(len(best), device=device)
+        depth = tree.depth[b_idx, best]  # [B] draft tokens accepted
+        k = int(depth.max()) + 1
+        on_path = tree.anc[b_idx, best]  # [B, N]
+        keep = torch.argsort((~on_path).to(torch.int8), dim=1, stable=True)[:, :k]  # [B, K]
+        keep_valid = torch.arange(k, device=device) < (depth + 1)[:, None]
+        kv_cache.commit_path(cache, slot_ids.shape[1] - 1, keep)
+        path_tokens = tree.tokens.gather(1, keep)[:, 1:]  # [B, K-1]
+        new = torch.cat([path_tokens, bonus[:, None]], dim=1)
+        new[b_idx, depth] = bonus  # the bonus right after each row's accepted tokens
+        live = rows.live.clone()
+        num = rows.commit(new, depth + 1)
+        slot_ids = torch.cat([slot_ids, path_tokens, bonus[:, None]], dim=1)
+        slot_valid = torch.cat([slot_valid, keep_valid[:, 1:], keep_valid[:, :1]], dim=1)
+        root_pos = root_pos + (depth + 1)[:, None]
+        hidden = out.hidden_states[-1].gather(
+            1, keep[..., None].expand(-1, -1, out.hidden_states[-1].shape[-1])) if need_hidden else None
+        t4 = _sync(device)
+
+        if streamer is not None and num[0] > 0:
+            streamer.put(new[0, : num[0]].cpu())
+        drafter.update(VerifyResult(
+            num_accepted=torch.where(live, depth, 0),
+            new_tokens=[new[b, : num[b]] for b in range(len(num))],
+            accepted_nodes=[keep[b, 1 : depth[b] + 1] - 1 for b in range(len(num))],
+            target_hidden=hidden,
+        ))
+        t5 = _sync(device)
+        stats.rounds += 1
+        stats.row_rounds += int(live.sum())
+        stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
+        stats.accepted += int(torch.minimum(depth, num)[live].sum())
+        stats.new_tokens += int(num.sum())
+        stats.draft_time += (t1 - t0) + (t5 - t4)
+        stats.verify_time += t4 - t1
+        stats.target_forward_time += t3 - t2
+
+    if streamer is not None:
+        streamer.end()
+    stats.total_time = _sync(device) - start
+    sequences = torch.cat([input_ids, rows.tokens[:, : int(rows.count.max())]], dim=1)
+    return SpecOutput(sequences, stats)

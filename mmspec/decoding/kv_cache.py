@@ -1,0 +1,52 @@
+"""Commit the accepted path of a verified tree in a Hugging Face `Cache`, and crop caches.
+
+After the verification forward the cache holds `start` committed entries followed by the entries
+of every tree node. Each row keeps the entries of its root and accepted path, which are scattered
+over the tree's nodes, so cropping alone cannot do it: `commit_path` gathers them with an index
+select per row into `[start, start + K)` and drops the rest. Rows that accepted fewer than `K - 1`
+tokens leave holes there, which the engine masks out.
+
+Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` tensors (transformers'
+`DynamicCache` and its `DynamicLayer`s). Sliding-window, static and linear-attention layers are
+refused: their contents cannot be compacted this way.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache
+from transformers.cache_utils import DynamicLayer
+
+
+def _layers(cache: Cache):
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise TypeError(
+                f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "
+                f"needs DynamicLayer (full attention) layers"
+            )
+        if layer.is_initialized and layer.keys.numel():
+            yield layer
+
+
+def commit_path(cache: Cache, start: int, keep: torch.Tensor) -> None:
+    """Keep, per row, the entries `start + keep[b]` in order, at `[start, start + K)`.
+
+    keep: long `[B, K]`, indices relative to `start`, in the tree's node order (root is 0).
+    """
+    b, k = keep.shape
+    for layer in _layers(cache):
+        h, d = layer.keys.shape[1], layer.keys.shape[3]
+        idx = keep.to(layer.keys.device)[:, None, :, None].expand(b, h, k, d)  # [B, H, K, D]
+        for name in ("keys", "values"):
+            full = getattr(layer, name)  # [B, H, start + N, D]
+            picked = full[:, :, start:].gather(2, idx)  # [B, H, K, D]
+            full[:, :, start : start + k] = picked
+            setattr(layer, name, full[:, :, : start + k])
+
+
+def crop(cache: Cache, length: int) -> None:
+    """Keep the first `length` entries of every layer."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]

@@ -1,0 +1,33 @@
+"""Position ids for the prefill and for the nodes of a draft tree, M-RoPE included.
+
+transformers' `generate` takes the prompt's positions from the model's
+`_prepare_position_ids_for_generation` (`attention_mask.cumsum(-1) - 1` for left-padded text
+models; `[4, B, L]` for Qwen2.5-VL: a text row plus the three M-RoPE axes from `get_rope_index`,
+which also stores `rope_deltas`) and then gives every new token the last position plus one on every
+axis. A tree node at depth d below the root therefore sits at `root + 1 + d` on every axis, siblings
+share a position, and for Qwen2.5-VL this is the text position plus `rope_deltas` broadcast to the
+three M-RoPE axes (ViSpec / EAGLE-2 tree positions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def prefill_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         model_kwargs: dict) -> torch.Tensor:
+    """long `[B, L]` or `[A, B, L]`: what `model.generate` would use for the prompt."""
+    prepare = getattr(model, "_prepare_position_ids_for_generation", None)
+    if prepare is None:  # transformers < 5: no hook, text models use the cumsum rule
+        pos = attention_mask.long().cumsum(-1) - 1
+        return pos.masked_fill(attention_mask == 0, 0)
+    kwargs = {**model_kwargs, "attention_mask": attention_mask, "input_ids": input_ids}
+    return prepare(input_ids, kwargs)
+
+
+def next_position_ids(position_ids: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Positions `steps` tokens after the last one.
+
+    position_ids: long `[..., B, L]`; steps: long `[B, N]` (>= 1). Returns `[..., B, N]`.
+    """
+    return position_ids[..., -1:] + steps

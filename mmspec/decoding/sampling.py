@@ -1,0 +1,62 @@
+"""Logits to target probabilities: temperature, then top-k, then top-p.
+
+The order and the tie rules are those of transformers' `TemperatureLogitsWarper`,
+`TopKLogitsWarper` and `TopPLogitsWarper` (keep at least one token; top-p drops the tokens whose
+ascending cumulative probability is at most `1 - top_p`), so sampling draws from the distribution
+`target.generate(do_sample=True, ...)` samples from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+
+    def __post_init__(self):
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when do_sample=True, got {self.temperature}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1, got {self.top_k!r}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+
+
+def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """float `[..., V]` -> float32 `[..., V]` logits with filtered tokens at -inf."""
+    logits = logits.float() / cfg.temperature
+    if cfg.top_k is not None and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1)  # ascending
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= 1 - cfg.top_p
+        drop_sorted[..., -1] = False  # keep at least one token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """float `[..., V]` -> probabilities `[..., V]` (float32) the target samples from."""
+    return warp_logits(logits, cfg).softmax(-1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """`norm(max(p - q, 0))` over the last dim; rows where p <= q everywhere keep p.
+
+    After a rejection this is the distribution the next candidate is tested against (SpecInfer
+    multi-candidate rejection; with q a point mass it is p with that token removed).
+    """
+    r = (p - q).clamp_min(0)
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(1e-30), p)

@@ -1,0 +1,50 @@
+"""`SpecStats`: what a speculative `generate` call did, and how fast.
+
+tau conventions (vispec.md §1.5): EAGLE papers report tau *with* the bonus token (tokens per
+target forward), ViSpec without it. Both are given, averaged over (row, round) pairs so that batch
+rows count like separate requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class SpecStats:
+    rounds: int = 0  # verification forwards of the target (the prefill not counted)
+    row_rounds: int = 0  # (row, round) pairs with the row still generating
+    drafted: int = 0  # draft nodes proposed to live rows
+    accepted: int = 0  # draft tokens accepted and committed (bonus excluded, cut at EOS/budget)
+    new_tokens: int = 0  # tokens committed, all rows, the prefill's first token included
+    draft_time: float = 0.0  # seconds in drafter.propose and drafter.update
+    verify_time: float = 0.0  # seconds from a draft to its commit (target forward included)
+    target_forward_time: float = 0.0  # seconds in the target's verification forwards alone
+    prefill_time: float = 0.0
+    total_time: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """tau with the bonus token: tokens committed per row per target forward."""
+        return (self.accepted + self.row_rounds) / max(self.row_rounds, 1)
+
+    @property
+    def mean_accepted_no_bonus(self) -> float:
+        """tau without the bonus token (ViSpec's convention)."""
+        return self.accepted / max(self.row_rounds, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "mean_accepted": self.mean_accepted,
+                "mean_accepted_no_bonus": self.mean_accepted_no_bonus,
+                "tokens_per_s": self.tokens_per_s}
+
+    def __str__(self) -> str:
+        return (f"{self.new_tokens} tokens in {self.total_time:.2f} s ({self.tokens_per_s:.1f} tok/s), "
+                f"{self.rounds} rounds, tau {self.mean_accepted:.2f} with bonus / "
+                f"{self.mean_accepted_no_bonus:.2f} without, accepted {self.accepted}/"
+                f"{self.drafted} drafted, draft {self.draft_time:.2f} s, "
+                f"verify {self.verify_time:.2f} s")

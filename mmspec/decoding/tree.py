@@ -1,0 +1,100 @@
+"""The verification tree: a row's root (its last committed token) plus the draft's nodes.
+
+Node 0 is the root; draft node i becomes node i + 1, so a draft parent -1 becomes 0. Ancestor sets
+come from `mmspec.kernels.tree_ancestors`, the same rule the attention mask uses, and the mask for
+the verification forward is built with `BlockSparseMask.from_token_mask` of the shared layer: each
+node attends the row's valid cache slots, itself and its ancestors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from mmspec.kernels import BlockSparseMask, tree_ancestors
+
+from .draft import Draft
+
+# query/key block of the verification mask; 16 runs on the torch (CPU) and triton backends
+BLOCK_SIZE = 16
+
+
+@dataclass
+class Tree:
+    """tokens, parents, depth, valid: `[B, N]` (N = 1 + T); anc: bool `[B, N, N]`; probs `[B, T, V]`."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    anc: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+    probs: Optional[torch.Tensor]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+
+def _full_ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """parents long `[T]` of the draft -> bool `[1+T, 1+T]` ancestors with the root prepended."""
+    full = torch.cat([parents.new_tensor([-1]), torch.where(parents < 0, 0, parents + 1)])
+    return tree_ancestors(full)
+
+
+def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
+    tokens, parents = draft.tokens, draft.parents
+    if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype != torch.long:
+        raise ValueError(f"Draft.tokens must be long [B={batch}, T], got {tokens.dtype} "
+                         f"{tuple(tokens.shape)}")
+    t = tokens.shape[1]
+    if parents.shape not in ((t,), (batch, t)):
+        raise ValueError(f"Draft.parents must be [T={t}] or [B={batch}, T={t}], got "
+                         f"{tuple(parents.shape)}")
+    bad = (parents < -1) | (parents >= torch.arange(t, device=parents.device))
+    if bad.any():
+        raise ValueError(f"Draft.parents[..., i] must be -1 or an earlier node in [0, i), got "
+                         f"{parents.tolist()}")
+    if t and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"Draft.tokens must lie in [0, {vocab}) (the target's vocabulary), got "
+                         f"range [{int(tokens.min())}, {int(tokens.max())}]")
+    if draft.probs is not None and draft.probs.shape != (batch, t, vocab):
+        raise ValueError(f"Draft.probs must be [B={batch}, T={t}, V={vocab}], got "
+                         f"{tuple(draft.probs.shape)}")
+
+
+def build_tree(roots: torch.Tensor, draft: Draft, vocab: int) -> Tree:
+    """roots: long `[B]` last committed tokens. Returns the `Tree` of `1 + T` nodes per row."""
+    b = roots.shape[0]
+    _check_draft(draft, b, vocab)
+    t = draft.tokens.shape[1]
+    parents = draft.parents.to(roots.device)
+    if parents.ndim == 1:
+        anc = _full_ancestors(parents).expand(b, t + 1, t + 1)
+    else:
+        anc = torch.stack([_full_ancestors(p) for p in parents])
+    full_parents = torch.cat([parents.new_full((*parents.shape[:-1], 1), -1),
+                              torch.where(parents < 0, 0, parents + 1)], dim=-1)
+    valid = torch.ones(b, t + 1, dtype=torch.bool, device=roots.device)
+    if draft.num_tokens is not None:
+        valid[:, 1:] = torch.arange(t, device=roots.device) < draft.num_tokens.to(roots.device)[:, None]
+    return Tree(
+        tokens=torch.cat([roots[:, None], draft.tokens.to(roots.device)], dim=1),
+        parents=full_parents.expand(b, t + 1),
+        anc=anc,
+        depth=anc.sum(-1) - 1,
+        valid=valid,
+        probs=draft.probs,
+    )
+
+
+def verify_mask(tree: Tree, cache_valid: torch.Tensor) -> BlockSparseMask:
+    """Mask `[B, 1, N, C + N]`: node i sees the row's valid cache slots and its ancestors.
+
+    cache_valid: bool `[B, C]`, False on left padding and holes.
+    """
+    b, c = cache_valid.shape
+    n = tree.num_nodes
+    token = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], dim=-1)  # [B, N, C+N]
+    return BlockSparseMask.from_token_mask(token[:, None], BLOCK_SIZE)
