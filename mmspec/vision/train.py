@@ -178,9 +178,9 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
-    start = _load_checkpoint(drafter, opt, sched, out_dir) if resume and out_dir else 0
-    rng = random.Random(cfg.seed + start)
-    generator = torch.Generator().manual_seed(cfg.seed + start)
+    rng = random.Random(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = _load_checkpoint(drafter, opt, sched, rng, generator, out_dir) if resume and out_dir else 0
     losses = []
     bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps)
     drafter.train()
@@ -192,8 +192,8 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
         torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
         opt.step()
         sched.step()
-        losses.append(float(loss))
-        bar.set_postfix(loss=f"{float(loss):.4f}")
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
         done = step + 1
         if held_out and cfg.eval_every and done % cfg.eval_every == 0:
             drafter.eval()
@@ -201,30 +201,34 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
             drafter.train()
             bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
         if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
-            _save_checkpoint(drafter, opt, sched, done, out_dir)
+            _save_checkpoint(drafter, opt, sched, rng, generator, done, out_dir)
     drafter.eval()
     if out_dir:
-        _save_checkpoint(drafter, opt, sched, cfg.steps, out_dir)
+        _save_checkpoint(drafter, opt, sched, rng, generator, cfg.steps, out_dir)
         drafter.save_pretrained(out_dir)
     return losses
 
 
-def _save_checkpoint(drafter, opt, sched, step: int, out_dir: Path) -> None:
+def _save_checkpoint(drafter, opt, sched, rng, generator, step: int, out_dir: Path) -> None:
+    """Everything a resumed run needs to continue exactly as an uninterrupted one."""
     ckpt = out_dir / "checkpoint"
     drafter.save_pretrained(ckpt)
-    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
+    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "sample_rng": rng.getstate(), "noise_rng": generator.get_state()},
                ckpt / "trainer.pt")
 
 
-def _load_checkpoint(drafter, opt, sched, out_dir: Path) -> int:
+def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
     ckpt = out_dir / "checkpoint"
     if not (ckpt / "trainer.pt").is_file():
         return 0
     loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target)
     drafter.load_state_dict(loaded.state_dict())
-    state = torch.load(ckpt / "trainer.pt")
+    state = torch.load(ckpt / "trainer.pt", weights_only=False)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
+    rng.setstate(state["sample_rng"])
+    generator.set_state(state["noise_rng"])
     return int(state["step"])
 
 

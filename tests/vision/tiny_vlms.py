@@ -78,3 +78,25 @@ def qwen_prompt(grids=((1, 4, 8),), text=(5, 6, 7), seed=0):
               "image_grid_thw": torch.tensor(grids),
               "mm_token_type_ids": (ids == IMAGE).int()}
     return ids, extras
+
+
+def no_eos(target):
+    """Generate full-length answers: the random tiny targets would otherwise stop at random."""
+    target.generation_config.eos_token_id = None
+    return target
+
+
+def reference(target, ids, extras, new):
+    """The target's own greedy answer `[1, L + new]`."""
+    return target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                           max_new_tokens=new, **extras)
+
+
+def quick_train(drafter, target, prompts, steps=40, lr=3e-3):
+    """A brief training run (a few seconds) so that drafts get accepted."""
+    from mmspec.vision.train import TrainConfig, train
+
+    samples = [{"input_ids": ids, **extras} for ids, extras in prompts]
+    cfg = TrainConfig(steps=steps, lr=lr, warmup_steps=4, noise=0.0, answer_tokens=24,
+                      eval_every=0, checkpoint_every=0)
+    return train(drafter, target, samples, cfg)

@@ -1,0 +1,126 @@
+"""ViSpecDrafter through `mmspec.generate`: exactly the target's greedy output on tiny LLaVA,
+LLaVA-NeXT and Qwen2.5-VL, untrained / text-only / briefly trained, one or several images."""
+
+import pytest
+import torch
+from tiny_vlms import (llava_prompt, no_eos, qwen_prompt, quick_train, reference, tiny_llava,
+                       tiny_llava_next, tiny_qwen2_5_vl)
+
+from mmspec import generate
+from mmspec.vision import ViSpecDrafter
+
+NEW = 24
+# (images, seed) and (grids, seed): the trained drafters see these prompts, so their drafts are
+# accepted often and the tests exercise long accepted paths
+LLAVA_PROMPTS = [(1, 7), (2, 7), (1, 8)]
+QWEN_PROMPTS = [(((1, 4, 8),), 7), (((1, 4, 4), (1, 8, 4)), 7), (((1, 4, 8),), 8)]
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return no_eos(tiny_llava())
+
+
+@pytest.fixture(scope="module")
+def trained_llava(llava):
+    torch.manual_seed(0)
+    drafter = ViSpecDrafter.from_target(llava)
+    quick_train(drafter, llava, [llava_prompt(images=n, seed=s) for n, s in LLAVA_PROMPTS])
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return no_eos(tiny_qwen2_5_vl())
+
+
+@pytest.fixture(scope="module")
+def trained_qwen(qwen):
+    torch.manual_seed(0)
+    drafter = ViSpecDrafter.from_target(qwen)
+    quick_train(drafter, qwen, [qwen_prompt(grids=g, seed=s) for g, s in QWEN_PROMPTS])
+    return drafter
+
+
+def _drafter(kind, target, trained):
+    torch.manual_seed(1)
+    return {"untrained": lambda: ViSpecDrafter.from_target(target),
+            "text_only": lambda: ViSpecDrafter.text_only(target),
+            "trained": lambda: trained}[kind]()
+
+
+@pytest.mark.parametrize("kind", ["untrained", "text_only", "trained"])
+@pytest.mark.parametrize("images", [1, 2])
+def test_llava_greedy_is_the_targets_output(llava, trained_llava, kind, images):
+    ids, extras = llava_prompt(images=images, seed=LLAVA_PROMPTS[images - 1][1])
+    ref = reference(llava, ids, extras, NEW)
+    drafter = _drafter(kind, llava, trained_llava)
+    out = generate(llava, drafter, ids, max_new_tokens=NEW, **extras)
+    assert torch.equal(out.sequences, ref)
+    if kind == "trained":  # the drafts were really used, not all rejected
+        assert out.stats.accepted >= NEW // 4, out.stats
+
+
+@pytest.mark.parametrize("kind", ["untrained", "trained"])
+@pytest.mark.parametrize("grids", [QWEN_PROMPTS[0][0], QWEN_PROMPTS[1][0]])
+def test_qwen2_5_vl_greedy_is_the_targets_output(qwen, trained_qwen, kind, grids):
+    ids, extras = qwen_prompt(grids=grids, seed=7)
+    ref = reference(qwen, ids, extras, NEW)
+    drafter = _drafter(kind, qwen, trained_qwen)
+    out = generate(qwen, drafter, ids, max_new_tokens=NEW, **extras)
+    assert torch.equal(out.sequences, ref)
+    if kind == "trained":
+        assert out.stats.accepted >= NEW // 4, out.stats
+
+
+def test_llava_next_greedy_is_the_targets_output():
+    target = no_eos(tiny_llava_next())
+    g = torch.Generator().manual_seed(0)
+    extras = {"pixel_values": torch.randn(2, 3, 3, 32, 32, generator=g),
+              "image_sizes": torch.tensor([[32, 64], [32, 32]])}
+    drafter = ViSpecDrafter.from_target(target)
+    counts = [f.shape[0] for f in drafter.adapter.image_features(extras)]
+    ids = torch.tensor([[1, 5] + [127] * counts[0] + [6, 7] + [127] * counts[1] + [8, 9]])
+    ref = reference(target, ids, extras, NEW)
+    out = generate(target, drafter, ids, max_new_tokens=NEW, **extras)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_ragged_batch_matches_each_row(llava, trained_llava):
+    """Two left-padded rows with 1 and 2 images: each row equals its own unbatched answer."""
+    rows = [llava_prompt(images=1, seed=3), llava_prompt(images=2, seed=4, text=(8, 9))]
+    length = max(ids.shape[1] for ids, _ in rows)
+    ids = torch.zeros(2, length, dtype=torch.long)
+    mask = torch.zeros(2, length, dtype=torch.long)
+    for b, (row, _) in enumerate(rows):
+        ids[b, length - row.shape[1]:] = row[0]
+        mask[b, length - row.shape[1]:] = 1
+    pixel_values = torch.cat([extras["pixel_values"] for _, extras in rows])
+    out = generate(llava, trained_llava, ids, attention_mask=mask, max_new_tokens=NEW,
+                   pad_token_id=0, pixel_values=pixel_values)
+    for b, (row, extras) in enumerate(rows):
+        ref = reference(llava, row, extras, NEW)
+        assert torch.equal(out.sequences[b, length:], ref[0, row.shape[1]:]), b
+
+
+def _kv_after_prompt(target, drafter, ids, extras):
+    # the prefill commits 1 token, so exactly one round drafts (the next has no depth left)
+    generate(target, drafter, ids, max_new_tokens=3, **extras)
+    return drafter.kv_length
+
+
+def test_draft_kv_does_not_grow_with_image_tokens():
+    small, large = no_eos(tiny_llava(image_size=32)), no_eos(tiny_llava(image_size=64))
+    lengths = {}
+    for name, target, tokens in [("small", small, 16), ("large", large, 64)]:
+        ids, extras = llava_prompt(images=2, tokens_per_image=tokens,
+                                   image_size=target.config.vision_config.image_size)
+        vispec = ViSpecDrafter.from_target(target)
+        text_only = ViSpecDrafter.text_only(target)
+        lengths[name] = (_kv_after_prompt(target, vispec, ids, extras),
+                         _kv_after_prompt(target, text_only, ids, extras), ids.shape[1])
+    (vs_small, to_small, len_small), (vs_large, to_large, len_large) = lengths["small"], lengths["large"]
+    # ViSpec: the prompt's text pairs + one compressed token per image, whatever the image size
+    assert vs_small == vs_large == len_small - 2 * 16 + 2
+    # the text-only baseline keeps every image token
+    assert to_small == len_small and to_large == len_large == len_small + 2 * 48
