@@ -124,3 +124,66 @@ def test_draft_kv_does_not_grow_with_image_tokens():
     assert vs_small == vs_large == len_small - 2 * 16 + 2
     # the text-only baseline keeps every image token
     assert to_small == len_small and to_large == len_large == len_small + 2 * 48
+
+
+def _check_sampling(target, drafter, ids, batch_extras, extras, rows):
+    """Joint law of the first two sampled tokens (top-k 3: 9 outcomes) over `rows` rows,
+    chi-square against the target's exact probabilities. The second token comes from a verified
+    draft (accepted, or resampled from the residual)."""
+    top_k, length = 3, ids.shape[1]
+    out = generate(target, drafter, ids.expand(rows, -1), max_new_tokens=4, do_sample=True,
+                   top_k=top_k, pad_token_id=0, generator=torch.Generator().manual_seed(0),
+                   **batch_extras)
+    expected = {}
+    with torch.no_grad():
+        first = target(input_ids=ids, **extras).logits[0, -1].topk(top_k)
+        for t1, p1 in zip(first.indices.tolist(), first.values.softmax(-1).tolist()):
+            prefix = torch.cat([ids, torch.tensor([[t1]])], 1)
+            more = {k: torch.cat([v, v.new_zeros(1, 1)], 1) if k == "mm_token_type_ids" else v
+                    for k, v in extras.items()}
+            second = target(input_ids=prefix, **more).logits[0, -1].topk(top_k)
+            for t2, p2 in zip(second.indices.tolist(), second.values.softmax(-1).tolist()):
+                expected[(t1, t2)] = p1 * p2
+    pairs = list(zip(out.sequences[:, length].tolist(), out.sequences[:, length + 1].tolist()))
+    assert set(pairs) <= set(expected)
+    chi2 = sum((pairs.count(c) - rows * p) ** 2 / (rows * p) for c, p in expected.items())
+    assert chi2 < 26.12, chi2  # chi-square, 8 degrees of freedom, p = 0.001
+    return out.stats
+
+
+def test_llava_sampling_has_the_targets_distribution(llava, trained_llava):
+    ids, extras = llava_prompt(images=1, seed=LLAVA_PROMPTS[0][1])
+    rows = 300
+    batch = {"pixel_values": extras["pixel_values"].expand(rows, -1, -1, -1)}
+    stats = _check_sampling(llava, trained_llava, ids, batch, extras, rows)
+    assert stats.accepted > 0  # some second tokens came from accepted drafts
+
+
+def test_qwen2_5_vl_sampling_has_the_targets_distribution(qwen):
+    ids, extras = qwen_prompt(grids=QWEN_PROMPTS[0][0], seed=QWEN_PROMPTS[0][1])
+    rows = 300
+    batch = {"pixel_values": extras["pixel_values"].repeat(rows, 1),
+             "image_grid_thw": extras["image_grid_thw"].repeat(rows, 1),
+             "mm_token_type_ids": extras["mm_token_type_ids"].expand(rows, -1)}
+    torch.manual_seed(1)
+    _check_sampling(qwen, ViSpecDrafter.from_target(qwen), ids, batch, extras, rows)
+
+
+def test_save_and_load_round_trip(tmp_path, llava, trained_llava):
+    trained_llava.save_pretrained(tmp_path)
+    loaded = ViSpecDrafter.from_pretrained(tmp_path, llava)
+    assert loaded.config == trained_llava.config
+    saved, back = trained_llava.state_dict(), loaded.state_dict()
+    assert saved.keys() == back.keys() and all(torch.equal(saved[k], back[k]) for k in saved)
+    ids, extras = llava_prompt(images=2, seed=LLAVA_PROMPTS[1][1])
+    a = generate(llava, trained_llava, ids, max_new_tokens=NEW, **extras)
+    b = generate(llava, loaded, ids, max_new_tokens=NEW, **extras)
+    assert torch.equal(a.sequences, b.sequences)
+    assert (a.stats.accepted, a.stats.rounds) == (b.stats.accepted, b.stats.rounds)
+
+
+def test_text_only_round_trip_keeps_the_variant(tmp_path, llava):
+    drafter = ViSpecDrafter.text_only(llava)
+    drafter.save_pretrained(tmp_path)
+    loaded = ViSpecDrafter.from_pretrained(tmp_path, llava)
+    assert loaded.config.text_only and loaded.adaptor is None and loaded.head.img_fc is None
