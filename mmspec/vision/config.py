@@ -7,7 +7,6 @@ the rest default to what ViSpec ships (`vispec.md` = `shared/reference/vispec.md
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -20,7 +19,7 @@ class ViSpecConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     # M-RoPE frequency split over (t, h, w) for Qwen2.5-VL targets; None means 1-D RoPE
-    mrope_section: Optional[tuple] = None
+    mrope_section: tuple | None = None
     attention_bias: bool = False  # vispec.md §1.2: the Qwen configs set qkv_bias
     num_layers: int = 1  # vispec.md §1.2: one decoder layer in every shipped config
     # vispec.md §1.3: num_q = 2, i.e. one compressed token + one global vector per image

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -64,29 +63,29 @@ class ViSpecDrafter(nn.Module):
         # frozen, shared with the target (vispec.md §1.2); not saved with the drafter
         self.register_buffer("embed_weight", self.adapter.embed_weight.detach(), persistent=False)
         self.register_buffer("lm_head_weight", self.adapter.lm_head.weight.detach(), persistent=False)
-        self._cache: Optional[_DraftCache] = None
+        self._cache: _DraftCache | None = None
 
     # --- construction, saving, loading ---
 
     @classmethod
-    def from_target(cls, target, **config) -> "ViSpecDrafter":
+    def from_target(cls, target, **config) -> ViSpecDrafter:
         """An untrained drafter for `target`; `config` overrides `ViSpecConfig` fields."""
         adapter = adapter_for(target)
         text = adapter.text_config
         theta, section = adapter.rope()
         heads = text.num_attention_heads
-        arch = dict(
-            hidden_size=text.hidden_size, num_heads=heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            intermediate_size=text.intermediate_size,
-            vocab_size=int(adapter.lm_head.weight.shape[0]),
-            rms_norm_eps=text.rms_norm_eps, rope_theta=theta, mrope_section=section,
-            attention_bias=adapter.qkv_bias, target=target_signature(target))
+        arch = {
+            "hidden_size": text.hidden_size, "num_heads": heads,
+            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+            "intermediate_size": text.intermediate_size,
+            "vocab_size": int(adapter.lm_head.weight.shape[0]),
+            "rms_norm_eps": text.rms_norm_eps, "rope_theta": theta, "mrope_section": section,
+            "attention_bias": adapter.qkv_bias, "target": target_signature(target)}
         drafter = cls(ViSpecConfig(**{**arch, **config}), target)
         return drafter.to(device=adapter.embed_weight.device, dtype=adapter.embed_weight.dtype)
 
     @classmethod
-    def text_only(cls, target, **config) -> "ViSpecDrafter":
+    def text_only(cls, target, **config) -> ViSpecDrafter:
         """The ablation baseline: the same head without adaptor and global vector."""
         return cls.from_target(target, text_only=True, **config)
 
@@ -98,7 +97,7 @@ class ViSpecDrafter(nn.Module):
                   str(path / WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, path, target) -> "ViSpecDrafter":
+    def from_pretrained(cls, path, target) -> ViSpecDrafter:
         """Load a drafter saved by `save_pretrained`; `target` must be the one it was built for."""
         path = Path(path)
         if not (path / CONFIG_NAME).is_file():
@@ -143,8 +142,8 @@ class ViSpecDrafter(nn.Module):
                               self.embed_weight, images, adapted, slots,
                               self.config.num_queries - 1)
 
-    def run(self, entries: Entries, past: Optional[list] = None,
-            past_valid: Optional[torch.Tensor] = None):
+    def run(self, entries: Entries, past: list | None = None,
+            past_valid: torch.Tensor | None = None):
         """Causal pass over `entries` after an optional KV prefix.
 
         Returns (hidden `[B, N, d]`, per-layer new (k, v)). Padding entries attend only themselves.

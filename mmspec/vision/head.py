@@ -15,8 +15,6 @@ sequence (text tokens plus one entry per image): training needs its gradient, wh
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +48,7 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
 
-    def forward(self, x, cos, sin, past: Optional[KV], mask):
+    def forward(self, x, cos, sin, past: KV | None, mask):
         """x `[B, N, d]`, mask bool `[B, N, P + N]` -> out `[B, N, d]`, the new (k, v) `[B, H, N, Dh]`."""
         b, n, _ = x.shape
         q, k, v = (p(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
@@ -106,7 +104,7 @@ class DraftHead(nn.Module):
         x = self.fc(torch.cat([embeds, features], -1))
         return torch.where(is_compressed[..., None], compressed.to(x.dtype), x)
 
-    def forward(self, x, positions, past: Optional[list], mask):
+    def forward(self, x, positions, past: list | None, mask):
         """x `[B, N, d]`, positions long `[A, B, N]`, past: per layer (k, v) `[B, H, P, Dh]` or None,
         mask bool `[B, N, P + N]` -> (hidden `[B, N, d]`, per-layer new (k, v) `[B, H, N, Dh]`)."""
         cfg = self.cfg

@@ -9,13 +9,11 @@ its angle from the axis whose `mrope_section` contains f, as in transformers'
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                 sections: Optional[tuple], dtype: torch.dtype):
+                 sections: tuple | None, dtype: torch.dtype):
     """positions long `[A, B, N]` (A = 1, or 3 with `sections`) -> cos, sin `[B, 1, N, head_dim]`."""
     device = positions.device
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)

@@ -86,7 +86,7 @@ def _row_entries(b, input_ids, valid, features, positions, embed_weight, images,
     comp = torch.cat([features.new_zeros(len(idx), d)] + extra["vec"])
     sort = torch.argsort(key, stable=True)
     pos = torch.cat([positions[:, b, idx]] + extra["pos"], dim=1)
-    pad = lambda x: torch.cat([x, x.new_zeros(n_extra, *x.shape[1:])])  # noqa: E731
+    pad = lambda x: torch.cat([x, x.new_zeros(n_extra, *x.shape[1:])])
     return {
         "embeds": pad(embeds[idx])[sort],
         "features": pad(features[b, idx])[sort],

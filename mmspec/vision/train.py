@@ -29,7 +29,6 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -77,7 +76,7 @@ def _key(index: int, input_ids: torch.Tensor) -> str:
     return f"{index}:{hashlib.sha1(input_ids.cpu().numpy().tobytes()).hexdigest()[:16]}"
 
 
-def target_answers(target, samples: list, max_new_tokens: int, cache_path: Optional[Path]) -> list:
+def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None) -> list:
     """The target's greedy answer to each sample (long `[A_i]`), cached as token ids."""
     cache = torch.load(cache_path) if cache_path is not None and cache_path.is_file() else {}
     answers = []
@@ -98,7 +97,7 @@ def target_answers(target, samples: list, max_new_tokens: int, cache_path: Optio
 
 
 def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tensor,
-                cfg: TrainConfig, generator: Optional[torch.Generator] = None):
+                cfg: TrainConfig, generator: torch.Generator | None = None):
     """(loss, parts dict) for one sample and its cached answer."""
     prompt = sample["input_ids"]
     device = drafter.embed_weight.device
@@ -168,7 +167,7 @@ def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
 
 
 def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
-          held_out: Optional[list] = None, out_dir=None, resume: bool = False) -> list:
+          held_out: list | None = None, out_dir=None, resume: bool = False) -> list:
     """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
     the answer cache and the final drafter."""
     out_dir = Path(out_dir) if out_dir is not None else None
@@ -186,7 +185,7 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     drafter.train()
     for step in bar:
         i = rng.randrange(len(samples))
-        loss, parts = sample_loss(drafter, target, samples[i], answers[i], cfg, generator)
+        loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg, generator)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)

@@ -13,7 +13,7 @@ engine's verification stays exact for sampling too.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -3,8 +3,16 @@ LLaVA-NeXT and Qwen2.5-VL, untrained / text-only / briefly trained, one or sever
 
 import pytest
 import torch
-from tiny_vlms import (llava_prompt, no_eos, qwen_prompt, quick_train, reference, tiny_llava,
-                       tiny_llava_next, tiny_qwen2_5_vl)
+from tiny_vlms import (
+    llava_prompt,
+    no_eos,
+    quick_train,
+    qwen_prompt,
+    reference,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_qwen2_5_vl,
+)
 
 from mmspec import generate
 from mmspec.vision import ViSpecDrafter

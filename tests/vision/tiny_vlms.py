@@ -1,9 +1,16 @@
 """Tiny random configs of the three real target classes, and prompts for them (CPU, seeded)."""
 
 import torch
-from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
-                          LlavaNextConfig, LlavaNextForConditionalGeneration, Qwen2_5_VLConfig,
-                          Qwen2_5_VLForConditionalGeneration)
+from transformers import (
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+)
 
 VOCAB = 128
 IMAGE = 127  # image token id in every tiny target
@@ -55,9 +62,9 @@ def tiny_llava_next(seed=0):
 
 def tiny_qwen2_5_vl(seed=0):
     cfg = Qwen2_5_VLConfig(
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
-                           out_hidden_size=64, patch_size=4, spatial_merge_size=2,
-                           temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1]),
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                       "out_hidden_size": 64, "patch_size": 4, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2, "window_size": 16, "fullatt_block_indexes": [1]},
         text_config=_text_config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                   "mrope_section": [2, 3, 3]}),
         image_token_id=IMAGE, video_token_id=126, vision_start_token_id=124,
