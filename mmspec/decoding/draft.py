@@ -18,7 +18,7 @@ keeps its own KV cache can use the same slot layout and the same `attention_mask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -43,18 +43,18 @@ class Draft:
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    probs: Optional[torch.Tensor] = None
-    num_tokens: Optional[torch.Tensor] = None
+    probs: torch.Tensor | None = None
+    num_tokens: torch.Tensor | None = None
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, probs: Optional[torch.Tensor] = None,
-              num_tokens: Optional[torch.Tensor] = None) -> "Draft":
+    def chain(cls, tokens: torch.Tensor, probs: torch.Tensor | None = None,
+              num_tokens: torch.Tensor | None = None) -> Draft:
         t = tokens.shape[-1]
         parents = torch.arange(-1, t - 1, device=tokens.device)
         return cls(tokens, parents, probs, num_tokens)
 
     @classmethod
-    def empty(cls, batch_size: int, device=None) -> "Draft":
+    def empty(cls, batch_size: int, device=None) -> Draft:
         """No draft: the round is one ordinary decoding step."""
         return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device),
                    torch.zeros(0, dtype=torch.long, device=device))
@@ -83,9 +83,9 @@ class DraftState:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     max_tokens: int
-    position_ids: Optional[torch.Tensor] = None
+    position_ids: torch.Tensor | None = None
     round: int = 0
-    target_hidden: Optional[torch.Tensor] = None
+    target_hidden: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
 
 
@@ -106,7 +106,7 @@ class VerifyResult:
     num_accepted: torch.Tensor
     new_tokens: list
     accepted_nodes: list
-    target_hidden: Optional[torch.Tensor] = None
+    target_hidden: torch.Tensor | None = None
 
 
 class Drafter(Protocol):

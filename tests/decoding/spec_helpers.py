@@ -36,7 +36,12 @@ LLAVA_IMAGE_TOKEN = VOCAB - 1
 
 
 def tiny_llava(seed=0):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
 
     vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                               num_attention_heads=2, image_size=16, patch_size=8)
@@ -69,15 +74,15 @@ def tiny_qwen2_5_vl(seed=0):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cfg = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, pad_token_id=PAD, bos_token_id=BOS,
-                         eos_token_id=EOS,
-                         rope_parameters={"rope_type": "mrope", "mrope_section": [1, 1, 2],
-                                          "rope_theta": 10000.0}),
-        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
-                           patch_size=2, temporal_patch_size=2, spatial_merge_size=2,
-                           out_hidden_size=32, window_size=8, fullatt_block_indexes=[1]),
+        text_config={"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
+                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "max_position_embeddings": 512, "pad_token_id": PAD, "bos_token_id": BOS,
+                         "eos_token_id": EOS,
+                         "rope_parameters": {"rope_type": "mrope", "mrope_section": [1, 1, 2],
+                                          "rope_theta": 10000.0}},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                           "patch_size": 2, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                           "out_hidden_size": 32, "window_size": 8, "fullatt_block_indexes": [1]},
         image_token_id=QWEN_VL_IMAGE, vision_start_token_id=QWEN_VL_START,
         vision_end_token_id=QWEN_VL_END, video_token_id=VOCAB - 4,
     )

@@ -2,8 +2,19 @@
 
 import pytest
 import torch
-from spec_helpers import (EOS, PAD, VOCAB, OracleDrafter, RandomDrafter, llava_inputs,
-                          qwen_vl_inputs, tiny_llama, tiny_llava, tiny_qwen2, tiny_qwen2_5_vl)
+from spec_helpers import (
+    EOS,
+    PAD,
+    VOCAB,
+    OracleDrafter,
+    RandomDrafter,
+    llava_inputs,
+    qwen_vl_inputs,
+    tiny_llama,
+    tiny_llava,
+    tiny_qwen2,
+    tiny_qwen2_5_vl,
+)
 
 from mmspec import ModelDrafter, PromptLookupDrafter, generate
 
