@@ -16,6 +16,7 @@ from tiny_vlms import (
 
 from mmspec import generate
 from mmspec.vision import ViSpecDrafter
+from mmspec.vision import drafter as drafter_module
 
 NEW = 24
 # (images, seed) and (grids, seed): the trained drafters see these prompts, so their drafts are
@@ -195,3 +196,41 @@ def test_text_only_round_trip_keeps_the_variant(tmp_path, llava):
     drafter.save_pretrained(tmp_path)
     loaded = ViSpecDrafter.from_pretrained(tmp_path, llava)
     assert loaded.config.text_only and loaded.adaptor is None and loaded.head.img_fc is None
+
+
+@pytest.mark.parametrize("model", ["llava", "qwen"])
+def test_cached_drafting_matches_a_full_teacher_forced_pass(request, monkeypatch, model):
+    """Every round's root prediction (draft KV cache, compressed images, pairs appended round by
+    round) equals the training-time pass over the whole final sequence at the same pair."""
+    target = request.getfixturevalue(model)
+    drafter = request.getfixturevalue(f"trained_{model}")
+    ids, extras = (llava_prompt(images=2, seed=LLAVA_PROMPTS[1][1]) if model == "llava"
+                   else qwen_prompt(grids=QWEN_PROMPTS[1][0], seed=QWEN_PROMPTS[1][1]))
+    roots = []  # (root slot, root logits) per round
+    original = drafter_module.dynamic_tree
+    propose = drafter.propose
+
+    def recording_propose(state):
+        roots.append([state.input_ids.shape[1] - 1])
+        return propose(state)
+
+    def recording_tree(step, root_logits, *args):
+        roots[-1].append(root_logits[0])
+        return original(step, root_logits, *args)
+
+    monkeypatch.setattr(drafter_module, "dynamic_tree", recording_tree)
+    monkeypatch.setattr(drafter, "propose", recording_propose)
+    out = generate(target, drafter, ids, max_new_tokens=NEW, **extras)
+    assert out.stats.accepted > 0 and len(roots) > 3
+    full = out.sequences
+    more = {k: torch.cat([v, v.new_zeros(1, full.shape[1] - v.shape[1])], 1)
+            if k == "mm_token_type_ids" else v for k, v in extras.items()}
+    with torch.no_grad():
+        hidden = target(input_ids=full, output_hidden_states=True, **more).hidden_states[-1]
+        positions = drafter.adapter.prompt_positions(full, torch.ones_like(full), more)
+        entries = drafter.sequence_entries(full, torch.ones_like(full, dtype=torch.bool),
+                                           hidden[:, :-1], positions[..., :-1], more)
+        pred, _ = drafter.run(entries)
+    for slot, logits in roots:  # the pair (feature of slot - 1, root token) predicts the children
+        j = int((entries.pair_index[0] == slot - 1).nonzero())
+        assert torch.allclose(drafter.logits(pred[0, j]), logits, atol=1e-4), slot
