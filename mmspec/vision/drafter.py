@@ -130,7 +130,8 @@ class ViSpecDrafter(nn.Module):
 
     def images(self, input_ids: torch.Tensor, extras: dict):
         """(image features K x `[n_k, d]`, adaptor outputs `[K, Q, d]` or None, image slots)."""
-        images = self.adapter.image_features(extras)
+        dtype = self.embed_weight.dtype  # the drafter may run in another dtype than the target
+        images = [x.to(dtype) for x in self.adapter.image_features(extras)]
         slots = self.adapter.image_slots(input_ids, [x.shape[0] for x in images])
         adapted = self.adaptor(images) if images and self.adaptor is not None else None
         return images, adapted, slots

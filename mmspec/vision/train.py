@@ -292,6 +292,7 @@ def main(argv=None) -> None:
     else:
         torch.manual_seed(cfg.seed)
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
+    drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
     train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out, resume=args.resume)
 
 
