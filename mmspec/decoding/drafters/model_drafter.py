@@ -8,7 +8,8 @@ Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec
 `depth` levels expands the current top-k frontier by its top-k children, scores nodes by
 cumulative draft log-probability, keeps the best `top_k` as the next frontier, and finally the best
 `num_tokens` nodes over all levels form the tree. Frontier nodes are fed through the shared
-block-sparse layer with a tree mask. Tree nodes are chosen, not sampled: a point-mass proposal.
+block-sparse layer with a tree mask (so a tree drafter switches its model to the attention
+implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed). Tree nodes are chosen, not sampled: a point-mass proposal.
 One deliberate difference from EAGLE: a child's score is its parent's minus a tiny epsilon at
 least, so the kept set is always closed under parents (EAGLE can keep an orphan on exact ties).
 
