@@ -1,8 +1,12 @@
 """Training: a few steps lower the loss, checkpoints resume exactly, the command line runs."""
 
+import json
+
+import numpy as np
 import pytest
 import torch
-from tiny_vlms import llava_prompt, no_eos, tiny_llava
+from PIL import Image
+from tiny_vlms import llava_prompt, no_eos, tiny_llava, tiny_llava_processor
 
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision import train as train_mod
@@ -92,3 +96,24 @@ def test_command_line(tmp_path, llava, samples, capsys):
     assert "held-out tau" in capsys.readouterr().out
     loaded = ViSpecDrafter.from_pretrained(tmp_path / "out", llava)
     assert not loaded.config.text_only
+
+
+def test_command_line_with_images_and_prompts(tmp_path, llava, capsys):
+    """The .jsonl path: the target's processor builds the prompts, one of them with two images."""
+    llava.save_pretrained(tmp_path / "target")
+    tiny_llava_processor().save_pretrained(tmp_path / "target")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    rows = [{"image": str(tmp_path / "0.png"), "prompt": "w9 w10"},
+            {"image": [str(tmp_path / "1.png"), str(tmp_path / "2.png")], "prompt": "w11"},
+            {"image": str(tmp_path / "2.png"), "prompt": "w12 w13 w14"}]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    main(["--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"),
+          "--out", str(tmp_path / "out"), "--steps", "3", "--lr", "1e-3", "--warmup-steps", "1",
+          "--answer-tokens", "6", "--eval-every", "3", "--eval-new-tokens", "4",
+          "--held-out", "0.3", "--suffix", "w20"])
+    answers = torch.load(tmp_path / "out" / "answers.pt")
+    assert len(answers) == 2 and all(len(a) == 6 for a in answers.values())  # 1 row held out
+    assert "held-out tau" in capsys.readouterr().out
+    ViSpecDrafter.from_pretrained(tmp_path / "out", llava)

@@ -107,3 +107,22 @@ def quick_train(drafter, target, prompts, steps=40, lr=3e-3):
     cfg = TrainConfig(steps=steps, lr=lr, warmup_steps=4, noise=0.0, answer_tokens=24,
                       eval_every=0, checkpoint_every=0)
     return train(drafter, target, samples, cfg)
+
+
+def tiny_llava_processor():
+    """A LlavaProcessor for `tiny_llava`: word-level tokenizer `w4 ... w126`, `<image>` = 127."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, IMAGE)] + ["<image>"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                                   bos_token="<s>", eos_token="</s>",
+                                   extra_special_tokens={"image_token": "<image>"})
+    template = ("{% for m in messages %}w5 {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                "<image> {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}w6")
+    images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    return LlavaProcessor(image_processor=images, tokenizer=fast, patch_size=8,
+                          vision_feature_select_strategy="default", image_token="<image>",
+                          num_additional_image_tokens=1, chat_template=template)
