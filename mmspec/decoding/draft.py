@@ -74,7 +74,7 @@ class DraftState:
                     `rope_deltas` included): the target's position of each root. A draft node at
                     tree depth d (0 for a child of the root) gets `position_ids + 1 + d`.
     round:          int, 0 on the first round of a `generate` call (reset per-call state there).
-    target_hidden:  float `[B, S', H]` or None: the target's last hidden states for the slots
+    target_hidden:  float `[B, S', H]` or None: the target's hidden states (`Drafter`) for the slots
                     committed since the previous round (the whole prompt in round 0), only when
                     the drafter sets `needs_target_hidden = True` (EAGLE/ViSpec-style drafters).
     extras:         model kwargs from the prefill (pixel_values, image_grid_thw, ...).
@@ -110,7 +110,10 @@ class VerifyResult:
 
 
 class Drafter(Protocol):
-    """Optional attribute: `needs_target_hidden: bool = False`."""
+    """Optional attributes: `needs_target_hidden: bool = False` asks for the target's hidden states
+    (`DraftState.target_hidden`, `VerifyResult.target_hidden`); `target_hidden_layers` (default
+    `(-1,)`, the last, normed layer) picks entries of transformers' `hidden_states` tuple,
+    concatenated on the feature dim (EAGLE-3 fuses a low, a middle and a high layer)."""
 
     def propose(self, state: DraftState) -> Draft: ...
 

@@ -144,7 +144,12 @@ def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
     return torch.multinomial(target_probs(logits, cfg), 1, generator=generator)[:, 0]
 
 
-def _prefill(target, input_ids, attention_mask, model_kwargs, need_hidden):
+def _hidden(out, layers):
+    """The drafter's features: hidden states of `layers`, concatenated `[B, L, H * len(layers)]`."""
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+
+def _prefill(target, input_ids, attention_mask, model_kwargs, layers):
     """The prompt forward, as `target.generate` runs it (no mask without padding, last logits only)."""
     position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
@@ -153,8 +158,8 @@ def _prefill(target, input_ids, attention_mask, model_kwargs, need_hidden):
     inputs = target.prepare_inputs_for_generation(
         input_ids, past_key_values=None, attention_mask=mask, position_ids=position_ids,
         use_cache=True, is_first_iteration=True, **model_kwargs)
-    out = target(**inputs, output_hidden_states=need_hidden, return_dict=True)
-    hidden = out.hidden_states[-1] if need_hidden else None
+    out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
+    hidden = _hidden(out, layers) if layers else None
     return out.logits[:, -1], out.past_key_values, position_ids, hidden
 
 
@@ -269,11 +274,13 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
     device = input_ids.device
     stats = SpecStats()
     start = _sync(device)
-    need_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+    layers = tuple(getattr(drafter, "target_hidden_layers", (-1,))) if getattr(
+        drafter, "needs_target_hidden", False) else ()
+    need_hidden = bool(layers)
     vocab = vocab_size(target)
 
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
-                                                 need_hidden)
+                                                 layers)
     first = _pick(logits, cfg, generator)  # [B]
     rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
     rows.commit(first[:, None], torch.ones_like(first))
@@ -311,7 +318,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         num = rows.commit(new, depth + 1)  # cut at EOS and max_new_tokens
         slots.append(path_tokens, keep_valid[:, 1:], bonus, depth)
         if need_hidden:
-            h = out.hidden_states[-1]  # [B, N, H]
+            h = _hidden(out, layers)  # [B, N, H']
             hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H]
         if streamer is not None and num[0] > 0:
             streamer.put(new[0, : num[0]].cpu())

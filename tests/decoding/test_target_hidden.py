@@ -38,3 +38,17 @@ def test_target_hidden_matches_a_plain_forward():
         assert torch.allclose(committed, full[:, slot : slot + k], atol=1e-5)
         slot += k
     assert slot > ids.shape[1] + 4  # several rounds with accepted tokens were checked
+
+
+def test_target_hidden_layers_are_concatenated():
+    target = tiny_llama(0)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    ref = target.generate(ids, do_sample=False, max_new_tokens=6, eos_token_id=[])
+    drafter = HiddenRecorder(ref[:, ids.shape[1]:], [ids.shape[1]], 2, "perfect")
+    drafter.target_hidden_layers = (0, 1, -1)  # EAGLE-3 style: low, mid, high
+    generate(target, drafter, ids, max_new_tokens=6, eos_token_id=[])
+    with torch.no_grad():
+        hs = target(ref, output_hidden_states=True).hidden_states
+    expect = torch.cat([hs[0], hs[1], hs[-1]], -1)[:, : ids.shape[1]]
+    assert torch.allclose(drafter.states[0], expect, atol=1e-5)
+    assert drafter.results[0].shape[-1] == 3 * 32
