@@ -234,3 +234,14 @@ def test_cached_drafting_matches_a_full_teacher_forced_pass(request, monkeypatch
     for slot, logits in roots:  # the pair (feature of slot - 1, root token) predicts the children
         j = int((entries.pair_index[0] == slot - 1).nonzero())
         assert torch.allclose(drafter.logits(pred[0, j]), logits, atol=1e-4), slot
+
+
+@pytest.mark.parametrize("model", ["llava", "qwen"])
+def test_prompt_without_images(request, model):
+    target = request.getfixturevalue(model)
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
+    ref = reference(target, ids, {}, NEW)
+    drafter = request.getfixturevalue(f"trained_{model}")
+    out = generate(target, drafter, ids, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, ref)
+    assert not drafter._cache.global_vecs.any()  # no image: no global vector
