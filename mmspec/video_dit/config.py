@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from .draft_map import check_mode, check_sparsity
-from .tiles import _check_grid_tile
+from .tiles import check_tile
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,7 @@ class DraftAttentionConfig:
     def __post_init__(self):
         check_sparsity(self.sparsity)
         check_mode(self.mode)
-        _check_grid_tile((1, *self.tile), self.tile)  # the tile itself must be two positive ints
-        object.__setattr__(self, "tile", tuple(self.tile))
+        object.__setattr__(self, "tile", check_tile(self.tile))
         steps = self.dense_steps
         if isinstance(steps, bool) or not (
             (isinstance(steps, int) and steps >= 0) or (isinstance(steps, float) and 0 <= steps <= 1)

@@ -21,13 +21,18 @@ from dataclasses import dataclass
 import torch
 
 
+def check_tile(tile) -> tuple[int, int]:
+    if (not isinstance(tile, (tuple, list)) or len(tile) != 2
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
+        raise ValueError(f"tile must be two positive ints (tile_h, tile_w), got {tile!r}")
+    return int(tile[0]), int(tile[1])
+
+
 def _check_grid_tile(grid, tile) -> tuple[tuple[int, int, int], tuple[int, int]]:
     if (not isinstance(grid, (tuple, list)) or len(grid) != 3
             or not all(isinstance(g, int) and not isinstance(g, bool) and g > 0 for g in grid)):
         raise ValueError(f"grid must be three positive ints (frames, height, width), got {grid!r}")
-    if (not isinstance(tile, (tuple, list)) or len(tile) != 2
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
-        raise ValueError(f"tile must be two positive ints (tile_h, tile_w), got {tile!r}")
+    check_tile(tile)
     t, h, w = grid
     th, tw = tile
     if th > h or tw > w:
