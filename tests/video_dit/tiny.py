@@ -65,3 +65,29 @@ def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
         tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=tiny_wan(seed=seed),
     )
+
+
+def tiny_cogvideox_pipeline(seed: int = 0):
+    """CogVideoXPipeline: tiny T5 encoder, tiny VAE, and a transformer whose latent frames are
+    2 x 4 x 4 tokens (height = width = 64, 5 frames)."""
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    text_encoder = T5EncoderModel(T5Config(
+        vocab_size=len(WORDS) + 3, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )).eval()
+    vae = AutoencoderKLCogVideoX(
+        in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
+        latent_channels=4, layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
+    ).eval()
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        time_embed_dim=4, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
+        sample_frames=5, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=8,
+        use_rotary_positional_embeddings=True,
+    ).eval()
+    return CogVideoXPipeline(tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
+                             transformer=transformer, scheduler=CogVideoXDDIMScheduler())
