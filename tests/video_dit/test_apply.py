@@ -71,3 +71,25 @@ def test_tiny_wan_pipeline_end_to_end():
     remove_draft_attention(pipe)
     again = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     assert (again == dense).all()
+
+
+@torch.no_grad()
+def test_tiny_cogvideox_pipeline_with_cfg_batch():
+    from .tiny import tiny_cogvideox_pipeline
+
+    pipe = tiny_cogvideox_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    calls = []
+    state = apply_draft_attention(
+        pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=0),
+        on_density=lambda step, layer, density: calls.append(step),
+    )
+    frames = pipe(prompt="a red cat", negative_prompt="blue", height=64, width=64, num_frames=5,
+                  num_inference_steps=3, guidance_scale=6.0, max_sequence_length=8,
+                  output_type="np", generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape[0] == 1 and frames.shape[2:] == (64, 64, 3) and frames.std() > 0
+    # CFG runs uncond and cond as one batch of 2: one call per layer and step
+    assert calls == [0, 0, 1, 1, 2, 2]
+    by_step = state.density_by_step()
+    # 8 video tiles at density 0.5 plus 2 dense text blocks: (32 + 100 - 64) / 100
+    assert by_step[0] == 1.0 and by_step[1] == pytest.approx(0.68) and by_step[2] == pytest.approx(0.68)
