@@ -32,10 +32,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, write_section  # noqa: E402
-from mmspec.kernels import BlockSparseMask, block_sparse_attention  # noqa: E402
-from mmspec.video_dit import draft_attention, tile_layout  # noqa: E402
-from mmspec.video_dit.draft_map import block_budget, draft_probs, pool_tiles, select_blocks  # noqa: E402
+from benchmarks.report import markdown_table, write_section
+from mmspec.kernels import BlockSparseMask, block_sparse_attention
+from mmspec.video_dit import draft_attention, tile_layout
+from mmspec.video_dit.draft_map import block_budget, draft_probs, pool_tiles, select_blocks
 
 
 def timed(fn, reps: int) -> float:
@@ -80,8 +80,8 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small)
     costs = {name: timed(fn, reps_small) for name, fn in parts.items()}
     sparse_call = timed(lambda: block_sparse_attention(qt, kt, vt, mask), reps_small)
     whole = timed(lambda: draft_attention(q, k, v, layout, sparsity=sparsity), reps_small)
-    return dict(n=n, layout=layout, dense=dense, costs=costs, sparse_call=sparse_call,
-                whole=whole, density=mask.density())
+    return {"n": n, "layout": layout, "dense": dense, "costs": costs,
+            "sparse_call": sparse_call, "whole": whole, "density": mask.density()}
 
 
 # ----------------------------------------------------------------------------- 2: fidelity
@@ -134,7 +134,7 @@ def structured_heads(grid, dim, seed=0):
 
 def window_blocks(layout, grid, tile, budget):
     """The `budget` (query tile, key tile) pairs nearest in (frame, tile row, tile column)."""
-    t, h, w = grid
+    _, h, w = grid
     nh, nw = -(-h // tile[0]), -(-w // tile[1])
     ids = torch.arange(layout.num_tiles)
     pos = torch.stack([ids // (nh * nw), ids // nw % nh, ids % nw], -1).float()
@@ -204,9 +204,9 @@ def fidelity(grid, tile, sparsities, query_tiles=32, rows_per_pass=1024):
     result = []
     for (s, name), kept in methods.items():
         per_head = recall[(s, name)] / n_rows
-        result.append(dict(sparsity=s, method=name, density=float(kept.float().mean()),
-                           recall=float(per_head.mean()), per_head=per_head.tolist(),
-                           error=float((err2[(s, name)].sum() / ref2.sum()).sqrt())))
+        result.append({"sparsity": s, "method": name, "density": float(kept.float().mean()),
+                       "recall": float(per_head.mean()), "per_head": per_head.tolist(),
+                       "error": float((err2[(s, name)].sum() / ref2.sum()).sqrt())})
     return result, names, len(sample), nt
 
 
@@ -217,7 +217,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     p.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 is steadier on a shared machine")
     args = p.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.quick:
         big_grid, fid_grid, reps_dense, reps_small = (5, 32, 48), (4, 16, 32), 1, 2
     else:  # Wan2.1 at 512x768, 81 frames, for all three sections

@@ -10,7 +10,12 @@ Public names:
 Tools: `python -m mmspec.video_dit.generate` and `python -m mmspec.video_dit.compare`.
 """
 
-from .apply import DensityRecord, DraftAttentionState, apply_draft_attention, remove_draft_attention
+from .apply import (
+    DensityRecord,
+    DraftAttentionState,
+    apply_draft_attention,
+    remove_draft_attention,
+)
 from .config import DraftAttentionConfig
 from .draft_map import draft_block_mask
 from .sparse_attention import draft_attention

@@ -54,9 +54,9 @@ def test_step_index_from_the_timestep_hook():
 def test_tiny_wan_pipeline_end_to_end():
     pipe = tiny_wan_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    call = dict(prompt="a red cat runs", negative_prompt="blue", height=64, width=64, num_frames=5,
-                num_inference_steps=3, guidance_scale=2.0, max_sequence_length=8,
-                output_type="np")
+    call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
+            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "max_sequence_length": 8, "output_type": "np"}
     dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
                                                              dense_steps=0.3, dense_layers=1))

@@ -7,8 +7,7 @@ from mmspec.video_dit.compare import compare_dirs, psnr, ssim, table
 from mmspec.video_dit.video_io import write_mp4
 
 
-def _video(seed=0):
-    rng = np.random.default_rng(seed)
+def _video():
     base = np.linspace(0, 255, 32 * 32 * 3).reshape(32, 32, 3)
     return np.stack([np.roll(base, 2 * f, axis=1) for f in range(4)]).astype(np.uint8)
 

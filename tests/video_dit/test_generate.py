@@ -2,7 +2,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from mmspec.video_dit import compare, generate
 from mmspec.video_dit.video_io import read_video

@@ -12,7 +12,7 @@ from diffusers import (
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
-WORDS = "a cat dog runs on the beach in snow red blue car city at night".split()
+WORDS = ["a", "cat", "dog", "runs", "on", "the", "beach", "in", "snow", "red", "blue", "car", "city", "at", "night"]
 
 
 def tiny_wan(num_layers: int = 2, seed: int = 0) -> WanTransformer3DModel:
