@@ -70,7 +70,14 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             f"grid {layout.grid} has {expected} {'tiled ' if tiled else ''}tokens but the sequence "
             f"has {parts[0][0].shape[2]} video tokens ({q.shape[2]} tokens, {text_len} of them text)"
         )
-    videos = [p[0] if tiled else layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D]
+    if not tiled:
+        videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
+    elif layout.has_padding:
+        # reordered once per forward: the padding slots carry hidden states of their own (the
+        # model's shifts and biases), which must not enter the pooled draft tokens
+        videos = [p[0].masked_fill(~layout.valid[:, None], 0.0) for p in parts]
+    else:
+        videos = [p[0] for p in parts]
     scale = d**-0.5 if scale is None else scale
 
     q_hat, k_hat = pool_tiles(videos[0], layout), pool_tiles(videos[1], layout)  # [B, H, nT, D]

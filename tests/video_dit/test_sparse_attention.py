@@ -81,3 +81,15 @@ def test_grid_not_matching_the_tokens():
     q, k, v = _qkv(length=N + 3)
     with pytest.raises(ValueError, match=r"grid \(2, 6, 10\) has 120 tokens but the sequence has 123"):
         draft_attention(q, k, v, tile_layout(GRID, TILE), sparsity=0.5)
+
+
+def test_tiled_padding_slots_do_not_leak_into_the_draft():
+    # with one reorder per forward, padding slots hold whatever the model put there
+    q, k, v = _qkv(seed=6)
+    layout = tile_layout(GRID, TILE)
+    tiled = [layout.to_tiles(x) for x in (q, k, v)]
+    garbage = [x.masked_fill(~layout.valid[:, None], 50.0) for x in tiled]
+    clean, _ = draft_attention(*tiled, layout, sparsity=0.7, tiled=True)
+    dirty, _ = draft_attention(*garbage, layout, sparsity=0.7, tiled=True)
+    valid = layout.valid
+    torch.testing.assert_close(dirty[:, :, valid], clean[:, :, valid], atol=1e-6, rtol=1e-6)
