@@ -6,7 +6,8 @@ tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) a
 video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks.
 
 Deliberate differences from the official code: padded keys (frames that are not whole tiles, text
-padding) are masked inside their blocks instead of asserted away; every sample of a batch (CFG)
+padding) are excluded exactly instead of asserted away: zeroed and divided out of the softmax
+through the kernel's lse, with element masks only as a fallback; every sample of a batch (CFG)
 gets its own mask in the same kernel call; the kernel is mmspec's (Triton on GPU, torch on CPU)
 instead of the CUDA-only Block-Sparse-Attention.
 """
@@ -42,6 +43,37 @@ def _kernel_key_valid(layout: TileLayout, key_valid, text_len: int, text_first: 
     # to_tiles fills padding slots with False, so padded keys are invalid either way
     video = video & layout.valid if tiled else layout.to_tiles(video, dim=1)
     return torch.cat([video, text], dim=1)
+
+
+def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, scale, backend):
+    """Block-sparse attention over `blocks` that ignores the keys where `valid` is False, exactly.
+
+    Invalid keys get k = v = 0, so each adds exp(0) to the softmax denominator of the rows that
+    keep its block and nothing to the numerator; with the kernel's lse the true output is
+    `out / (1 - n_invalid * exp(-lse))`. This needs no element masks, whose memory grows with
+    every kept block that holds padding (tens of thousands of 128x128 masks per layer for Wan at
+    480p). Where invalid keys dominate a row's denominator (real logits far below 0) the
+    correction would lose precision, and the call is redone with element masks instead.
+    """
+    length, m = q.shape[2], blocks.shape[-1]
+    keep = valid[:, None, :, None]  # [B|1, 1, L, 1]
+    mask = BlockSparseMask.from_dense(blocks, bs, length, length)
+    out, lse = block_sparse_attention(q, k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0),
+                                      mask, scale=scale, return_lse=True, backend=backend)
+    invalid = torch.nn.functional.pad(~valid, (0, m * bs - length)).view(-1, m, bs).sum(-1)
+    per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
+    n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
+    share = (n_invalid * torch.exp(-lse)).masked_fill(query_is_padding, 0.0)
+    if bool((share > 0.99).any()):
+        valid_keys = torch.nn.functional.pad(valid, (0, m * bs - length))
+        partial = blocks & (invalid > 0)[:, None, None, :]
+        mask = BlockSparseMask.from_block_flags(
+            blocks & ~partial, partial,
+            lambda bi, hi, qi, ki: valid_keys[bi % valid_keys.shape[0], ki],
+            bs, length, length,
+        )
+        return block_sparse_attention(q, k, v, mask, scale=scale, backend=backend)
+    return (out.float() / (1.0 - share)[..., None]).to(out.dtype)
 
 
 def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout, *,
@@ -90,23 +122,16 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         blocks = kept
     length = layout.padded_tokens + text_len
     valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)  # [B|1, length]
-    padded_valid = torch.nn.functional.pad(valid, (0, m * bs - length), value=True)
-    column_has_gap = ~padded_valid.view(-1, m, bs).all(-1)  # [B|1, M]
-    if column_has_gap.any():
-        partial = blocks & column_has_gap[:, None, None, :]
-        valid_keys = torch.nn.functional.pad(valid, (0, m * bs - length), value=False)
-        mask = BlockSparseMask.from_block_flags(
-            blocks & ~partial, partial,
-            lambda bi, hi, qi, ki: valid_keys[bi % valid_keys.shape[0], ki],
-            bs, length, length,
-        )
-    else:
-        mask = BlockSparseMask.from_dense(blocks, bs, length, length)
-
     # contiguous: the kernels' torch backend views its inputs (a transposed [B, H, L, D] fails)
     q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len else vid.contiguous()
              for vid, p in zip(videos, parts)]
-    out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
+    if bool(valid.all()):
+        mask = BlockSparseMask.from_dense(blocks, bs, length, length)
+        out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
+    else:
+        query_is_padding = torch.cat([~layout.valid, layout.valid.new_zeros(text_len)])
+        out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, bs, scale,
+                                           backend)
     out_video, out_text = out[:, :, : layout.padded_tokens], out[:, :, layout.padded_tokens :]
     if not tiled:
         out_video = layout.from_tiles(out_video)

@@ -93,3 +93,27 @@ def test_tiled_padding_slots_do_not_leak_into_the_draft():
     dirty, _ = draft_attention(*garbage, layout, sparsity=0.7, tiled=True)
     valid = layout.valid
     torch.testing.assert_close(dirty[:, :, valid], clean[:, :, valid], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("logit_shift", [0.0, -40.0])
+def test_padding_correction_and_its_fallback(logit_shift, monkeypatch):
+    # padded keys are zeroed and divided out through the lse; when real logits sit far below the
+    # zero logit of a padded key the exact element-mask path must take over
+    from mmspec.kernels import BlockSparseMask
+    from mmspec.video_dit import sparse_attention
+
+    q, k, v = _qkv(seed=7)
+    q, k = q * 0.3, k * 0.3
+    if logit_shift:  # one shared direction makes every real logit about logit_shift
+        u = torch.zeros(8)
+        u[0] = 1.0
+        q = q + u * (-logit_shift) ** 0.5 * 8**0.25
+        k = k - u * (-logit_shift) ** 0.5 * 8**0.25
+    layout = tile_layout(GRID, TILE)
+    calls = []
+    real = BlockSparseMask.from_block_flags.__func__
+    monkeypatch.setattr(BlockSparseMask, "from_block_flags",
+                        classmethod(lambda cls, *a: calls.append(1) or real(cls, *a)))
+    out, _ = sparse_attention.draft_attention(q, k, v, layout, sparsity=0.0)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-4)
+    assert len(calls) == (1 if logit_shift else 0)
