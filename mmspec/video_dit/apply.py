@@ -5,10 +5,11 @@ layers only (cross-attention stays dense) and registers hooks:
 - a pre-forward hook on the transformer reads `timestep` (the step index: its position in the
   pipeline scheduler's timesteps, or a count of timestep changes for a bare transformer) and the
   latent shape (the token grid);
-- for Wan, hooks on `rope`, `patch_embedding` and `proj_out` put the video tokens and the RoPE
-  tables in tile order once per forward and restore the order once before unpatchify, so no
-  layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). HunyuanVideo and
-  CogVideoX reorder inside each sparse layer with cached index tensors.
+- hooks on the patch embedding, RoPE and `proj_out` put the video tokens and the RoPE tables in
+  tile order once per forward and restore the order once before unpatchify (`reorder.py`), so no
+  layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
+  variant does not allow it (Wan 2.2 TI2V, HunyuanVideo token-replace I2V) or with
+  `permute_once=False`, each sparse layer reorders with cached index tensors.
 
 Deliberate differences from the official code: no patched model code; the step comes from a hook,
 not from a `current_timestep` argument threaded through the model; the achieved density is
@@ -28,6 +29,7 @@ from .processors import (
     HunyuanVideoDraftAttnProcessor,
     WanDraftAttnProcessor,
 )
+from . import reorder
 from .tiles import tile_layout
 
 _ATTR = "_mmspec_draft_attention"
@@ -65,14 +67,20 @@ class _Family:
     processor: type
     layers: object  # model -> self-attention modules in forward order
     grid: object  # (model, latents) -> (T, H, W)
+    install_reorder: object  # (state, model) -> hook handles for one reorder per forward
+    can_reorder: object = None  # (model, forward arguments) -> bool; None = always
+    tile_inputs: object = None  # (state, forward arguments) -> None, permutes tables passed in
 
 
 _FAMILIES = {
-    "WanTransformer3DModel": _Family(WanDraftAttnProcessor, _wan_layers, _wan_grid),
+    "WanTransformer3DModel": _Family(WanDraftAttnProcessor, _wan_layers, _wan_grid,
+                                     reorder.install_wan, reorder.wan_can_reorder),
     "HunyuanVideoTransformer3DModel": _Family(HunyuanVideoDraftAttnProcessor, _hunyuan_layers,
-                                              _hunyuan_grid),
+                                              _hunyuan_grid, reorder.install_hunyuan,
+                                              reorder.hunyuan_can_reorder),
     "CogVideoXTransformer3DModel": _Family(CogVideoXDraftAttnProcessor, _cogvideox_layers,
-                                           _cogvideox_grid),
+                                           _cogvideox_grid, reorder.install_cogvideox,
+                                           tile_inputs=reorder.tile_cogvideox_inputs),
 }
 
 
@@ -123,13 +131,18 @@ class DraftAttentionState:
     # ------------------------------------------------------------------------------------ hooks
 
     def pre_forward(self, module, args, kwargs):
-        bound = self._signature.bind_partial(*args, **kwargs).arguments
-        latents, timestep = bound["hidden_states"], bound["timestep"]
+        bound = self._signature.bind_partial(*args, **kwargs)
+        latents, timestep = bound.arguments["hidden_states"], bound.arguments["timestep"]
         self._update_step(timestep)
         self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
                                   latents.device)
-        self.tiled = (self.config.permute_once and self.family.processor is WanDraftAttnProcessor
-                      and torch.as_tensor(timestep).ndim <= 1 and self.sparse_step())
+        family = self.family
+        self.tiled = (self.config.permute_once and self.sparse_step()
+                      and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+        if self.tiled and family.tile_inputs is not None:
+            family.tile_inputs(self, bound.arguments)
+            return bound.args, bound.kwargs
+        return None
 
     def post_forward(self, module, args, kwargs, output):
         self.tiled = False
@@ -145,21 +158,6 @@ class DraftAttentionState:
             new_run = self._last_timestep is None or t > self._last_timestep
             self.step = 0 if new_run else self.step + 1
         self._last_timestep = t
-
-    def rope_hook(self, module, args, output):
-        if self.tiled:  # (cos, sin), each [1, N, 1, D]
-            return tuple(self.layout.to_tiles(x, dim=1) for x in output)
-        return None
-
-    def patch_hook(self, module, args, output):
-        if self.tiled:  # [B, C, T, H, W] -> [B, C, Np, 1, 1]; the model flattens dims 2.. next
-            return self.layout.to_tiles(output.flatten(2), dim=2)[..., None, None]
-        return None
-
-    def unpatch_hook(self, module, args):
-        if self.tiled:  # [B, Np, C] -> [B, N, C] in the original order, before unpatchify
-            return (self.layout.from_tiles(args[0], dim=1), *args[1:])
-        return None
 
     # ---------------------------------------------------------------------------------- report
 
@@ -243,10 +241,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             module.set_processor(state.family.processor(state, layer, module.processor))
         state.hooks.append(transformer.register_forward_pre_hook(state.pre_forward, with_kwargs=True))
         state.hooks.append(transformer.register_forward_hook(state.post_forward, with_kwargs=True))
-        if state.family.processor is WanDraftAttnProcessor and config.permute_once:
-            state.hooks.append(transformer.rope.register_forward_hook(state.rope_hook))
-            state.hooks.append(transformer.patch_embedding.register_forward_hook(state.patch_hook))
-            state.hooks.append(transformer.proj_out.register_forward_pre_hook(state.unpatch_hook))
+        if config.permute_once:
+            state.hooks += state.family.install_reorder(state, transformer)
         setattr(transformer, _ATTR, state)
         states.append(state)
     return states[0]

@@ -36,14 +36,25 @@ class _DraftProcessor:
         self.layer = layer  # index among the model's self-attention layers
         self.original = original
 
+    def _dense_through_original(self) -> bool:
+        """True when this call can go to the model's own processor (a dense layer or step).
+
+        Not when the tokens were reordered once per forward with padding slots: the original
+        processor would attend them, so dense layers then take the DraftAttention path with
+        every block kept, which ignores padded keys.
+        """
+        state = self.state
+        return not state.sparse_layer(self.layer) and state.padding_mask is None
+
     def _attend(self, q, k, v, **kwargs):
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
-        cfg = self.state.config
+        state, cfg = self.state, self.state.config
+        dense = not state.sparse_layer(self.layer)
         out, density = draft_attention(
-            q, k, v, self.state.layout, sparsity=cfg.sparsity, mode=cfg.mode,
-            backend=cfg.backend, **kwargs,
+            q, k, v, state.layout, sparsity=0.0 if dense else cfg.sparsity, mode=cfg.mode,
+            backend=cfg.backend, tiled=state.tiled, **kwargs,
         )
-        self.state.record(self.layer, density)
+        state.record(self.layer, None if dense else density)
         return out
 
 
@@ -73,8 +84,7 @@ class WanDraftAttnProcessor(_DraftProcessor):
         if rotary_emb is not None:
             query = _wan_rope(query, *rotary_emb)
             key = _wan_rope(key, *rotary_emb)
-        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                           tiled=state.tiled)
+        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         hidden_states = out.transpose(1, 2).flatten(2, 3).type_as(query)
         hidden_states = attn.to_out[0](hidden_states)
         return attn.to_out[1](hidden_states)
@@ -85,7 +95,7 @@ class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
-        if not self.state.sparse_layer(self.layer):
+        if self._dense_through_original():
             self.state.record(self.layer, None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  image_rotary_emb)
@@ -143,7 +153,7 @@ class CogVideoXDraftAttnProcessor(_DraftProcessor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
                  image_rotary_emb=None):
-        if not self.state.sparse_layer(self.layer):
+        if self._dense_through_original():
             self.state.record(self.layer, None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  image_rotary_emb)

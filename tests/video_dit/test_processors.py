@@ -67,22 +67,37 @@ def test_sparsity_zero_equals_dense(name):
     assert all(r.density < 1.0 for r in state.records)
 
 
+FIRST_ATTENTION = {
+    "wan": lambda m: m.blocks[0].attn1,
+    "hunyuan": lambda m: m.transformer_blocks[0].attn,
+    "cogvideox": lambda m: m.transformer_blocks[0].attn1,
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
 @torch.no_grad()
-def test_wan_permute_once_matches_per_layer_permutation():
-    model = tiny_wan()
-    args = _wan_inputs()
+def test_permute_once_matches_per_layer_permutation(name):
+    build, inputs = MODELS[name]
+    model = build()
+    args, kwargs = inputs()
+    seen = []  # video tokens reaching the first self-attention
+    FIRST_ATTENTION[name](model).register_forward_pre_hook(
+        lambda module, a, kw: seen.append(kw["hidden_states"].shape[1] if "hidden_states" in kw
+                                          else a[0].shape[1]), with_kwargs=True)
     outs = []
     for once in (True, False):
         apply_draft_attention(model, _cfg(0.6, permute_once=once))
-        outs.append(model(*args).sample)
+        outs.append(model(*args, **kwargs).sample)
         remove_draft_attention(model)
+    frames = seen[1] // 60  # 6 x 10 tokens per frame, 8 x 12 with the padding of 4 x 4 tiles
+    assert seen == [frames * 96, frames * 60]
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
-    # with a dense first layer the reordered forward masks the padding slots there too
-    dense = model(*args).sample
+    # with a dense first layer the reordered forward ignores the padding slots there too
+    dense = model(*args, **kwargs).sample
     for once in (True, False):
         apply_draft_attention(model, DraftAttentionConfig(sparsity=0.0, tile=(4, 4), dense_steps=0,
                                                           dense_layers=1, permute_once=once))
-        torch.testing.assert_close(model(*args).sample, dense, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(*args, **kwargs).sample, dense, atol=1e-5, rtol=1e-5)
         remove_draft_attention(model)
 
 
