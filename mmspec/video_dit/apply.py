@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from . import reorder
 from .config import DraftAttentionConfig
 from .processors import (
     CogVideoXDraftAttnProcessor,
     HunyuanVideoDraftAttnProcessor,
     WanDraftAttnProcessor,
 )
-from . import reorder
 from .tiles import tile_layout
 
 _ATTR = "_mmspec_draft_attention"

@@ -3,8 +3,10 @@
 One processor per model family, each a copy of the model's own processor in diffusers 0.42
 (`WanAttnProcessor`, `HunyuanVideoAttnProcessor2_0`, `CogVideoXAttnProcessor2_0`) with the attention
 call replaced by `draft_attention`. Cross-attention and dense layers/steps go to the original
-processor untouched. They read the step, the video grid and the tile layout from a shared
-`DraftAttentionState` (see `apply.py`) and report the density of every call to it.
+processor untouched (when a once-per-forward reorder added padding slots, dense layers instead keep
+every block on the DraftAttention path, or, for Wan, get a mask over the padding). They read the
+step, the video grid and the tile layout from a shared `DraftAttentionState` (see `apply.py`) and
+report the density of every call to it.
 
 Deliberate differences from the official code: processors instead of patched model code; text
 tokens of joint attention (HunyuanVideo after the video, CogVideoX before it) keep dense rows and
