@@ -1,6 +1,6 @@
 """Batch text-to-video with or without DraftAttention (arXiv 2505.14708), resumable, multi-GPU.
 
-    python -m mmspec.video_dit.generate --model PATH --prompts prompts.txt --out DIR \
+    python -m mmspec.video_dit.generate --model PATH --prompts prompts.txt --out DIR
         [--sparsity 0.9 | --dense] [--steps 50] [--seed 42]
 
 For prompt number i (one prompt per non-empty line; lines starting with '#' are skipped) it writes
