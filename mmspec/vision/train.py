@@ -78,7 +78,7 @@ def _key(index: int, input_ids: torch.Tensor) -> str:
 
 def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None) -> list:
     """The target's greedy answer to each sample (long `[A_i]`), cached as token ids."""
-    cache = torch.load(cache_path) if cache_path is not None and cache_path.is_file() else {}
+    cache = torch.load(cache_path, weights_only=True) if cache_path is not None and cache_path.is_file() else {}
     answers = []
     for i, s in enumerate(tqdm(samples, desc="target answers", leave=False)):
         key = _key(i, s["input_ids"])
@@ -223,7 +223,7 @@ def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
         return 0
     loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target)
     drafter.load_state_dict(loaded.state_dict())
-    state = torch.load(ckpt / "trainer.pt", weights_only=False)
+    state = torch.load(ckpt / "trainer.pt", weights_only=True)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["sample_rng"])
@@ -254,7 +254,7 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
 
 def load_samples(path: Path, target_path: str, suffix: str) -> list:
     if path.suffix == ".pt":
-        return torch.load(path)
+        return torch.load(path, weights_only=True)
     from transformers import AutoProcessor
 
     return _load_jsonl(path, AutoProcessor.from_pretrained(target_path), suffix)
