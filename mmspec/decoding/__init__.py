@@ -1,4 +1,18 @@
-"""Speculative decoding: a lossless draft-verify loop for any Hugging Face causal LM or VLM."""
+"""Speculative decoding: a lossless draft-verify loop for any Hugging Face causal LM or VLM.
+
+    import mmspec
+    drafter = mmspec.ModelDrafter(small_model, num_tokens=5)            # a chain
+    drafter = mmspec.ModelDrafter(small_model, num_tokens=30, top_k=8)  # an EAGLE-2 tree
+    drafter = mmspec.PromptLookupDrafter()                              # n-gram lookup, no model
+    out = mmspec.generate(target, drafter, **processor(images=img, text=prompt, return_tensors="pt"),
+                          max_new_tokens=256, do_sample=False, streamer=TextStreamer(tokenizer))
+    out.sequences, out.stats.mean_accepted, out.stats.tokens_per_s
+
+Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `tree.py` (tree and mask),
+`verify.py` (greedy and rejection sampling), `sampling.py` (temperature / top-k / top-p),
+`kv_cache.py` (path commit), `positions.py` (tree and M-RoPE positions), `stats.py`,
+`drafters/` (built-in drafters), `cli.py` (`mmspec generate`).
+"""
 
 from .draft import Draft, Drafter, DraftState, VerifyResult
 from .drafters import ModelDrafter, PromptLookupDrafter

@@ -18,7 +18,7 @@ keeps its own KV cache can use the same slot layout and the same `attention_mask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -43,18 +43,18 @@ class Draft:
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    probs: Optional[torch.Tensor] = None
-    num_tokens: Optional[torch.Tensor] = None
+    probs: torch.Tensor | None = None
+    num_tokens: torch.Tensor | None = None
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, probs: Optional[torch.Tensor] = None,
-              num_tokens: Optional[torch.Tensor] = None) -> "Draft":
+    def chain(cls, tokens: torch.Tensor, probs: torch.Tensor | None = None,
+              num_tokens: torch.Tensor | None = None) -> Draft:
         t = tokens.shape[-1]
         parents = torch.arange(-1, t - 1, device=tokens.device)
         return cls(tokens, parents, probs, num_tokens)
 
     @classmethod
-    def empty(cls, batch_size: int, device=None) -> "Draft":
+    def empty(cls, batch_size: int, device=None) -> Draft:
         """No draft: the round is one ordinary decoding step."""
         return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device),
                    torch.zeros(0, dtype=torch.long, device=device))
@@ -74,7 +74,7 @@ class DraftState:
                     `rope_deltas` included): the target's position of each root. A draft node at
                     tree depth d (0 for a child of the root) gets `position_ids + 1 + d`.
     round:          int, 0 on the first round of a `generate` call (reset per-call state there).
-    target_hidden:  float `[B, S', H]` or None: the target's last hidden states for the slots
+    target_hidden:  float `[B, S', H]` or None: the target's hidden states (`Drafter`) for the slots
                     committed since the previous round (the whole prompt in round 0), only when
                     the drafter sets `needs_target_hidden = True` (EAGLE/ViSpec-style drafters).
     extras:         model kwargs from the prefill (pixel_values, image_grid_thw, ...).
@@ -83,9 +83,9 @@ class DraftState:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     max_tokens: int
-    position_ids: Optional[torch.Tensor] = None
+    position_ids: torch.Tensor | None = None
     round: int = 0
-    target_hidden: Optional[torch.Tensor] = None
+    target_hidden: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
 
 
@@ -106,11 +106,14 @@ class VerifyResult:
     num_accepted: torch.Tensor
     new_tokens: list
     accepted_nodes: list
-    target_hidden: Optional[torch.Tensor] = None
+    target_hidden: torch.Tensor | None = None
 
 
 class Drafter(Protocol):
-    """Optional attribute: `needs_target_hidden: bool = False`."""
+    """Optional attributes: `needs_target_hidden: bool = False` asks for the target's hidden states
+    (`DraftState.target_hidden`, `VerifyResult.target_hidden`); `target_hidden_layers` (default
+    `(-1,)`, the last, normed layer) picks entries of transformers' `hidden_states` tuple,
+    concatenated on the feature dim (EAGLE-3 fuses a low, a middle and a high layer)."""
 
     def propose(self, state: DraftState) -> Draft: ...
 

@@ -10,9 +10,9 @@ One round (Leviathan et al. 2023, tree verification as in SpecInfer / EAGLE-2):
 
 The target stays an unmodified transformers model: the prompt goes through its own
 `prepare_inputs_for_generation` (so `pixel_values`, `image_grid_thw`, M-RoPE positions work as in
-`model.generate`), and every verification forward passes `block_sparse_mask=` to the attention
+`model.generate`), and every tree verification forward passes `block_sparse_mask=` to the attention
 function `mmspec_block_sparse` (`mmspec.kernels.register_hf_attention`), which `generate` switches
-the target to for the call (it is transformers' SDPA when no mask is passed).
+the target to for the call (it is transformers' SDPA when no mask is passed, as for chains).
 
 Batches: rows are left-padded and each row accepts its own number of tokens, so the KV cache and
 the token slots get *holes* that the mask hides (see `draft.py`); no row waits for another.
@@ -24,7 +24,6 @@ import inspect
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -108,6 +107,36 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
                          f"and an output vocabulary")
 
 
+# generation-config settings whose logits processors `generate` does not apply: refused, so that
+# the output never silently differs from `target.generate`'s. (attribute, neutral values, sampling only)
+_UNSUPPORTED = (
+    ("repetition_penalty", (None, 1.0), False), ("no_repeat_ngram_size", (None, 0), False),
+    ("encoder_repetition_penalty", (None, 1.0), False), ("bad_words_ids", (None,), False),
+    ("suppress_tokens", (None,), False), ("begin_suppress_tokens", (None,), False),
+    ("forced_bos_token_id", (None,), False), ("forced_eos_token_id", (None,), False),
+    ("sequence_bias", (None,), False), ("min_length", (None, 0), False),
+    ("min_new_tokens", (None, 0), False), ("min_p", (None,), True), ("typical_p", (None, 1.0), True),
+    ("epsilon_cutoff", (None, 0.0), True), ("eta_cutoff", (None, 0.0), True),
+)
+
+
+def sampling_config(target, do_sample, temperature, top_k, top_p) -> SamplingConfig:
+    """The target's sampling rule; `top_k`/`top_p` None mean the target's generation config."""
+    gen = target.generation_config
+    for name, neutral, sampling_only in _UNSUPPORTED:
+        value = getattr(gen, name, None)
+        if value not in neutral and (do_sample or not sampling_only):
+            raise ValueError(
+                f"target.generation_config.{name}={value!r} changes the target's distribution and "
+                f"mmspec.generate does not apply it; set target.generation_config.{name} = "
+                f"{neutral[-1]!r} (target.generate then gives the same output)")
+    top_k = gen.top_k if top_k is None else top_k
+    top_p = gen.top_p if top_p is None else top_p
+    if not do_sample:
+        return SamplingConfig(False, temperature, top_k, top_p)
+    return SamplingConfig(True, temperature, top_k or None, top_p)
+
+
 def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
     """logits `[B, V]` -> long `[B]`, greedy or sampled from the warped target distribution."""
     if not cfg.do_sample:
@@ -115,7 +144,12 @@ def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
     return torch.multinomial(target_probs(logits, cfg), 1, generator=generator)[:, 0]
 
 
-def _prefill(target, input_ids, attention_mask, model_kwargs, need_hidden):
+def _hidden(out, layers):
+    """The drafter's features: hidden states of `layers`, concatenated `[B, L, H * len(layers)]`."""
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+
+def _prefill(target, input_ids, attention_mask, model_kwargs, layers):
     """The prompt forward, as `target.generate` runs it (no mask without padding, last logits only)."""
     position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
@@ -124,8 +158,8 @@ def _prefill(target, input_ids, attention_mask, model_kwargs, need_hidden):
     inputs = target.prepare_inputs_for_generation(
         input_ids, past_key_values=None, attention_mask=mask, position_ids=position_ids,
         use_cache=True, is_first_iteration=True, **model_kwargs)
-    out = target(**inputs, output_hidden_states=need_hidden, return_dict=True)
-    hidden = out.hidden_states[-1] if need_hidden else None
+    out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
+    hidden = _hidden(out, layers) if layers else None
     return out.logits[:, -1], out.past_key_values, position_ids, hidden
 
 
@@ -166,7 +200,10 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         input_ids: long `[B, L]`, left-padded when B > 1.
         attention_mask: `[B, L]`, 0 on padding; None means no padding.
         max_new_tokens: new tokens per row, at most.
-        do_sample, temperature, top_k, top_p: the target's sampling (transformers' semantics).
+        do_sample, temperature, top_k, top_p: the target's sampling (transformers' semantics);
+            `top_k`/`top_p` None mean the target's generation config (as in `target.generate`).
+            Generation-config settings that `generate` does not apply (repetition penalty,
+            min length, ...) raise a ValueError instead of silently changing the output.
         eos_token_id: int or list; None means `target.generation_config.eos_token_id`.
         streamer: a transformers `TextStreamer` / `TextIteratorStreamer` (batch 1).
         pad_token_id: fills rows after their EOS; None means the target's generation config.
@@ -174,7 +211,7 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         generator: optional `torch.Generator` for the sampling draws.
         **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...).
     """
-    cfg = SamplingConfig(do_sample, temperature, top_k, top_p)
+    cfg = sampling_config(target, do_sample, temperature, top_k, top_p)
     if pad_token_id is None:
         pad_token_id = target.generation_config.pad_token_id
     _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
@@ -188,16 +225,62 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
                          0 if pad_token_id is None else pad_token_id, generator, model_kwargs)
 
 
+class _Slots:
+    """Committed tokens in the slot layout of `draft.py`, and each row's root position."""
+
+    def __init__(self, input_ids, attention_mask, first, prompt_pos):
+        self.ids = torch.cat([input_ids, first[:, None]], dim=1)  # [B, S]; last column: roots
+        self.valid = torch.cat([attention_mask.bool(), torch.ones_like(self.ids[:, :1], dtype=torch.bool)], 1)
+        self.root_pos = prompt_pos[..., -1:] + 1  # [..., B, 1]
+
+    @property
+    def cache_valid(self) -> torch.Tensor:
+        """bool `[B, S - 1]`: the slots whose keys are cached (all but the roots)."""
+        return self.valid[:, :-1]
+
+    def append(self, path_tokens, path_valid, bonus, depth) -> None:
+        """path_tokens/path_valid `[B, K-1]` accepted tokens (holes False); bonus, depth `[B]`."""
+        self.ids = torch.cat([self.ids, path_tokens, bonus[:, None]], dim=1)
+        self.valid = torch.cat([self.valid, path_valid, torch.ones_like(bonus[:, None], dtype=torch.bool)], 1)
+        self.root_pos = self.root_pos + (depth + 1)[:, None]
+
+
+def _verify_forward(target, tree, slots, cache, need_hidden):
+    """One target forward over every row's root and tree; trees through the shared layer."""
+    kwargs = {}
+    if not tree.is_chain:  # a chain's mask is causal: the model's own attention does it (tree.py)
+        kwargs["block_sparse_mask"] = verify_mask(tree, slots.cache_valid)
+    attn_2d = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
+    return target(input_ids=tree.tokens, attention_mask=attn_2d,
+                  position_ids=slots.root_pos + tree.depth,  # [..., B, N]
+                  past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
+                  return_dict=True, **kwargs)
+
+
+def _accepted_path(tree, best):
+    """-> depth `[B]` (draft tokens accepted), keep long `[B, K]` (root then path, node order;
+    rows with a shorter path repeat trailing nodes), keep_valid bool `[B, K]`."""
+    rows = torch.arange(len(best), device=best.device)
+    depth = tree.depth[rows, best]
+    k = int(depth.max()) + 1
+    on_path = tree.anc[rows, best]  # [B, N]
+    keep = torch.argsort((~on_path).to(torch.int8), dim=1, stable=True)[:, :k]
+    keep_valid = torch.arange(k, device=best.device) < (depth + 1)[:, None]
+    return depth, keep, keep_valid
+
+
 def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, streamer,
               pad, generator, model_kwargs) -> SpecOutput:
     device = input_ids.device
     stats = SpecStats()
     start = _sync(device)
-    need_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+    layers = tuple(getattr(drafter, "target_hidden_layers", (-1,))) if getattr(
+        drafter, "needs_target_hidden", False) else ()
+    need_hidden = bool(layers)
     vocab = vocab_size(target)
 
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
-                                                 need_hidden)
+                                                 layers)
     first = _pick(logits, cfg, generator)  # [B]
     rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
     rows.commit(first[:, None], torch.ones_like(first))
@@ -205,70 +288,59 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
     if streamer is not None:
         streamer.put(input_ids.cpu())
         streamer.put(first.cpu())
-    slot_ids = torch.cat([input_ids, first[:, None]], dim=1)  # [B, S]; last column: the roots
-    slot_valid = torch.cat([attention_mask.bool(), torch.ones_like(first[:, None], dtype=torch.bool)], 1)
-    root_pos = prompt_pos[..., -1:] + 1  # [..., B, 1] position of each root
+    slots = _Slots(input_ids, attention_mask, first, prompt_pos)
     stats.prefill_time = _sync(device) - start
 
     while rows.live.any():
         t0 = _sync(device)
         depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
-        state = DraftState(slot_ids, slot_valid.long(), depth_cap, root_pos, stats.rounds,
+        state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
                            hidden, model_kwargs)
+        ta = _sync(device)
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
-        t1 = _sync(device)
-        tree = build_tree(slot_ids[:, -1], draft, vocab)
-        mask = verify_mask(tree, slot_valid[:, :-1])
-        n = tree.num_nodes
-        positions = root_pos + tree.depth  # [..., B, N]
-        attn_2d = torch.cat([slot_valid[:, :-1], tree.valid.new_ones(tree.valid.shape)], 1).long()
-        t2 = _sync(device)
-        out = target(input_ids=tree.tokens, attention_mask=attn_2d, position_ids=positions,
-                     past_key_values=cache, use_cache=True, block_sparse_mask=mask,
-                     output_hidden_states=need_hidden, return_dict=True)
-        t3 = _sync(device)
+        tb = _sync(device)
+        tree = build_tree(slots.ids[:, -1], draft, vocab)
+        tc = _sync(device)
+        out = _verify_forward(target, tree, slots, cache, need_hidden)
+        td = _sync(device)
         if cfg.do_sample:
             best, bonus = verify_sampling(tree, target_probs(out.logits, cfg), generator)
         else:
             best, bonus = verify_greedy(tree, out.logits)
 
-        # commit: the root and the accepted nodes, in path order, at cache slots [C, C + K)
-        b_idx = torch.arange(len(best), device=device)
-        depth = tree.depth[b_idx, best]  # [B] draft tokens accepted
-        k = int(depth.max()) + 1
-        on_path = tree.anc[b_idx, best]  # [B, N]
-        keep = torch.argsort((~on_path).to(torch.int8), dim=1, stable=True)[:, :k]  # [B, K]
-        keep_valid = torch.arange(k, device=device) < (depth + 1)[:, None]
-        kv_cache.commit_path(cache, slot_ids.shape[1] - 1, keep)
+        # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
+        depth, keep, keep_valid = _accepted_path(tree, best)
+        kv_cache.commit_path(cache, slots.ids.shape[1] - 1, keep)
         path_tokens = tree.tokens.gather(1, keep)[:, 1:]  # [B, K-1]
-        new = torch.cat([path_tokens, bonus[:, None]], dim=1)
-        new[b_idx, depth] = bonus  # the bonus right after each row's accepted tokens
+        new = torch.cat([path_tokens, bonus[:, None]], dim=1)  # [B, K]
+        new[torch.arange(len(depth)), depth] = bonus  # right after each row's accepted tokens
         live = rows.live.clone()
-        num = rows.commit(new, depth + 1)
-        slot_ids = torch.cat([slot_ids, path_tokens, bonus[:, None]], dim=1)
-        slot_valid = torch.cat([slot_valid, keep_valid[:, 1:], keep_valid[:, :1]], dim=1)
-        root_pos = root_pos + (depth + 1)[:, None]
-        hidden = out.hidden_states[-1].gather(
-            1, keep[..., None].expand(-1, -1, out.hidden_states[-1].shape[-1])) if need_hidden else None
-        t4 = _sync(device)
-
+        num = rows.commit(new, depth + 1)  # cut at EOS and max_new_tokens
+        slots.append(path_tokens, keep_valid[:, 1:], bonus, depth)
+        if need_hidden:
+            h = _hidden(out, layers)  # [B, N, H']
+            hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H]
         if streamer is not None and num[0] > 0:
             streamer.put(new[0, : num[0]].cpu())
-        drafter.update(VerifyResult(
-            num_accepted=torch.where(live, depth, 0),
-            new_tokens=[new[b, : num[b]] for b in range(len(num))],
-            accepted_nodes=[keep[b, 1 : depth[b] + 1] - 1 for b in range(len(num))],
-            target_hidden=hidden,
-        ))
-        t5 = _sync(device)
+        accepted = torch.where(live, depth, 0)
+        col = torch.arange(new.shape[1], device=device)
+        result = VerifyResult(
+            num_accepted=accepted,
+            new_tokens=list(new[col < num[:, None]].split(num.tolist())),
+            accepted_nodes=list((keep[:, 1:] - 1)[col[1:] <= accepted[:, None]].split(accepted.tolist())),
+            target_hidden=hidden if need_hidden else None,
+        )
+        te = _sync(device)
+        drafter.update(result)
+        tf = _sync(device)
         stats.rounds += 1
         stats.row_rounds += int(live.sum())
         stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
-        stats.accepted += int(depth[live].sum())
+        stats.accepted += int(torch.minimum(depth, num)[live].sum())
         stats.new_tokens += int(num.sum())
-        stats.draft_time += (t1 - t0) + (t5 - t4)
-        stats.verify_time += t4 - t1
-        stats.target_forward_time += t3 - t2
+        stats.draft_time += (tb - ta) + (tf - te)
+        stats.verify_time += (te - t0) - (tb - ta)
+        stats.target_forward_time += td - tc
 
     if streamer is not None:
         streamer.end()

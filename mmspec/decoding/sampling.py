@@ -9,7 +9,6 @@ ascending cumulative probability is at most `1 - top_p`), so sampling draws from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -18,8 +17,8 @@ import torch
 class SamplingConfig:
     do_sample: bool = False
     temperature: float = 1.0
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
+    top_k: int | None = None
+    top_p: float | None = None
 
     def __post_init__(self):
         if self.do_sample and not self.temperature > 0:

@@ -15,10 +15,10 @@ class SpecStats:
     rounds: int = 0  # verification forwards of the target (the prefill not counted)
     row_rounds: int = 0  # (row, round) pairs with the row still generating
     drafted: int = 0  # draft nodes proposed to live rows
-    accepted: int = 0  # draft tokens the target accepted (bonus excluded)
+    accepted: int = 0  # draft tokens accepted and committed (bonus excluded, cut at EOS/budget)
     new_tokens: int = 0  # tokens committed, all rows, the prefill's first token included
     draft_time: float = 0.0  # seconds in drafter.propose and drafter.update
-    verify_time: float = 0.0  # seconds from a draft to its commit (target forward included)
+    verify_time: float = 0.0  # the rest of the rounds: target forwards plus the engine's own work
     target_forward_time: float = 0.0  # seconds in the target's verification forwards alone
     prefill_time: float = 0.0
     total_time: float = 0.0
@@ -34,12 +34,18 @@ class SpecStats:
         return self.accepted / max(self.row_rounds, 1)
 
     @property
+    def engine_time(self) -> float:
+        """The engine's own cost: rounds minus drafter calls minus target forwards."""
+        return self.verify_time - self.target_forward_time
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
 
     def as_dict(self) -> dict:
         return {**asdict(self), "mean_accepted": self.mean_accepted,
                 "mean_accepted_no_bonus": self.mean_accepted_no_bonus,
+                "engine_time": self.engine_time,
                 "tokens_per_s": self.tokens_per_s}
 
     def __str__(self) -> str:

@@ -60,7 +60,7 @@ def _children(tree: Tree) -> torch.Tensor:
 
 def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
     """probs `[B, N, V]` target distributions at each node -> (best `[B]`, bonus `[B]`)."""
-    b, n, v = probs.shape
+    b, _n, v = probs.shape
     rows = torch.arange(b, device=probs.device)
     children = _children(tree)  # [B, N, R]
     cur = torch.zeros(b, dtype=torch.long, device=probs.device)

@@ -1,6 +1,6 @@
 """`block_sparse_attention`: the one attention entry point of mmspec.
 
-The public function validates its inputs once and calls the custom op `mmspec::block_sparse_attention`
+The public function validates its inputs once and calls the op `mmspec::block_sparse_attention`
 (registered with `torch.library`, with a fake implementation so `torch.compile` graphs pass through
 it). The op dispatches to a backend from the registry: `"triton"` (GPU kernel), `"torch"` (fast path
 on any device) or `"reference"` (dense masked attention, for tests).
@@ -55,21 +55,18 @@ def _check_inputs(q, k, v, mask) -> None:
         )
 
 
-@torch.library.custom_op("mmspec::block_sparse_attention", mutates_args=())
-def _block_sparse_attention_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_num_blocks: torch.Tensor,
-    kv_indices: torch.Tensor,
-    full_kv_num_blocks: torch.Tensor,
-    full_kv_indices: torch.Tensor,
-    partial_masks: torch.Tensor,
-    block_q: int,
-    block_k: int,
-    scale: float,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+# Registered with torch.library's low-level API rather than `custom_op`, whose wrapper imports
+# torch._dynamo on the first call (seconds of start-up) even in eager mode.
+_LIB = torch.library.Library("mmspec", "DEF")
+_LIB.define(
+    "block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor kv_num_blocks, "
+    "Tensor kv_indices, Tensor full_kv_num_blocks, Tensor full_kv_indices, Tensor partial_masks, "
+    "int block_q, int block_k, float scale, str backend) -> (Tensor, Tensor)"
+)
+
+
+def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks,
+                                 full_kv_indices, partial_masks, block_q, block_k, scale, backend):
     mask = BlockSparseMask._unchecked(
         kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
         (block_q, block_k), q.shape[2], k.shape[2],
@@ -78,7 +75,10 @@ def _block_sparse_attention_op(
     return out.contiguous(), lse.contiguous()
 
 
-@_block_sparse_attention_op.register_fake
+_LIB.impl("block_sparse_attention", _block_sparse_attention_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)
 def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
       block_q, block_k, scale, backend):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -119,7 +119,7 @@ def block_sparse_attention(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = resolve_backend(backend, q, k, v, mask).name
-    out, lse = _block_sparse_attention_op(
+    out, lse = torch.ops.mmspec.block_sparse_attention(
         q, k, v,
         mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
         mask.partial_masks, mask.block_size[0], mask.block_size[1], float(scale), backend,

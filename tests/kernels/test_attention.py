@@ -11,7 +11,9 @@ from mmspec.kernels import BlockSparseMask, available_backends, block_sparse_att
 
 from mmspec.kernels.backends import torch_blocks
 
-BACKENDS = ["torch", "torch-batched", "triton"]
+# "torch" runs small cases as masked dense attention; "torch-fused" forces the fused CPU kernel
+# and "torch-batched" the batched-matmul path
+BACKENDS = ["torch", "torch-fused", "torch-batched", "triton"]
 # floor for fp32, where the same-precision error is itself ~1e-7
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -36,11 +38,13 @@ def make_case(seed, b, hq, hkv, nq, nk, d, bs, dtype, mask_b=None, mask_h=None, 
 
 @pytest.fixture
 def run_backend(monkeypatch):
-    """Calls a backend; "torch-batched" is the torch backend with its fused CPU kernel disabled."""
+    """Calls a backend, or one path of the torch backend (see BACKENDS)."""
 
     def run(backend, q, k, v, mask, **kwargs):
-        if backend == "torch-batched":
-            monkeypatch.setattr(torch_blocks, "_cpu_kernel", lambda: None)
+        if backend in ("torch-fused", "torch-batched"):
+            monkeypatch.setattr(torch_blocks, "_SMALL_PAIRS", 0)
+            if backend == "torch-batched":
+                monkeypatch.setattr(torch_blocks, "_cpu_kernel", lambda: None)
             backend = "torch"
         if backend == "triton" and torch.cuda.is_available():  # compiled, not interpreted
             q, k, v, mask = q.cuda(), k.cuda(), v.cuda(), mask.to("cuda")
@@ -85,6 +89,17 @@ def test_backend_error_budget(run_backend, backend, dtype, case):
     assert torch.equal(lse.isinf(), empty) and torch.equal(ref_lse.isinf(), empty)
     assert (out[empty] == 0).all()
     assert (lse - ref_lse)[~empty].abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposed_inputs(run_backend, backend):
+    """HF attention passes q/k/v as transposed views of [B, N, H, D]."""
+    q, k, v, mask = make_case(11, 2, 2, 2, 32, 32, 16, (16, 16), torch.float32)
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not qt.is_contiguous()
+    torch.testing.assert_close(run_backend(backend, qt, kt, vt, mask),
+                               block_sparse_attention(q, k, v, mask, backend="reference"),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_reference_matches_plain_softmax():
@@ -142,6 +157,13 @@ def test_custom_op_passes_through_torch_compile():
 def test_fused_cpu_kernel_builds_here():
     # a silent fallback to the slower batched path would go unnoticed otherwise
     assert torch_blocks._cpu_kernel() is not None
+
+
+def test_auto_never_picks_the_triton_interpreter_on_cpu(monkeypatch):
+    q, k, v, mask = make_case(12, 1, 2, 2, 32, 32, 16, (16, 16), torch.float32)
+    from mmspec.kernels.backends import registry
+
+    assert registry.resolve_backend("auto", q, k, v, mask).name == "torch"
 
 
 def test_registry_lists_backends():

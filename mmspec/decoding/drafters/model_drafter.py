@@ -8,20 +8,19 @@ Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec
 `depth` levels expands the current top-k frontier by its top-k children, scores nodes by
 cumulative draft log-probability, keeps the best `top_k` as the next frontier, and finally the best
 `num_tokens` nodes over all levels form the tree. Frontier nodes are fed through the shared
-block-sparse layer with a tree mask. Tree nodes are chosen, not sampled: a point-mass proposal.
+block-sparse layer with a tree mask (so a tree drafter switches its model to the attention
+implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed). Tree nodes are chosen, not sampled: a point-mass proposal.
 One deliberate difference from EAGLE: a child's score is its parent's minus a tiny epsilon at
 least, so the kept set is always closed under parents (EAGLE can keep an orphan on exact ties).
 
 KV cache "in step": the drafter keeps its cache in the engine's slot layout (`draft.py`). At each
-round it keeps the longest prefix of cached slots whose tokens and validity still match the
-committed ones (the accepted part of its own chain survives), crops the rest and feeds the new
-slots in one forward. It resets at round 0 of every `generate` call, so its memory is bounded by
+round it keeps the longest prefix of cached slots that are still right (the accepted part of its
+own chain survives, and its rejected tokens stay as masked holes; see `_reusable`), crops the rest
+and feeds the new slots in one forward. It resets at round 0 of every `generate` call, so its memory is bounded by
 one call's cache.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
@@ -29,7 +28,7 @@ from mmspec.kernels import BlockSparseMask, register_hf_attention
 
 from .. import kv_cache
 from ..draft import Draft, DraftState, VerifyResult
-from ..tree import BLOCK_SIZE
+from ..tree import BLOCK_SIZE, query_block_size
 
 # vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
 DEFAULT_TREE_DEPTH = 4
@@ -37,7 +36,7 @@ _EPS = 1e-6  # strict score decrease along a path (closure under parents)
 
 
 class ModelDrafter:
-    def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: Optional[int] = None,
+    def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: int | None = None,
                  temperature: float = 0.0):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -57,18 +56,26 @@ class ModelDrafter:
         if top_k > 1:  # tree levels go through the shared layer; without a mask it is SDPA
             model.set_attn_implementation(register_hf_attention())
         self.cache = None
-        self.fed_ids: Optional[torch.Tensor] = None  # long [B, F] tokens behind the cached slots
-        self.fed_valid: Optional[torch.Tensor] = None  # bool [B, F]
+        self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
+        self.fed_valid: torch.Tensor | None = None  # bool [B, F]
 
     # ------------------------------------------------------------------ cache in the slot layout
 
     def _reusable(self, ids: torch.Tensor, valid: torch.Tensor) -> int:
-        """Cached slots whose tokens and validity match the committed prefix, for every row."""
+        """How many cached slots still hold the right keys for every row.
+
+        A slot now valid is right when it was fed with the same token and nothing before it
+        changed (validity or token). A slot now invalid (padding, a rejected draft token turned
+        hole) is masked, so whatever it holds is right. Rejected chain tokens thus stay cached as
+        holes, and a round re-feeds only the slots after the drafter's own chain.
+        """
         if self.cache is None or self.fed_ids.shape[0] != ids.shape[0]:
             return 0
         m = min(self.fed_ids.shape[1], ids.shape[1] - 1)  # the root is always fed again
-        same = (self.fed_valid[:, :m] == valid[:, :m]) & (~valid[:, :m] | (self.fed_ids[:, :m] == ids[:, :m]))
-        bad = (~same.all(0)).nonzero()
+        fed_ids, fed_valid, ids, valid = self.fed_ids[:, :m], self.fed_valid[:, :m], ids[:, :m], valid[:, :m]
+        changed = (fed_valid != valid) | (valid & (fed_ids != ids))  # [B, m]
+        stale = valid & (changed.cumsum(-1) > 0)
+        bad = stale.any(0).nonzero()
         return int(bad[0]) if len(bad) else m
 
     def _forward(self, ids, attention_mask, position_ids, mask=None):
@@ -140,7 +147,7 @@ class ModelDrafter:
             new_rows = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=tok.device).expand(b, k, k)], -1)
             fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(b, m, k)], -1), new_rows], 1)
             token_mask = torch.cat([valid[:, None, :].expand(b, k, s), new_rows], -1)  # [B, K, S+M+K]
-            mask = BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)
+            mask = BlockSparseMask.from_token_mask(token_mask[:, None], (query_block_size(k), BLOCK_SIZE))
             attn = torch.cat([valid, valid.new_ones(b, m + k)], 1).long()
             lg = self._forward(front_tok, attn, root_pos + level, mask)  # [B, K, V]
             child_logp, child_tok = lg.log_softmax(-1).topk(k, dim=-1)  # [B, K, K]

@@ -32,8 +32,10 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
-# "auto" tries these in order
-_AUTO_ORDER = ("triton", "torch")
+# "auto" tries these in order; Triton only for CUDA tensors (never the interpreter, which is for
+# testing the kernel, not for running models)
+_AUTO_ORDER = {"cuda": ("triton", "torch")}
+_AUTO_DEFAULT = ("torch",)
 
 
 def register_backend(name: str, constraints: tuple[Constraint, ...] = ()):
@@ -54,14 +56,15 @@ def get_backend(name: str) -> Backend:
 
 def resolve_backend(name: str, q, k, v, mask) -> Backend:
     if name == "auto":
-        for candidate in _AUTO_ORDER:
+        order = _AUTO_ORDER.get(q.device.type, _AUTO_DEFAULT)
+        for candidate in order:
             backend = _BACKENDS.get(candidate)
             if backend is not None and not backend.problems(q, k, v, mask):
                 return backend
         raise ValueError(
             "no backend accepts these inputs: "
             + "; ".join(f"{n}: {', '.join(_BACKENDS[n].problems(q, k, v, mask))}"
-                        for n in _AUTO_ORDER if n in _BACKENDS)
+                        for n in order if n in _BACKENDS)
         )
     if name not in _BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, got {name!r}")

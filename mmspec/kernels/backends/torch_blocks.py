@@ -35,6 +35,10 @@ import torch
 from ..mask import BlockSparseMask
 from .registry import register_backend
 
+# below this many (query, key) pairs per head, masked dense attention beats walking blocks:
+# decode and tree-verification shapes (a few queries against a KV cache)
+_SMALL_PAIRS = 1 << 18
+
 # floats per chunk of scores: about 4 MB, so a chunk's scores stay in L2/L3 between passes
 _CHUNK_ELEMENTS = 1 << 20
 
@@ -88,12 +92,29 @@ def _fused_cpu(kernel, q, k, v, mask: BlockSparseMask, scale: float):
     return out[:, :, :nq].to(q.dtype), lse[:, :, :nq]
 
 
+def _expand_kv(k, v, heads):
+    """Repeat k/v heads for GQA (expand + reshape: one copy, far cheaper than repeat_interleave)."""
+    b, hkv, n, d = k.shape
+    if heads == hkv:
+        return k, v
+    return (t[:, :, None].expand(b, hkv, heads // hkv, n, d).reshape(b, heads, n, d) for t in (k, v))
+
+
 def _dense_cpu(q, k, v, scale):
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    """PyTorch's fused CPU flash attention, which also returns the lse."""
+    k, v = _expand_kv(k, v, q.shape[1])
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
     return out, lse.float()
+
+
+def _small_dense(q, k, v, scale, token_mask):
+    """Masked dense attention in fp32 for small problems (decode, tree verification)."""
+    k, v = _expand_kv(k.float(), v.float(), q.shape[1])
+    scores = torch.matmul(q.float() * scale, k.transpose(-1, -2))  # [B, H, Nq, Nk]
+    scores.masked_fill_(~token_mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, H, Nq], -inf on empty rows
+    probs = scores.sub_(torch.where(lse == float("-inf"), 0.0, lse)[..., None]).exp_()
+    return torch.matmul(probs, v).to(q.dtype), lse
 
 
 def _row_slots(mask: BlockSparseMask, b: int, hq: int):
@@ -128,6 +149,8 @@ def torch_block_attention(q, k, v, mask: BlockSparseMask, scale: float):
     if q.device.type == "cpu":
         if mask.is_dense:
             return _dense_cpu(q, k, v, scale)
+        if mask.q_len * mask.kv_len <= _SMALL_PAIRS:
+            return _small_dense(q, k, v, scale, mask.to_dense())
         kernel = _cpu_kernel()
         if kernel is not None:
             return _fused_cpu(kernel, q, k, v, mask, scale)
@@ -143,9 +166,11 @@ def _batched(q, k, v, mask: BlockSparseMask, scale: float):
     rows = b * hq * mq
 
     # pad to whole blocks; padded queries are dropped, padded keys masked below
-    qf = torch.nn.functional.pad(q.float() * scale, (0, 0, 0, mq * bq - nq))
-    kf = torch.nn.functional.pad(k.float(), (0, 0, 0, nk * bk - nkv))
-    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, nk * bk - nkv))
+    # elementwise ops keep a transposed input's strides (HF passes [B, N, H, D] views), and the
+    # block views below need contiguous memory
+    qf = torch.nn.functional.pad(q.float() * scale, (0, 0, 0, mq * bq - nq)).contiguous()
+    kf = torch.nn.functional.pad(k.float(), (0, 0, 0, nk * bk - nkv)).contiguous()
+    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, nk * bk - nkv)).contiguous()
     q_rows = qf.view(rows, bq, d)  # [R, bq, D]
     k_blocks = kf.view(b * hkv * nk, bk, d)  # [B*Hkv*Nk, bk, D]
     v_blocks = vf.view(b * hkv * nk, bk, d)

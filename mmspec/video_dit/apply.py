@@ -1,0 +1,264 @@
+"""Install DraftAttention (arXiv 2505.14708) on a diffusers video pipeline or transformer.
+
+`apply_draft_attention(pipe_or_transformer, config)` swaps the processors of the self-attention
+layers only (cross-attention stays dense) and registers hooks:
+- a pre-forward hook on the transformer reads `timestep` (the step index: its position in the
+  pipeline scheduler's timesteps, or a count of timestep changes for a bare transformer) and the
+  latent shape (the token grid);
+- hooks on the patch embedding, RoPE and `proj_out` put the video tokens and the RoPE tables in
+  tile order once per forward and restore the order once before unpatchify (`reorder.py`), so no
+  layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
+  variant does not allow it (Wan 2.2 TI2V, HunyuanVideo token-replace I2V) or with
+  `permute_once=False`, each sparse layer reorders with cached index tensors.
+
+Deliberate differences from the official code: no patched model code; the step comes from a hook,
+not from a `current_timestep` argument threaded through the model; the achieved density is
+recorded per step and layer (`DraftAttentionState.records`, or an `on_density` callback).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from . import reorder
+from .config import DraftAttentionConfig
+from .processors import (
+    CogVideoXDraftAttnProcessor,
+    HunyuanVideoDraftAttnProcessor,
+    WanDraftAttnProcessor,
+)
+from .tiles import tile_layout
+
+_ATTR = "_mmspec_draft_attention"
+
+
+def _wan_grid(model, x):  # x: [B, C, F, H, W]
+    pt, ph, pw = model.config.patch_size
+    return (x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw)
+
+
+def _hunyuan_grid(model, x):  # x: [B, C, F, H, W]
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    return (x.shape[2] // pt, x.shape[3] // p, x.shape[4] // p)
+
+
+def _cogvideox_grid(model, x):  # x: [B, F, C, H, W]
+    p, pt = model.config.patch_size, model.config.patch_size_t or 1
+    return ((x.shape[1] + pt - 1) // pt, x.shape[3] // p, x.shape[4] // p)
+
+
+def _wan_layers(model):
+    return [block.attn1 for block in model.blocks]
+
+
+def _hunyuan_layers(model):
+    return [b.attn for b in model.transformer_blocks] + [b.attn for b in model.single_transformer_blocks]
+
+
+def _cogvideox_layers(model):
+    return [block.attn1 for block in model.transformer_blocks]
+
+
+@dataclass(frozen=True)
+class _Family:
+    processor: type
+    layers: object  # model -> self-attention modules in forward order
+    grid: object  # (model, latents) -> (T, H, W)
+    install_reorder: object  # (state, model) -> hook handles for one reorder per forward
+    can_reorder: object = None  # (model, forward arguments) -> bool; None = always
+    tile_inputs: object = None  # (state, forward arguments) -> None, permutes tables passed in
+
+
+_FAMILIES = {
+    "WanTransformer3DModel": _Family(WanDraftAttnProcessor, _wan_layers, _wan_grid,
+                                     reorder.install_wan, reorder.wan_can_reorder),
+    "HunyuanVideoTransformer3DModel": _Family(HunyuanVideoDraftAttnProcessor, _hunyuan_layers,
+                                              _hunyuan_grid, reorder.install_hunyuan,
+                                              reorder.hunyuan_can_reorder),
+    "CogVideoXTransformer3DModel": _Family(CogVideoXDraftAttnProcessor, _cogvideox_layers,
+                                           _cogvideox_grid, reorder.install_cogvideox,
+                                           tile_inputs=reorder.tile_cogvideox_inputs),
+}
+
+
+@dataclass(frozen=True)
+class DensityRecord:
+    step: int
+    layer: int
+    density: float  # share of attention blocks computed; 1.0 for dense layers and steps
+
+
+class DraftAttentionState:
+    """Per-transformer state shared by the processors and hooks; also the density report."""
+
+    def __init__(self, transformer, config: DraftAttentionConfig, scheduler=None, on_density=None):
+        self.transformer = transformer
+        self.config = config
+        self.scheduler = scheduler
+        self.on_density = on_density
+        self.family = _FAMILIES[type(transformer).__name__]
+        self.num_layers = len(self.family.layers(transformer))
+        self._signature = inspect.signature(transformer.forward)
+        self.step = -1
+        self.num_steps = None
+        self.layout = None
+        self.tiled = False
+        self._last_timestep = None
+        self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
+        self.hooks = []
+        self.originals = {}
+
+    # -------------------------------------------------------------------------------- decisions
+
+    def sparse_step(self) -> bool:
+        return (self.layout is not None
+                and self.step >= self.config.dense_step_count(self.num_steps)
+                and self.num_layers > self.config.dense_layers)
+
+    def sparse_layer(self, layer: int) -> bool:
+        return self.sparse_step() and layer >= self.config.dense_layers
+
+    @property
+    def padding_mask(self):
+        """bool `[1, 1, 1, Np]` over tiled tokens when the forward reordered them with padding."""
+        if not (self.tiled and self.layout.has_padding):
+            return None
+        return self.layout.valid.view(1, 1, 1, -1)
+
+    # ------------------------------------------------------------------------------------ hooks
+
+    def pre_forward(self, module, args, kwargs):
+        bound = self._signature.bind_partial(*args, **kwargs)
+        latents, timestep = bound.arguments["hidden_states"], bound.arguments["timestep"]
+        self._update_step(timestep)
+        self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
+                                  latents.device)
+        family = self.family
+        self.tiled = (self.config.permute_once and self.sparse_step()
+                      and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+        if self.tiled and family.tile_inputs is not None:
+            family.tile_inputs(self, bound.arguments)
+            return bound.args, bound.kwargs
+        return None
+
+    def post_forward(self, module, args, kwargs, output):
+        self.tiled = False
+
+    def _update_step(self, timestep):
+        t = float(torch.as_tensor(timestep).float().max())
+        if self.scheduler is not None and getattr(self.scheduler, "timesteps", None) is not None:
+            timesteps = self.scheduler.timesteps.float().cpu()
+            self.step = int((timesteps - t).abs().argmin())
+            self.num_steps = len(timesteps)
+        elif t != self._last_timestep:
+            # timesteps fall during sampling; a rise means a new generation
+            new_run = self._last_timestep is None or t > self._last_timestep
+            self.step = 0 if new_run else self.step + 1
+        self._last_timestep = t
+
+    # ---------------------------------------------------------------------------------- report
+
+    def record(self, layer: int, density) -> None:
+        self._pending.append((self.step, layer, density))
+        if self.on_density is not None:
+            self.on_density(self.step, layer, 1.0 if density is None else float(density))
+
+    @property
+    def records(self) -> list[DensityRecord]:
+        """Every self-attention call so far, in order: (step, layer, density)."""
+        return [DensityRecord(s, l, 1.0 if d is None else float(d)) for s, l, d in self._pending]
+
+    def density_by_step(self) -> dict[int, float]:
+        """Mean density over the layers (and CFG calls) of each step."""
+        sums: dict[int, list[float]] = {}
+        for r in self.records:
+            sums.setdefault(r.step, []).append(r.density)
+        return {s: sum(v) / len(v) for s, v in sums.items()}
+
+    def mean_density(self) -> float:
+        """Share of dense attention blocks computed over the whole run (1.0 = dense)."""
+        records = self.records
+        return sum(r.density for r in records) / len(records) if records else 1.0
+
+    def reset(self) -> None:
+        """Forget the records and the step counter (call between generations if you like)."""
+        self._pending.clear()
+        self.step, self._last_timestep = -1, None
+
+
+def _transformers(pipe_or_transformer):
+    """(transformers, scheduler) of a pipeline, or ([transformer], None)."""
+    if hasattr(pipe_or_transformer, "components") and hasattr(pipe_or_transformer, "scheduler"):
+        found = [getattr(pipe_or_transformer, n, None) for n in ("transformer", "transformer_2")]
+        found = [t for t in found if t is not None]
+        if not found:
+            raise TypeError(
+                f"pipe_or_transformer: the pipeline {type(pipe_or_transformer).__name__} has no "
+                f"'transformer' component"
+            )
+        return found, pipe_or_transformer.scheduler
+    return [pipe_or_transformer], None
+
+
+def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | None = None, *,
+                          on_density=None):
+    """Run the self-attention of a diffusers video transformer (or pipeline) with DraftAttention.
+
+    Args:
+        pipe_or_transformer: a `WanPipeline`-like pipeline (its `transformer` and, for Wan 2.2,
+            `transformer_2`), or a `WanTransformer3DModel`, `HunyuanVideoTransformer3DModel` or
+            `CogVideoXTransformer3DModel`.
+        config: `DraftAttentionConfig()` by default.
+        on_density: optional `callback(step, layer, density)` after every self-attention call.
+
+    Returns:
+        The `DraftAttentionState` of the (first) transformer: `.records`, `.density_by_step()`,
+        `.mean_density()`. Undo with `remove_draft_attention`.
+    """
+    config = DraftAttentionConfig() if config is None else config
+    if not isinstance(config, DraftAttentionConfig):
+        raise TypeError(f"config must be a DraftAttentionConfig, got {type(config).__name__}")
+    transformers, scheduler = _transformers(pipe_or_transformer)
+    states = []
+    for transformer in transformers:
+        name = type(transformer).__name__
+        if name not in _FAMILIES:
+            raise TypeError(
+                f"pipe_or_transformer: DraftAttention supports {sorted(_FAMILIES)}, got {name}"
+            )
+        if getattr(transformer, _ATTR, None) is not None:
+            raise RuntimeError(
+                f"DraftAttention is already applied to this {name}; call remove_draft_attention first"
+            )
+        if scheduler is None:
+            config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
+        state = DraftAttentionState(transformer, config, scheduler, on_density)
+        for layer, module in enumerate(state.family.layers(transformer)):
+            state.originals[module] = module.processor
+            module.set_processor(state.family.processor(state, layer, module.processor))
+        state.hooks.append(transformer.register_forward_pre_hook(state.pre_forward, with_kwargs=True))
+        state.hooks.append(transformer.register_forward_hook(state.post_forward, with_kwargs=True))
+        if config.permute_once:
+            state.hooks += state.family.install_reorder(state, transformer)
+        setattr(transformer, _ATTR, state)
+        states.append(state)
+    return states[0]
+
+
+def remove_draft_attention(pipe_or_transformer) -> None:
+    """Restore the original processors and remove the hooks set by `apply_draft_attention`."""
+    transformers, _ = _transformers(pipe_or_transformer)
+    for transformer in transformers:
+        state = getattr(transformer, _ATTR, None)
+        if state is None:
+            raise RuntimeError(
+                f"DraftAttention is not applied to this {type(transformer).__name__}"
+            )
+        for module, processor in state.originals.items():
+            module.set_processor(processor)
+        for hook in state.hooks:
+            hook.remove()
+        delattr(transformer, _ATTR)

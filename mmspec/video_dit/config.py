@@ -1,0 +1,65 @@
+"""`DraftAttentionConfig`: the knobs of DraftAttention (arXiv 2505.14708), defaults from its code.
+
+Deliberate difference from the official code: the dense warm-up is a count or fraction of the
+denoising steps, not an absolute timestep threshold (t > 945 / 925 / 975 there), so it means the
+same thing under any flow shift and step count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .draft_map import check_mode, check_sparsity
+from .tiles import check_tile
+
+
+@dataclass(frozen=True)
+class DraftAttentionConfig:
+    # paper / official code: 0.9 for HunyuanVideo and HunyuanCustom (0.75 for Wan2.1)
+    sparsity: float = 0.9
+    # paper §3.1: avg-pool 8x16 latent tokens per frame = one 128x128 kernel block
+    tile: tuple[int, int] = (8, 16)
+    # paper: one per-head percentile over the draft map; "row" = per-row top-p at the same budget
+    mode: str = "global"
+    # official code: t > 945 (Hunyuan, shift 7) and t > 925 (Wan, shift 5) are about 15 of 50
+    # steps, i.e. 30%. An int is a count of steps, a float in [0, 1] a fraction of them.
+    dense_steps: int | float = 0.3
+    # official code: Wan block 0 dense (HunyuanVideo: the first 2 double-stream blocks)
+    dense_layers: int = 1
+    # Wan: reorder tokens and RoPE once per transformer forward instead of in every layer
+    permute_once: bool = True
+    # mmspec.kernels backend: "auto" = Triton on CUDA, torch on CPU
+    backend: str = "auto"
+
+    def __post_init__(self):
+        check_sparsity(self.sparsity)
+        check_mode(self.mode)
+        object.__setattr__(self, "tile", check_tile(self.tile))
+        steps = self.dense_steps
+        if isinstance(steps, bool) or not (
+            (isinstance(steps, int) and steps >= 0) or (isinstance(steps, float) and 0 <= steps <= 1)
+        ):
+            raise ValueError(
+                f"dense_steps must be a step count (int >= 0) or a fraction of the steps "
+                f"(float in [0, 1]), got {steps!r}"
+            )
+        if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, int) or (
+            self.dense_layers < 0
+        ):
+            raise ValueError(f"dense_layers must be an int >= 0, got {self.dense_layers!r}")
+
+    @property
+    def dense_steps_is_fraction(self) -> bool:
+        return isinstance(self.dense_steps, float)
+
+    def dense_step_count(self, num_steps: int | None) -> int:
+        """Number of leading dense steps for a run of `num_steps` denoising steps."""
+        if not self.dense_steps_is_fraction:
+            return self.dense_steps
+        if num_steps is None:
+            raise ValueError(
+                f"dense_steps={self.dense_steps} is a fraction of the denoising steps, which needs "
+                f"the pipeline's scheduler; with a bare transformer give a step count (int)"
+            )
+        return math.ceil(self.dense_steps * num_steps - 1e-9)

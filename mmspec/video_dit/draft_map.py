@@ -1,0 +1,118 @@
+"""The draft attention map and its block mask (DraftAttention, arXiv 2505.14708, §3.1-3.2).
+
+For each head, queries and keys are average-pooled per tile (one draft token per `th x tw` tile of
+one frame) and the draft map `softmax(q_hat k_hat^T / sqrt(D))` over tiles is computed. Its kept
+entries become the kept blocks of full attention, in tile order (see `tiles.py`).
+
+Two selection rules at the same budget of `round((1 - sparsity) * n_tiles^2)` blocks per head:
+- `mode="global"` (the paper): one per-head percentile over the whole map, i.e. the top entries
+  of the row-normalised map, wherever they are;
+- `mode="row"` (ours, after XAttention and SVG2): per-row cumulative-mass top-p, with one `p` per
+  head chosen so that the head keeps the same number of blocks. A block's priority is the draft
+  mass that precedes it in its row, so every row keeps its heaviest blocks first and no row is
+  left empty.
+
+Deliberate differences from the official code: each tile always keeps its own (diagonal) block,
+counted inside the budget (the official code can leave a query tile with no visual key); exact
+`topk` counts instead of a `>=` threshold, so ties cannot exceed the budget; pooling ignores the
+padding of frames that are not whole tiles; one batched selection over all samples and heads
+instead of a Python loop over heads, so a CFG batch gets one mask per sample.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tiles import TileLayout, tile_layout
+
+MODES = ("global", "row")
+
+
+def check_sparsity(sparsity) -> float:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+    return float(sparsity)
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def block_budget(num_tiles: int, sparsity: float) -> int:
+    """Blocks kept per head: (1 - sparsity) of the map, at least the diagonal, at most all."""
+    return min(num_tiles * num_tiles, max(num_tiles, round((1.0 - sparsity) * num_tiles**2)))
+
+
+def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
+    """Mean of the real tokens of each tile: `[B, H, Np, D]` (tile order) -> fp32 `[B, H, nT, D]`."""
+    b, h, _, d = x_tiled.shape
+    sums = x_tiled.view(b, h, layout.num_tiles, layout.tile_tokens, d).float().sum(3)
+    return sums / layout.counts[:, None]  # padding slots are zeros, so only real tokens count
+
+
+def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float) -> torch.Tensor:
+    """The draft map softmax(q_hat k_hat^T * scale): fp32 `[B, H, nT, nT]`, rows sum to 1."""
+    return torch.softmax(q_hat @ k_hat.transpose(-1, -2) * scale, dim=-1)
+
+
+def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global") -> torch.Tensor:
+    """Kept blocks of a draft map `[B, H, nT, nT]` -> bool `[B, H, nT, nT]`, diagonal always kept."""
+    b, h, n, _ = probs.shape
+    budget = block_budget(n, sparsity)
+    if budget == n * n:
+        return torch.ones(b, h, n, n, dtype=torch.bool, device=probs.device)
+    eye = torch.eye(n, dtype=torch.bool, device=probs.device)
+    if mode == "global":
+        priority = probs.masked_fill(eye, 2.0)  # probabilities are <= 1, so the diagonal wins
+    else:
+        # sort each row by probability, the own block first; priority = -(mass before the entry)
+        order = probs.masked_fill(eye, 2.0).argsort(dim=-1, descending=True)
+        ranked = probs.gather(-1, order)  # [B, H, nT, nT]
+        mass_before = ranked.cumsum(-1) - ranked
+        priority = torch.empty_like(probs).scatter_(-1, order, -mass_before)
+        priority = priority.masked_fill(eye, 1.0)
+    top = priority.view(b, h, n * n).topk(budget, dim=-1, sorted=False).indices
+    kept = torch.zeros(b, h, n * n, dtype=torch.bool, device=probs.device)
+    return kept.scatter_(-1, top, True).view(b, h, n, n)
+
+
+def check_video_qk(q, k, grid) -> None:
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 4:
+            raise ValueError(
+                f"{name} must be a 4-D tensor [B, H, N, D], got "
+                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    tokens = grid[0] * grid[1] * grid[2]
+    if q.shape[2] != tokens:
+        raise ValueError(
+            f"grid {tuple(grid)} has {tokens} tokens but the sequence has {q.shape[2]} video tokens"
+        )
+
+
+def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: float,
+                     mode: str = "global", scale: float | None = None) -> torch.Tensor:
+    """Block mask chosen by the draft attention map.
+
+    Args:
+        q, k: `[B, H, N, D]` video tokens in original (row-major t, h, w) order, N = T*H*W.
+        grid: `(T, H, W)` latent tokens after patchify.
+        tile: `(th, tw)` tokens pooled into one draft token (paper: (8, 16)).
+        sparsity: share of blocks skipped, in [0, 1).
+        mode: `"global"` (paper: per-head percentile) or `"row"` (per-row top-p, same budget).
+        scale: softmax scale of the draft map, default `D ** -0.5`.
+
+    Returns:
+        bool `[B, H, nTiles, nTiles]` in tile order (`tile_permutation`): True = compute the block.
+    """
+    sparsity, mode = check_sparsity(sparsity), check_mode(mode)
+    layout = tile_layout(grid, tile, q.device)
+    check_video_qk(q, k, layout.grid)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q_hat = pool_tiles(layout.to_tiles(q), layout)  # [B, H, nT, D]
+    k_hat = pool_tiles(layout.to_tiles(k), layout)
+    return select_blocks(draft_probs(q_hat, k_hat, scale), sparsity, mode)

@@ -1,0 +1,162 @@
+"""Batch text-to-video with or without DraftAttention (arXiv 2505.14708), resumable, multi-GPU.
+
+    python -m mmspec.video_dit.generate --model PATH --prompts prompts.txt --out DIR
+        [--sparsity 0.9 | --dense] [--steps 50] [--seed 42]
+
+For prompt number i (one prompt per non-empty line; lines starting with '#' are skipped) it writes
+`DIR/{i:04d}.mp4`, `DIR/{i:04d}.png` (first frame) and `DIR/{i:04d}.json` (timings, density,
+settings). The JSON is written last, so a prompt with a JSON is finished and is skipped on rerun.
+Under `accelerate launch` the prompts are split across processes (`accelerate.PartialState`).
+The same seed gives the same initial noise with and without DraftAttention, so a dense and a sparse
+run can be compared frame by frame with `python -m mmspec.video_dit.compare`.
+
+The official code has one run script per model with a single hard-coded prompt; this is ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .apply import apply_draft_attention
+from .config import DraftAttentionConfig
+from .video_io import to_uint8, write_mp4
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="diffusers pipeline directory (loaded by path)")
+    p.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per line")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    sparse = p.add_mutually_exclusive_group()
+    sparse.add_argument("--sparsity", type=float, default=0.9, help="share of blocks skipped")
+    sparse.add_argument("--dense", action="store_true", help="run without DraftAttention")
+    p.add_argument("--mode", choices=("global", "row"), default="global")
+    p.add_argument("--tile", type=int, nargs=2, default=(8, 16), metavar=("TH", "TW"))
+    p.add_argument("--dense-steps", type=float, default=0.3,
+                   help="leading dense steps: a fraction if < 1, else a count (default 0.3)")
+    p.add_argument("--dense-layers", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (pipeline default)")
+    p.add_argument("--seed", type=int, default=42, help="seed of prompt i is seed + i")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    args = p.parse_args(argv)
+    if not args.dense and not 0 <= args.sparsity < 1:
+        p.error(f"--sparsity must be in [0, 1), got {args.sparsity}")
+    return args
+
+
+def read_prompts(path: Path) -> list[str]:
+    if not path.is_file():
+        raise FileNotFoundError(f"--prompts: no such file {path}")
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    prompts = [line for line in lines if line and not line.startswith("#")]
+    if not prompts:
+        raise ValueError(f"--prompts: {path} holds no prompt (blank lines and '#' lines are skipped)")
+    return prompts
+
+
+def config_from_args(args) -> DraftAttentionConfig | None:
+    if args.dense:
+        return None
+    dense_steps = args.dense_steps if args.dense_steps < 1 else int(args.dense_steps)
+    return DraftAttentionConfig(sparsity=args.sparsity, tile=tuple(args.tile), mode=args.mode,
+                                dense_steps=dense_steps, dense_layers=args.dense_layers)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
+    call = {"prompt": prompt, "output_type": "np",
+            "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
+    for key, value in (("num_inference_steps", args.steps), ("height", args.height),
+                       ("width", args.width), ("num_frames", args.frames),
+                       ("guidance_scale", args.guidance), ("negative_prompt", args.negative_prompt)):
+        if value is not None:
+            call[key] = value
+    step_ends = []
+
+    def on_step_end(pipeline, step, timestep, kwargs):
+        _sync(device)
+        step_ends.append(time.perf_counter())
+        return {}
+
+    if state is not None:
+        state.reset()
+    _sync(device)
+    start = time.perf_counter()
+    frames = pipe(**call, callback_on_step_end=on_step_end).frames[0]  # [F, H, W, 3] in [0, 1]
+    _sync(device)
+    seconds = time.perf_counter() - start
+    steps = [b - a for a, b in zip([start, *step_ends[:-1]], step_ends)]
+    density = None
+    if state is not None:
+        density = {"mean": state.mean_density(),
+                   "by_step": {str(k): v for k, v in state.density_by_step().items()}}
+    return {"frames": frames, "seconds": seconds, "step_seconds": steps, "density": density}
+
+
+def main(argv=None) -> int:
+    from accelerate import PartialState
+    from diffusers import DiffusionPipeline
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    args = parse_args(argv)
+    prompts = read_prompts(args.prompts)
+    config = config_from_args(args)
+    dist = PartialState()
+    args.out.mkdir(parents=True, exist_ok=True)
+    todo = [i for i in range(len(prompts)) if not (args.out / f"{i:04d}.json").exists()]
+    with dist.split_between_processes(todo) as mine:
+        mine = list(mine)
+    skipped = len(prompts) - len(todo)
+    if dist.is_main_process and skipped:
+        print(f"resuming: {skipped} of {len(prompts)} prompts already done in {args.out}")
+    if not mine:
+        return 0
+
+    pipe = DiffusionPipeline.from_pretrained(args.model, torch_dtype=_DTYPES[args.dtype])
+    pipe.to(dist.device)
+    pipe.set_progress_bar_config(leave=False, position=1, desc="steps")
+    state = apply_draft_attention(pipe, config) if config is not None else None
+    for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
+        result = generate_one(pipe, prompts[index], index, args, state, dist.device)
+        stem = args.out / f"{index:04d}"
+        frames = to_uint8(result["frames"])
+        write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
+        Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
+        record = {
+            "index": index, "prompt": prompts[index], "seed": args.seed + index,
+            "model": str(args.model), "attention": "dense" if config is None else "draft",
+            "config": None if config is None else asdict(config),
+            "seconds": result["seconds"], "step_seconds": result["step_seconds"],
+            "density": result["density"], "frames": int(frames.shape[0]),
+            "height": int(frames.shape[1]), "width": int(frames.shape[2]),
+            "device": str(dist.device), "dtype": args.dtype, "torch": torch.__version__,
+        }
+        tmp = stem.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        os.replace(tmp, stem.with_suffix(".json"))  # last: marks the prompt finished
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

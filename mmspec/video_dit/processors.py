@@ -1,0 +1,189 @@
+"""diffusers attention processors that run DraftAttention (arXiv 2505.14708) in self-attention.
+
+One processor per model family, each a copy of the model's own processor in diffusers 0.42
+(`WanAttnProcessor`, `HunyuanVideoAttnProcessor2_0`, `CogVideoXAttnProcessor2_0`) with the attention
+call replaced by `draft_attention`. Cross-attention and dense layers/steps go to the original
+processor untouched (when a once-per-forward reorder added padding slots, dense layers instead keep
+every block on the DraftAttention path, or, for Wan, get a mask over the padding). They read the
+step, the video grid and the tile layout from a shared `DraftAttentionState` (see `apply.py`) and
+report the density of every call to it.
+
+Deliberate differences from the official code: processors instead of patched model code; text
+tokens of joint attention (HunyuanVideo after the video, CogVideoX before it) keep dense rows and
+columns and their padding is masked; CogVideoX, which the official code does not support.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+from .sparse_attention import draft_attention
+
+
+def _wan_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    # the nested `apply_rotary_emb` of diffusers' WanAttnProcessor, verbatim
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+class _DraftProcessor:
+    def __init__(self, state, layer: int, original):
+        self.state = state
+        self.layer = layer  # index among the model's self-attention layers
+        self.original = original
+
+    def _dense_through_original(self) -> bool:
+        """True when this call can go to the model's own processor (a dense layer or step).
+
+        Not when the tokens were reordered once per forward with padding slots: the original
+        processor would attend them, so dense layers then take the DraftAttention path with
+        every block kept, which ignores padded keys.
+        """
+        state = self.state
+        return not state.sparse_layer(self.layer) and state.padding_mask is None
+
+    def _attend(self, q, k, v, **kwargs):
+        """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
+        state, cfg = self.state, self.state.config
+        dense = not state.sparse_layer(self.layer)
+        out, density = draft_attention(
+            q, k, v, state.layout, sparsity=0.0 if dense else cfg.sparsity, mode=cfg.mode,
+            backend=cfg.backend, tiled=state.tiled, **kwargs,
+        )
+        state.record(self.layer, None if dense else density)
+        return out
+
+
+class WanDraftAttnProcessor(_DraftProcessor):
+    """Self-attention (`attn1`) of `WanTransformer3DModel`; RoPE is applied in here, as in diffusers."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None):
+        state = self.state
+        if encoder_hidden_states is not None or not state.sparse_layer(self.layer):
+            if encoder_hidden_states is None:
+                state.record(self.layer, None)
+                if attention_mask is None:
+                    # tokens reordered once per forward: mask the padding slots in dense layers too
+                    attention_mask = state.padding_mask
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                 rotary_emb)
+        if attention_mask is not None:
+            raise ValueError(
+                "WanDraftAttnProcessor: attention_mask must be None in self-attention (diffusers' "
+                f"Wan passes none), got a tensor of shape {tuple(attention_mask.shape)}"
+            )
+        query, key, value = _get_qkv_projections(attn, hidden_states, None)
+        query = attn.norm_q(query).unflatten(2, (attn.heads, -1))  # [B, L, H, D]
+        key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        if rotary_emb is not None:
+            query = _wan_rope(query, *rotary_emb)
+            key = _wan_rope(key, *rotary_emb)
+        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+        hidden_states = out.transpose(1, 2).flatten(2, 3).type_as(query)
+        hidden_states = attn.to_out[0](hidden_states)
+        return attn.to_out[1](hidden_states)
+
+
+class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
+    """Joint attention of `HunyuanVideoTransformer3DModel` (double and single stream blocks)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if self._dense_through_original():
+            self.state.record(self.layer, None)
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                 image_rotary_emb)
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        text_len = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        if attn.add_q_proj is None and encoder_hidden_states is not None:
+            hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))  # [B, L, H, D]
+        key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+        value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if image_rotary_emb is not None:
+            # RoPE on the video tokens only; in single-stream blocks the text is already appended
+            video = query.shape[1] - (text_len if attn.add_q_proj is None else 0)
+            query = torch.cat([apply_rotary_emb(query[:, :video], image_rotary_emb, sequence_dim=1),
+                               query[:, video:]], dim=1)
+            key = torch.cat([apply_rotary_emb(key[:, :video], image_rotary_emb, sequence_dim=1),
+                             key[:, video:]], dim=1)
+        if attn.add_q_proj is not None and encoder_hidden_states is not None:
+            enc_q = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+            enc_k = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+            enc_v = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+            if attn.norm_added_q is not None:
+                enc_q = attn.norm_added_q(enc_q)
+            if attn.norm_added_k is not None:
+                enc_k = attn.norm_added_k(enc_k)
+            query = torch.cat([query, enc_q], dim=1)
+            key = torch.cat([key, enc_k], dim=1)
+            value = torch.cat([value, enc_v], dim=1)
+
+        key_valid = None
+        if attention_mask is not None:  # diffusers: bool [B, 1, 1, L], False on text padding
+            key_valid = attention_mask.reshape(attention_mask.shape[0], -1)
+            key_valid = key_valid if key_valid.dtype == torch.bool else key_valid == 0
+        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                           text_len=text_len, key_valid=key_valid)
+        hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
+
+        if encoder_hidden_states is not None:
+            hidden_states, encoder_hidden_states = (hidden_states[:, :-text_len],
+                                                    hidden_states[:, -text_len:])
+            if getattr(attn, "to_out", None) is not None:
+                hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+            if getattr(attn, "to_add_out", None) is not None:
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+class CogVideoXDraftAttnProcessor(_DraftProcessor):
+    """Joint attention (`attn1`) of `CogVideoXTransformer3DModel`; the text comes first."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
+                 image_rotary_emb=None):
+        if self._dense_through_original():
+            self.state.record(self.layer, None)
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                 image_rotary_emb)
+        if attention_mask is not None:
+            raise ValueError(
+                "CogVideoXDraftAttnProcessor: attention_mask must be None (diffusers' CogVideoX "
+                f"passes none), got a tensor of shape {tuple(attention_mask.shape)}"
+            )
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        text_len = encoder_hidden_states.size(1)
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        b = hidden_states.shape[0]
+        query = attn.to_q(hidden_states).view(b, -1, attn.heads, attn.to_q.out_features // attn.heads)
+        key = attn.to_k(hidden_states).view(b, -1, attn.heads, attn.to_k.out_features // attn.heads)
+        value = attn.to_v(hidden_states).view(b, -1, attn.heads, attn.to_v.out_features // attn.heads)
+        query, key, value = (x.transpose(1, 2) for x in (query, key, value))  # [B, H, L, D]
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query[:, :, text_len:] = apply_rotary_emb(query[:, :, text_len:], image_rotary_emb)
+            key[:, :, text_len:] = apply_rotary_emb(key[:, :, text_len:], image_rotary_emb)
+        out = self._attend(query, key, value, text_len=text_len, text_first=True)
+        hidden_states = out.transpose(1, 2).reshape(b, -1, out.shape[1] * out.shape[3])
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        encoder_hidden_states, hidden_states = hidden_states.split(
+            [text_len, hidden_states.size(1) - text_len], dim=1
+        )
+        return hidden_states, encoder_hidden_states

@@ -1,0 +1,85 @@
+"""Tile order once per transformer forward (DraftAttention, arXiv 2505.14708, §3.1 reorder).
+
+Every op of a Wan, HunyuanVideo or CogVideoX block except attention (and RoPE) is token-wise, so
+the video tokens can be put in tile order (`tiles.py`) right after patch embedding, with the RoPE
+tables permuted alike, and restored once before unpatchify. The official code gathers q, k and v
+and scatters the output around every attention layer instead. Frames that are not whole tiles get
+padding slots that travel through the blocks and are dropped before unpatchify; attention ignores
+them as keys (`sparse_attention.py`).
+
+Each `install_*` registers forward hooks on the model's own submodules (no patched model code) that
+act only while `state.tiled` is True, i.e. in a forward whose step has sparse layers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _restore(state):
+    def hook(module, args):  # proj_out: [B, Np, C] -> [B, N, C] in the original order
+        if state.tiled:
+            return (state.layout.from_tiles(args[0], dim=1), *args[1:])
+        return None
+
+    return hook
+
+
+def install_wan(state, model) -> list:
+    def rope(module, args, output):  # (cos, sin), each [1, N, 1, D]
+        if state.tiled:
+            return tuple(state.layout.to_tiles(x, dim=1) for x in output)
+        return None
+
+    def patch(module, args, output):  # [B, C, T, H, W] -> [B, C, Np, 1, 1]; the model flattens next
+        if state.tiled:
+            return state.layout.to_tiles(output.flatten(2), dim=2)[..., None, None]
+        return None
+
+    return [model.rope.register_forward_hook(rope),
+            model.patch_embedding.register_forward_hook(patch),
+            model.proj_out.register_forward_pre_hook(_restore(state))]
+
+
+def install_hunyuan(state, model) -> list:
+    def rope(module, args, output):  # (cos, sin), each [N, D]
+        if state.tiled:
+            return tuple(state.layout.to_tiles(x, dim=0) for x in output)
+        return None
+
+    def patch(module, args, output):  # [B, N, C] -> [B, Np, C]
+        if state.tiled:
+            return state.layout.to_tiles(output, dim=1)
+        return None
+
+    return [model.rope.register_forward_hook(rope),
+            model.x_embedder.register_forward_hook(patch),
+            model.proj_out.register_forward_pre_hook(_restore(state))]
+
+
+def install_cogvideox(state, model) -> list:
+    def patch(module, args, output):  # [B, text + N, C] -> [B, text + Np, C]
+        if state.tiled:
+            text = args[0].shape[1]
+            return torch.cat([output[:, :text], state.layout.to_tiles(output[:, text:], dim=1)], 1)
+        return None
+
+    return [model.patch_embed.register_forward_hook(patch),
+            model.proj_out.register_forward_pre_hook(_restore(state))]
+
+
+def tile_cogvideox_inputs(state, arguments: dict) -> None:
+    """CogVideoX receives its RoPE tables from the pipeline: permute them with the tokens."""
+    rope = arguments.get("image_rotary_emb")
+    if rope is not None:  # (cos, sin), each [N, D]
+        arguments["image_rotary_emb"] = tuple(state.layout.to_tiles(x, dim=0) for x in rope)
+
+
+def wan_can_reorder(model, arguments: dict) -> bool:
+    # Wan 2.2 TI2V passes a timestep per token, which the output norm applies token by token
+    return torch.as_tensor(arguments["timestep"]).ndim <= 1
+
+
+def hunyuan_can_reorder(model, arguments: dict) -> bool:
+    # image-to-video "token_replace" models address the first frame's tokens by count
+    return model.config.image_condition_type != "token_replace"

@@ -1,0 +1,142 @@
+"""One DraftAttention call: draft map -> block mask -> block-sparse attention (arXiv 2505.14708).
+
+Video tokens are put in tile order (unless the caller already did, once per forward), the draft
+map picks the kept blocks, and `mmspec.kernels.block_sparse_attention` computes only those. Text
+tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
+video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks.
+
+Deliberate differences from the official code: padded keys (frames that are not whole tiles, text
+padding) are excluded exactly instead of asserted away: zeroed and divided out of the softmax
+through the kernel's lse, with element masks only as a fallback; every sample of a batch (CFG)
+gets its own mask in the same kernel call; the kernel is mmspec's (Triton on GPU, torch on CPU)
+instead of the CUDA-only Block-Sparse-Attention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mmspec.kernels import BlockSparseMask, block_sparse_attention
+
+from .draft_map import draft_probs, pool_tiles, select_blocks
+from .tiles import TileLayout
+
+
+def _split_text(x, text_len: int, text_first: bool):
+    """`[B, H, L, D]` -> (video, text) along tokens."""
+    if text_len == 0:
+        return x, x[:, :, :0]
+    if text_first:
+        return x[:, :, text_len:], x[:, :, :text_len]
+    return x[:, :, : x.shape[2] - text_len], x[:, :, x.shape[2] - text_len :]
+
+
+def _kernel_key_valid(layout: TileLayout, key_valid, text_len: int, text_first: bool,
+                      tiled: bool) -> torch.Tensor:
+    """bool `[B|1, Np + text_len]`: which keys exist, in kernel order (video tiles, then text)."""
+    if key_valid is None:
+        return torch.cat([layout.valid, layout.valid.new_ones(text_len)])[None]
+    video, text = _split_text(key_valid[:, None, :, None], text_len, text_first)
+    video, text = video[:, 0, :, 0], text[:, 0, :, 0]  # [B, N or Np], [B, text_len]
+    # to_tiles fills padding slots with False, so padded keys are invalid either way
+    video = video & layout.valid if tiled else layout.to_tiles(video, dim=1)
+    return torch.cat([video, text], dim=1)
+
+
+def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, scale, backend):
+    """Block-sparse attention over `blocks` that ignores the keys where `valid` is False, exactly.
+
+    Invalid keys get k = v = 0, so each adds exp(0) to the softmax denominator of the rows that
+    keep its block and nothing to the numerator; with the kernel's lse the true output is
+    `out / (1 - n_invalid * exp(-lse))`. This needs no element masks, whose memory grows with
+    every kept block that holds padding (tens of thousands of 128x128 masks per layer for Wan at
+    480p). Where invalid keys dominate a row's denominator (real logits far below 0) the
+    correction would lose precision, and the call is redone with element masks instead.
+    """
+    length, m = q.shape[2], blocks.shape[-1]
+    keep = valid[:, None, :, None]  # [B|1, 1, L, 1]
+    mask = BlockSparseMask.from_dense(blocks, bs, length, length)
+    out, lse = block_sparse_attention(q, k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0),
+                                      mask, scale=scale, return_lse=True, backend=backend)
+    invalid = torch.nn.functional.pad(~valid, (0, m * bs - length)).view(-1, m, bs).sum(-1)
+    per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
+    n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
+    share = (n_invalid * torch.exp(-lse)).masked_fill(query_is_padding, 0.0)
+    if bool((share > 0.99).any()):
+        valid_keys = torch.nn.functional.pad(valid, (0, m * bs - length))
+        partial = blocks & (invalid > 0)[:, None, None, :]
+        mask = BlockSparseMask.from_block_flags(
+            blocks & ~partial, partial,
+            lambda bi, hi, qi, ki: valid_keys[bi % valid_keys.shape[0], ki],
+            bs, length, length,
+        )
+        return block_sparse_attention(q, k, v, mask, scale=scale, backend=backend)
+    return (out.float() / (1.0 - share)[..., None]).to(out.dtype)
+
+
+def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout, *,
+                    sparsity: float, mode: str = "global", text_len: int = 0,
+                    text_first: bool = False, key_valid: torch.Tensor | None = None,
+                    tiled: bool = False, scale: float | None = None, backend: str = "auto"):
+    """DraftAttention over video tokens plus optional dense text tokens.
+
+    Args:
+        q, k, v: `[B, H, L, D]`; L = video tokens + `text_len`. Video tokens are in row-major
+            (t, h, w) order, or already in tile order with padding (`tiled=True`, L = Np + text).
+        layout: the `TileLayout` of the video grid and tile.
+        text_len: text tokens, after the video (HunyuanVideo) or before it (`text_first`, CogVideoX).
+        key_valid: optional bool `[B, L]` (model order), False for keys to ignore (text padding).
+
+    Returns:
+        (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
+    """
+    b, h, _, d = q.shape
+    bs = layout.tile_tokens
+    nt = layout.num_tiles
+    parts = [_split_text(x, text_len, text_first) for x in (q, k, v)]
+    expected = layout.padded_tokens if tiled else layout.num_tokens
+    if parts[0][0].shape[2] != expected:
+        raise ValueError(
+            f"grid {layout.grid} has {expected} {'tiled ' if tiled else ''}tokens but the sequence "
+            f"has {parts[0][0].shape[2]} video tokens ({q.shape[2]} tokens, {text_len} of them text)"
+        )
+    if not tiled:
+        videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
+    elif layout.has_padding:
+        # reordered once per forward: the padding slots carry hidden states of their own (the
+        # model's shifts and biases), which must not enter the pooled draft tokens
+        videos = [p[0].masked_fill(~layout.valid[:, None], 0.0) for p in parts]
+    else:
+        videos = [p[0] for p in parts]
+    scale = d**-0.5 if scale is None else scale
+
+    q_hat, k_hat = pool_tiles(videos[0], layout), pool_tiles(videos[1], layout)  # [B, H, nT, D]
+    kept = select_blocks(draft_probs(q_hat, k_hat, scale), sparsity, mode)  # [B, H, nT, nT]
+    m = nt + math.ceil(text_len / bs)
+    if m > nt:  # text rows and columns stay dense
+        blocks = torch.ones(b, h, m, m, dtype=torch.bool, device=q.device)
+        blocks[:, :, :nt, :nt] = kept
+    else:
+        blocks = kept
+    length = layout.padded_tokens + text_len
+    valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)  # [B|1, length]
+    # contiguous: the kernels' torch backend views its inputs (a transposed [B, H, L, D] fails)
+    q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len else vid.contiguous()
+             for vid, p in zip(videos, parts)]
+    if bool(valid.all()):
+        mask = BlockSparseMask.from_dense(blocks, bs, length, length)
+        out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
+    else:
+        query_is_padding = torch.cat([~layout.valid, layout.valid.new_zeros(text_len)])
+        out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, bs, scale,
+                                           backend)
+    out_video, out_text = out[:, :, : layout.padded_tokens], out[:, :, layout.padded_tokens :]
+    if not tiled:
+        out_video = layout.from_tiles(out_video)
+    if text_len:
+        out = torch.cat([out_text, out_video] if text_first else [out_video, out_text], dim=2)
+    else:
+        out = out_video
+    return out, blocks.float().mean()

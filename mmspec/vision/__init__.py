@@ -1,0 +1,23 @@
+"""mmspec.vision: ViSpec, a vision-aware speculative drafter for VLMs (arXiv 2509.15235).
+
+    from mmspec import generate
+    from mmspec.vision import ViSpecDrafter
+
+    drafter = ViSpecDrafter.from_pretrained("vispec-llava", target)  # or .from_target(target)
+    out = generate(target, drafter, **processor_outputs, max_new_tokens=256)
+    print(out.stats)  # tau with and without the bonus token
+
+Targets: `LlavaForConditionalGeneration`, `LlavaNextForConditionalGeneration`,
+`Qwen2_5_VLForConditionalGeneration`, unmodified. `ViSpecDrafter.text_only(target)` is the
+ablation baseline (no adaptor, no global vector). Training: `python -m mmspec.vision.train`.
+
+Files: `config.py` (ViSpecConfig), `targets.py` (per-class adapters), `adaptor.py` (learnable-query
+image compression), `sequence.py` (the draft sequence: pairs, compressed images, global vectors),
+`head.py` (EAGLE draft head), `rope.py` (1-D / M-RoPE), `tree.py` (EAGLE-2 dynamic tree),
+`drafter.py` (the drafter contract), `losses.py` + `train.py` (online training).
+"""
+
+from .config import ViSpecConfig
+from .drafter import ViSpecDrafter
+
+__all__ = ["ViSpecConfig", "ViSpecDrafter"]

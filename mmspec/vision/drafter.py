@@ -1,0 +1,236 @@
+"""`ViSpecDrafter`: ViSpec (Kang et al. 2025, arXiv 2509.15235) as an mmspec drafter.
+
+EAGLE-2 draft head + vision adaptor + global image vector (`head.py`, `adaptor.py`,
+`sequence.py`), drafting an EAGLE-2 dynamic tree (`tree.py`) that `mmspec.generate` verifies
+losslessly. It works on unmodified transformers targets (`targets.py`), any batch size, several
+images per prompt.
+
+Round 0 the drafter reads the whole prompt: the target's hidden states (`DraftState.target_hidden`),
+the image features (recomputed from `DraftState.extras` by the target's own vision tower), and
+builds its KV cache over text tokens plus Q - 1 compressed tokens per image: its length does not
+grow with the number of image tokens. Later rounds append the pairs committed in the previous round.
+Tree nodes only live in a temporary KV list that is dropped after the round.
+
+Deliberate differences from the reference code: batch size > 1 (ragged rows, holes in the slot
+layout are masked), M-RoPE positions in the drafter for Qwen2.5-VL, per-image spans for several
+images, no forked modeling code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from mmspec.decoding.draft import Draft, DraftState, VerifyResult
+
+from .adaptor import VisionAdaptor
+from .config import ViSpecConfig
+from .head import DraftHead
+from .sequence import Entries, decode_entries, prompt_entries
+from .targets import adapter_for, signature_mismatch, target_signature
+from .tree import dynamic_tree
+
+CONFIG_NAME = "vispec_config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclass
+class _DraftCache:
+    """Per-`generate` state: the draft KV cache and what the next round needs."""
+
+    kv: list  # per layer (k, v) `[B, H, P, Dh]`
+    valid: torch.Tensor  # bool `[B, P]`
+    num_slots: int  # DraftState.input_ids columns already turned into entries
+    root_positions: torch.Tensor  # long `[A, B, 1]`
+    global_vecs: torch.Tensor  # `[B, d]` each row's latest image vector (zeros: none)
+
+
+class ViSpecDrafter(nn.Module):
+    needs_target_hidden = True
+
+    def __init__(self, config: ViSpecConfig, target):
+        super().__init__()
+        self.config = config
+        self.adapter = adapter_for(target)
+        self.head = DraftHead(config)
+        self.adaptor = None if config.text_only else VisionAdaptor(config)
+        # frozen, shared with the target (vispec.md §1.2); not saved with the drafter
+        self.register_buffer("embed_weight", self.adapter.embed_weight.detach(), persistent=False)
+        self.register_buffer("lm_head_weight", self.adapter.lm_head.weight.detach(), persistent=False)
+        self._cache: _DraftCache | None = None
+
+    # --- construction, saving, loading ---
+
+    @classmethod
+    def from_target(cls, target, **config) -> ViSpecDrafter:
+        """An untrained drafter for `target`; `config` overrides `ViSpecConfig` fields."""
+        adapter = adapter_for(target)
+        text = adapter.text_config
+        theta, section = adapter.rope()
+        heads = text.num_attention_heads
+        arch = {
+            "hidden_size": text.hidden_size, "num_heads": heads,
+            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+            "intermediate_size": text.intermediate_size,
+            "vocab_size": int(adapter.lm_head.weight.shape[0]),
+            "rms_norm_eps": text.rms_norm_eps, "rope_theta": theta, "mrope_section": section,
+            "attention_bias": adapter.qkv_bias, "target": target_signature(target)}
+        drafter = cls(ViSpecConfig(**{**arch, **config}), target)
+        return drafter.to(device=adapter.embed_weight.device, dtype=adapter.embed_weight.dtype)
+
+    @classmethod
+    def text_only(cls, target, **config) -> ViSpecDrafter:
+        """The ablation baseline: the same head without adaptor and global vector."""
+        return cls.from_target(target, text_only=True, **config)
+
+    def save_pretrained(self, path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2))
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                  str(path / WEIGHTS_NAME))
+
+    @classmethod
+    def from_pretrained(cls, path, target) -> ViSpecDrafter:
+        """Load a drafter saved by `save_pretrained`; `target` must be the one it was built for."""
+        path = Path(path)
+        if not (path / CONFIG_NAME).is_file():
+            raise FileNotFoundError(f"path: no {CONFIG_NAME} in {path}")
+        config = ViSpecConfig(**json.loads((path / CONFIG_NAME).read_text()))
+        why = signature_mismatch(config.target, target)
+        if why:
+            raise ValueError(f"target: the drafter in {path} was saved for a "
+                             f"{config.target.get('class')} ({config.target.get('name_or_path')!r}) "
+                             f"and does not match this target ({why})")
+        drafter = cls(config, target)
+        drafter.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
+        weight = drafter.adapter.embed_weight
+        return drafter.to(device=weight.device, dtype=weight.dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def kv_length(self) -> int:
+        """Entries in the draft KV cache (0 before the first round)."""
+        return 0 if self._cache is None else self._cache.valid.shape[1]
+
+    # --- building blocks shared with training ---
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Through the target's lm_head: `[..., d]` -> `[..., V]`."""
+        return F.linear(hidden, self.lm_head_weight.to(hidden.dtype))
+
+    def images(self, input_ids: torch.Tensor, extras: dict):
+        """(image features K x `[n_k, d]`, adaptor outputs `[K, Q, d]` or None, image slots)."""
+        dtype = self.embed_weight.dtype  # the drafter may run in another dtype than the target
+        images = [x.to(dtype) for x in self.adapter.image_features(extras)]
+        slots = self.adapter.image_slots(input_ids, [x.shape[0] for x in images])
+        adapted = self.adaptor(images) if images and self.adaptor is not None else None
+        return images, adapted, slots
+
+    def sequence_entries(self, input_ids, valid, features, positions, extras) -> Entries:
+        """Entries for whole sequences (`sequence.prompt_entries`), images compressed."""
+        images, adapted, slots = self.images(input_ids, extras)
+        return prompt_entries(input_ids, valid, features.to(self.embed_weight.dtype), positions,
+                              self.embed_weight, images, adapted, slots,
+                              self.config.num_queries - 1)
+
+    def run(self, entries: Entries, past: list | None = None,
+            past_valid: torch.Tensor | None = None):
+        """Causal pass over `entries` after an optional KV prefix.
+
+        Returns (hidden `[B, N, d]`, per-layer new (k, v)). Padding entries attend only themselves.
+        """
+        b, n = entries.valid.shape
+        device = entries.valid.device
+        x = self.head.inputs(entries.embeds, entries.features, entries.global_vecs,
+                             entries.compressed, entries.is_compressed)
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        mask = (causal & entries.valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=device)
+        if past_valid is not None:
+            mask = torch.cat([past_valid[:, None, :].expand(b, n, -1), mask], 2)
+        return self.head(x, entries.positions, past, mask)
+
+    # --- the drafter contract ---
+
+    def propose(self, state: DraftState) -> Draft:
+        if state.target_hidden is None:
+            raise ValueError("state.target_hidden is None: ViSpecDrafter needs the target's last "
+                             "hidden states (it sets needs_target_hidden = True)")
+        with torch.no_grad():
+            entries = self._new_entries(state)
+            cache = self._cache
+            hidden, new_kv = self.run(entries, cache.kv or None, cache.valid if cache.kv else None)
+            cache.kv = new_kv if not cache.kv else [
+                (torch.cat([ok, nk], 2), torch.cat([ov, nv], 2))
+                for (ok, ov), (nk, nv) in zip(cache.kv, new_kv)]
+            cache.valid = torch.cat([cache.valid, entries.valid], 1)
+            cache.num_slots = state.input_ids.shape[1]
+            cache.root_positions = self.adapter.root_positions(state.position_ids)
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            root_feature = hidden[rows, entries.last_index]  # [B, d]
+            levels = min(self.config.depth, state.max_tokens)
+            return dynamic_tree(self._tree_step(), self.logits(root_feature), root_feature,
+                                self.config.top_k, levels, self.config.draft_nodes)
+
+    def update(self, result: VerifyResult) -> None:
+        """Nothing to do: the next `DraftState` carries the committed tokens and their features."""
+
+    def _new_entries(self, state: DraftState) -> Entries:
+        ids, mask = state.input_ids, state.attention_mask
+        hidden = state.target_hidden.to(self.embed_weight.dtype)
+        if state.round == 0 or self._cache is None:
+            positions = self.adapter.prompt_positions(ids[:, :-1], mask[:, :-1], state.extras)
+            images, adapted, slots = self.images(ids, state.extras)
+            entries = prompt_entries(ids, mask.bool(), hidden, positions, self.embed_weight, images,
+                                     adapted, slots, self.config.num_queries - 1)
+            empty = torch.zeros(ids.shape[0], 0, dtype=torch.bool, device=ids.device)
+            self._cache = _DraftCache([], empty, 0, self.adapter.root_positions(state.position_ids),
+                                      self._row_globals(ids, adapted, slots))
+            return entries
+        start = self._cache.num_slots
+        return decode_entries(ids[:, start:], mask[:, start:].bool(), hidden,
+                              self._cache.root_positions, self.embed_weight, self._cache.global_vecs)
+
+    def _row_globals(self, input_ids, adapted, slots) -> torch.Tensor:
+        """`[B, d]`: the global vector of each row's last image, zeros for rows without one."""
+        out = self.embed_weight.new_zeros(input_ids.shape[0], self.config.hidden_size)
+        if adapted is not None:
+            for k, (row, _) in enumerate(slots):
+                out[row] = adapted[k, -1]
+        return out
+
+    def _tree_step(self):
+        """The `step` of `tree.dynamic_tree`: frontier entries over the draft cache + tree entries."""
+        cache = self._cache
+        tree_kv: list = []
+
+        def step(tokens, features, depth, ancestors):
+            b, k = tokens.shape
+            x = self.head.inputs(self.embed_weight[tokens], features,
+                                 cache.global_vecs[:, None].expand(b, k, -1),
+                                 torch.zeros_like(features),
+                                 torch.zeros(b, k, dtype=torch.bool, device=tokens.device))
+            past = [(torch.cat([ck] + ([tree_kv[i][0]] if tree_kv else []), 2),
+                     torch.cat([cv] + ([tree_kv[i][1]] if tree_kv else []), 2))
+                    for i, (ck, cv) in enumerate(cache.kv)]
+            eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
+            mask = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
+            positions = (cache.root_positions + depth).expand(-1, -1, k)
+            hidden, new_kv = self.head(x, positions, past, mask)
+            for i, (nk, nv) in enumerate(new_kv):
+                if len(tree_kv) <= i:
+                    tree_kv.append((nk, nv))
+                else:
+                    tree_kv[i] = (torch.cat([tree_kv[i][0], nk], 2), torch.cat([tree_kv[i][1], nv], 2))
+            return self.logits(hidden), hidden
+
+        return step

@@ -1,0 +1,300 @@
+"""`python -m mmspec.vision.train`: train a ViSpec drafter against its target, online.
+
+Data are (image, prompt) pairs. The target answers each prompt itself (greedy, long answers as in
+ViSpec's stage 2, `vispec.md` §1.6); the answers are cached as token ids (`answers.pt`), never as
+hidden states: every step runs the frozen target once over prompt + answer to get its last hidden
+states and logits (no multi-TB feature dumps).
+
+One step on one sample:
+    features, logits = target(prompt + answer)          # no grad
+    pred             = drafter(features, tokens)        # teacher-forced, images compressed
+    loss             = L(pred) + sum over rollouts of L(drafter(pred shifted right by one))
+    L                = w_f SmoothL1(feature) + w_tv sum|p_d - p_t| + w_rank ListMLE(top 10) + w_ce CE
+The rollout is ViSpec's anti-shortcut pass (`--rollout-steps`, README: 1).
+Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay.
+Checkpoints (`<out>/checkpoint`) resume with `--resume`; held-out tau (with bonus, EAGLE's
+convention) every `--eval-every` steps through `mmspec.generate`.
+
+Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
+or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from mmspec.decoding import generate
+
+from .drafter import ViSpecDrafter
+from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
+
+LONG_ANSWER = "Please answer with at least 1000 words."  # vispec.md §1.6, stage-2 data
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 3e-6  # vispec.md §1.6 (README, batch 1 per GPU, 7B); tiny models want ~1e-3
+    betas: tuple = (0.9, 0.95)  # vispec.md §1.6
+    grad_clip: float = 0.5  # vispec.md §1.6: gradient *value* clipping
+    warmup_steps: int = 100  # ViSpec: one epoch of linear warm-up, then linear decay
+    feature_weight: float = 1.0  # EAGLE stage 1 (ViSpec stage 2 sets 0)
+    tv_weight: float = 10.0  # ViSpec stage 2
+    rank_weight: float = 0.1  # ViSpec, both stages
+    rank_top: int = 10
+    ce_weight: float = 0.0  # EAGLE stage 1 uses 0.1
+    rollout_steps: int = 1  # ViSpec README --mtp-steps 1
+    noise: float = 0.2  # EAGLE uniform feature noise, scaled by 512 / seq_len
+    answer_tokens: int = 1024  # vispec.md §1.6: max_new_tokens of the generated answers
+    eval_every: int = 100
+    eval_new_tokens: int = 64
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def _extend_extras(extras: dict, length: int) -> dict:
+    """Processor outputs for a longer sequence: per-token types get zeros (text) appended."""
+    out = dict(extras)
+    types = out.get("mm_token_type_ids")
+    if types is not None and types.shape[1] < length:
+        out["mm_token_type_ids"] = torch.cat(
+            [types, types.new_zeros(types.shape[0], length - types.shape[1])], 1)
+    return out
+
+
+def _key(index: int, input_ids: torch.Tensor) -> str:
+    return f"{index}:{hashlib.sha1(input_ids.cpu().numpy().tobytes()).hexdigest()[:16]}"
+
+
+def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None) -> list:
+    """The target's greedy answer to each sample (long `[A_i]`), cached as token ids."""
+    cache = torch.load(cache_path, weights_only=True) if cache_path is not None and cache_path.is_file() else {}
+    answers = []
+    for i, s in enumerate(tqdm(samples, desc="target answers", leave=False)):
+        key = _key(i, s["input_ids"])
+        if key not in cache:
+            ids = s["input_ids"]
+            extras = {k: v for k, v in s.items() if k != "input_ids"}
+            with torch.no_grad():
+                out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      do_sample=False, max_new_tokens=max_new_tokens, **extras)
+            cache[key] = out[0, ids.shape[1]:].cpu()
+        answers.append(cache[key])
+    if cache_path is not None:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(cache, cache_path)
+    return answers
+
+
+def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tensor,
+                cfg: TrainConfig, generator: torch.Generator | None = None):
+    """(loss, parts dict) for one sample and its cached answer."""
+    prompt = sample["input_ids"]
+    device = drafter.embed_weight.device
+    ids = torch.cat([prompt, answer[None].to(prompt)], 1).to(device)  # [1, T]
+    extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k != "input_ids"},
+                            ids.shape[1])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True, **extras)
+    hidden = out.hidden_states[-1].to(drafter.embed_weight.dtype)  # [1, T, d]
+    logits = out.logits  # [1, T, V]
+    features = hidden[:, :-1]
+    if cfg.noise > 0:
+        u = torch.rand(features.shape, generator=generator, device="cpu").to(features)
+        features = features + (u - 0.5) * cfg.noise * 512 / ids.shape[1]
+    positions = drafter.adapter.prompt_positions(ids, mask, extras)[..., :-1]
+    entries = drafter.sequence_entries(ids, mask.bool(), features, positions, extras)
+    # supervise pairs whose next feature predicts an answer token: i + 1 >= prompt_len - 1
+    sel = entries.valid & ~entries.is_compressed & (entries.pair_index >= prompt.shape[1] - 2)
+    target_idx = entries.pair_index[sel] + 1
+    t_hidden, t_logits = hidden[0, target_idx], logits[0, target_idx]
+    total, parts = 0.0, {}
+    for rollout in range(cfg.rollout_steps + 1):
+        pred, _ = drafter.run(entries)
+        loss, terms = _terms(drafter, pred[sel], t_hidden, t_logits, cfg)
+        total = total + loss
+        for name, value in terms.items():
+            parts[f"{name}{rollout}"] = value
+        shifted = torch.cat([entries.features[:, :1], pred[:, :-1]], 1)  # own predictions
+        entries = dataclasses.replace(entries, features=shifted)
+    return total, parts
+
+
+def _terms(drafter, pred, t_hidden, t_logits, cfg: TrainConfig):
+    draft_logits = drafter.logits(pred)
+    terms = {}
+    if cfg.feature_weight:
+        terms["feature"] = (cfg.feature_weight, feature_loss(pred, t_hidden))
+    if cfg.tv_weight:
+        terms["tv"] = (cfg.tv_weight, total_variation(draft_logits, t_logits))
+    if cfg.rank_weight:
+        terms["rank"] = (cfg.rank_weight, list_mle(draft_logits, t_logits, cfg.rank_top))
+    if cfg.ce_weight:
+        terms["ce"] = (cfg.ce_weight, soft_cross_entropy(draft_logits, t_logits))
+    loss = sum(w * v for w, v in terms.values())
+    return loss, {k: float(v.detach()) for k, (_, v) in terms.items()}
+
+
+def _schedule(cfg: TrainConfig):
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        return max(0.0, (cfg.steps - step) / max(1, cfg.steps - cfg.warmup_steps))
+    return factor
+
+
+def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
+    """Mean tokens per target forward (bonus included) over `samples`, greedy."""
+    accepted = rounds = 0
+    for s in samples:
+        extras = {k: v for k, v in s.items() if k != "input_ids"}
+        stats = generate(target, drafter, s["input_ids"], max_new_tokens=max_new_tokens,
+                         **extras).stats
+        accepted += stats.accepted + stats.row_rounds
+        rounds += stats.row_rounds
+    return accepted / max(rounds, 1)
+
+
+def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
+          held_out: list | None = None, out_dir=None, resume: bool = False) -> list:
+    """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
+    the answer cache and the final drafter."""
+    out_dir = Path(out_dir) if out_dir is not None else None
+    target.eval().requires_grad_(False)
+    answers = target_answers(target, samples, cfg.answer_tokens,
+                             out_dir / "answers.pt" if out_dir else None)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+    rng = random.Random(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = _load_checkpoint(drafter, opt, sched, rng, generator, out_dir) if resume and out_dir else 0
+    losses = []
+    bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps)
+    drafter.train()
+    for step in bar:
+        i = rng.randrange(len(samples))
+        loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg, generator)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        done = step + 1
+        if held_out and cfg.eval_every and done % cfg.eval_every == 0:
+            drafter.eval()
+            tau = held_out_tau(drafter, target, held_out, cfg.eval_new_tokens)
+            drafter.train()
+            bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
+        if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
+            _save_checkpoint(drafter, opt, sched, rng, generator, done, out_dir)
+    drafter.eval()
+    if out_dir:
+        _save_checkpoint(drafter, opt, sched, rng, generator, cfg.steps, out_dir)
+        drafter.save_pretrained(out_dir)
+    return losses
+
+
+def _save_checkpoint(drafter, opt, sched, rng, generator, step: int, out_dir: Path) -> None:
+    """Everything a resumed run needs to continue exactly as an uninterrupted one."""
+    ckpt = out_dir / "checkpoint"
+    drafter.save_pretrained(ckpt)
+    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "sample_rng": rng.getstate(), "noise_rng": generator.get_state()},
+               ckpt / "trainer.pt")
+
+
+def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
+    ckpt = out_dir / "checkpoint"
+    if not (ckpt / "trainer.pt").is_file():
+        return 0
+    loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target)
+    drafter.load_state_dict(loaded.state_dict())
+    state = torch.load(ckpt / "trainer.pt", weights_only=True)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    rng.setstate(state["sample_rng"])
+    generator.set_state(state["noise_rng"])
+    return int(state["step"])
+
+
+# --- command line ---
+
+def _load_jsonl(path: Path, processor, suffix: str) -> list:
+    from PIL import Image
+
+    samples = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        paths = row["image"] if isinstance(row["image"], list) else [row["image"]]
+        images = [Image.open(p).convert("RGB") for p in paths]
+        text = f"{row['prompt']} {suffix}".strip()
+        conv = [{"role": "user", "content": [{"type": "image"} for _ in images]
+                 + [{"type": "text", "text": text}]}]
+        prompt = processor.apply_chat_template(conv, add_generation_prompt=True)
+        inputs = processor(text=prompt, images=images, return_tensors="pt")
+        samples.append({k: v for k, v in inputs.items() if k != "attention_mask"})
+    return samples
+
+
+def load_samples(path: Path, target_path: str, suffix: str) -> list:
+    if path.suffix == ".pt":
+        return torch.load(path, weights_only=True)
+    from transformers import AutoProcessor
+
+    return _load_jsonl(path, AutoProcessor.from_pretrained(target_path), suffix)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m mmspec.vision.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="path or hub id of the target VLM")
+    p.add_argument("--data", required=True, type=Path, help=".jsonl (image, prompt) or .pt samples")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--drafter", help="start from this saved drafter (e.g. a stage-1 one)")
+    p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
+    p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
+    p.add_argument("--suffix", default=LONG_ANSWER, help="appended to every jsonl prompt")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name != "betas":
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    args = p.parse_args(argv)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                         if f.name != "betas"})
+    from transformers import AutoModelForImageTextToText
+
+    target = AutoModelForImageTextToText.from_pretrained(
+        args.target, dtype=getattr(torch, args.dtype)).to(args.device)
+    samples = [{k: v.to(args.device) for k, v in s.items()}
+               for s in load_samples(args.data, args.target, args.suffix)]
+    n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0
+    held, train_set = samples[:n_held], samples[n_held:]
+    if args.drafter:
+        drafter = ViSpecDrafter.from_pretrained(args.drafter, target)
+    else:
+        torch.manual_seed(cfg.seed)
+        drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
+    drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
+    train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out, resume=args.resume)
+
+
+if __name__ == "__main__":
+    main()

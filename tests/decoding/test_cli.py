@@ -1,0 +1,22 @@
+"""`mmspec generate` streams text and prints the stats; the built-in target says what it is."""
+
+import torch
+
+from mmspec.__main__ import main
+
+
+def test_generate_with_the_builtin_target(capsys):
+    torch.manual_seed(0)
+    assert main(["generate", "--max-new-tokens", "12", "--drafter", "self", "--tree-top-k", "2",
+                 "--num-draft-tokens", "4", "--prompt", "abcabc", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "built-in random Llama" in captured.err and "text is noise" in captured.err
+    assert "12 tokens" in captured.err and "tau" in captured.err
+    assert len(captured.out.strip("\n")) == 12  # one character per token, streamed
+
+
+def test_unknown_drafter_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit, match="--drafter must be"):
+        main(["generate", "--max-new-tokens", "2", "--drafter", "nope", "--device", "cpu"])

@@ -1,0 +1,90 @@
+"""The built-in drafters: prompt lookup rules, model drafter trees and its cache kept in step."""
+
+import torch
+from spec_helpers import tiny_llama
+
+from mmspec import ModelDrafter, PromptLookupDrafter, generate
+from mmspec.decoding.draft import DraftState
+
+
+def _state(ids, max_tokens=8, round_=1):
+    ids = torch.tensor(ids)
+    return DraftState(ids, torch.ones_like(ids), max_tokens, round=round_)
+
+
+def test_prompt_lookup_follows_the_first_earlier_match():
+    drafter = PromptLookupDrafter(num_tokens=3, max_ngram_size=2)
+    # suffix (7, 8) occurred at 1..2, followed by 9 10 11
+    draft = drafter.propose(_state([[5, 7, 8, 9, 10, 11, 7, 8]]))
+    assert draft.tokens.tolist() == [[9, 10, 11]] and draft.num_tokens.tolist() == [3]
+    # no bigram match, unigram 8 matches at 2: followed by 4
+    draft = drafter.propose(_state([[5, 8, 4, 3, 8]], max_tokens=1))
+    assert draft.tokens.tolist() == [[4]]
+
+
+def test_prompt_lookup_rows_without_match_draft_nothing():
+    drafter = PromptLookupDrafter(num_tokens=2)
+    draft = drafter.propose(_state([[1, 2, 3, 1], [4, 5, 6, 7]]))
+    assert draft.num_tokens.tolist() == [2, 0] and draft.tokens[0].tolist() == [2, 3]
+
+
+def test_model_drafter_tree_is_closed_and_within_budget():
+    drafter = ModelDrafter(tiny_llama(1), num_tokens=7, top_k=3, depth=3)
+    draft = drafter.propose(_state([[5, 6, 7, 8], [9, 10, 11, 12]], round_=0))
+    assert draft.tokens.shape == (2, 7) and draft.probs is None
+    idx = torch.arange(7)
+    assert ((draft.parents >= -1) & (draft.parents < idx)).all()  # parents first, all present
+    # the drafter's cache holds only committed slots after drafting a tree
+    assert drafter.cache.get_seq_length() == 4
+
+
+def test_self_drafting_accepts_everything():
+    """Drafter == target: every draft token is right if the drafter's cache stays in step."""
+    target = tiny_llama(0)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    out = generate(target, ModelDrafter(target, 4), ids, max_new_tokens=21, eos_token_id=[])
+    assert out.stats.accepted == out.stats.drafted == 16 and out.stats.rounds == 4  # 1 + 4 * 5
+    # a full tree (budget = every candidate) holds the greedy path at every depth
+    tree = ModelDrafter(target, num_tokens=3 + 9 + 9, top_k=3, depth=3)
+    out = generate(target, tree, ids, max_new_tokens=21, eos_token_id=[])
+    assert out.stats.accepted == 15 and out.stats.rounds == 5  # 1 + 5 * (3 + 1)
+
+
+class _CheckedDrafter:
+    """Runs a stateful ModelDrafter and checks every draft against one recomputed from scratch."""
+
+    def __init__(self, model, **kwargs):
+        self.live, self.model, self.kwargs = ModelDrafter(model, **kwargs), model, kwargs
+        self.checked = 0
+
+    def propose(self, state):
+        draft = self.live.propose(state)
+        fresh_state = DraftState(state.input_ids, state.attention_mask, state.max_tokens, round=0)
+        fresh = ModelDrafter(self.model, **self.kwargs).propose(fresh_state)
+        assert torch.equal(draft.tokens, fresh.tokens) and torch.equal(draft.parents, fresh.parents)
+        self.checked += 1
+        return draft
+
+    def update(self, result):
+        self.live.update(result)
+
+
+def test_model_drafter_cache_stays_in_step_with_holes():
+    """A batch whose rows accept different lengths (holes in the slots): the drafter's reused
+    cache gives the same drafts as a fresh drafter over the same committed slots."""
+    from test_generate import _left_padded_batch
+
+    target, draft_model = tiny_llama(0), tiny_llama(0)
+    with torch.no_grad():  # a perturbed copy of the target: it agrees often, not always
+        draft_model.lm_head.weight += 0.5 * draft_model.lm_head.weight.std() * torch.randn(
+            draft_model.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+    ids, mask = _left_padded_batch()
+    for kwargs in ({"num_tokens": 4}, {"num_tokens": 6, "top_k": 2, "depth": 3}):
+        drafter = _CheckedDrafter(draft_model, **kwargs)
+        for prompt in (ids, ids.flip(0)):  # a second call must not reuse the first one's cache
+            out = generate(target, drafter, prompt, attention_mask=mask.flip(0) if prompt is not ids
+                           else mask, max_new_tokens=16, eos_token_id=[])
+            assert out.stats.rounds >= 4
+            s = out.stats
+            assert 0.1 * s.drafted < s.accepted < 0.9 * s.drafted, s  # partial acceptance: holes
+        assert drafter.checked >= 2 * 4

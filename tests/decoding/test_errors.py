@@ -1,0 +1,91 @@
+"""Bad input raises a ValueError that names the argument."""
+
+import pytest
+import torch
+from spec_helpers import tiny_llama
+
+from mmspec import Draft, ModelDrafter, PromptLookupDrafter, generate
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0)
+
+
+IDS = torch.tensor([[5, 6, 7, 8]])
+
+
+def test_vocabulary_mismatch(target):
+    with pytest.raises(ValueError, match=r"drafter vocabulary \(32 tokens\).*target's \(64 tokens\)"):
+        generate(target, ModelDrafter(tiny_llama(1, vocab=32)), IDS)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, None])
+def test_max_new_tokens(target, bad):
+    with pytest.raises(ValueError, match=f"max_new_tokens must be an int >= 1, got {bad!r}"):
+        generate(target, PromptLookupDrafter(), IDS, max_new_tokens=bad)
+
+
+def test_batch_without_pad_token(target):
+    target.generation_config.pad_token_id = None
+    try:
+        with pytest.raises(ValueError, match="batch of 2 rows needs a padding token.*pad_token_id"):
+            generate(target, PromptLookupDrafter(), IDS.repeat(2, 1))
+    finally:
+        target.generation_config.pad_token_id = 0
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
+def test_top_p_outside_unit_interval(target, bad):
+    with pytest.raises(ValueError, match=rf"top_p must lie in \(0, 1\], got {bad!r}"):
+        generate(target, PromptLookupDrafter(), IDS, do_sample=True, top_p=bad)
+
+
+def test_right_padding_is_refused(target):
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="attention_mask must be left-padded"):
+        generate(target, PromptLookupDrafter(), IDS.repeat(2, 1), attention_mask=mask)
+
+
+class _BadDrafter:
+    def __init__(self, draft):
+        self.draft = draft
+
+    def propose(self, state):
+        return self.draft
+
+    def update(self, result):
+        pass
+
+
+@pytest.mark.parametrize("draft,message", [
+    (Draft.chain(torch.tensor([[70, 3]])), r"Draft.tokens must lie in \[0, 64\)"),
+    (Draft(torch.tensor([[3, 4]]), torch.tensor([-1, 1])), "Draft.parents"),
+    (Draft.chain(torch.tensor([[3, 4]]), torch.ones(1, 2, 10)), r"Draft.probs must be \[B=1, T=2, V=64\]"),
+])
+def test_malformed_draft(target, draft, message):
+    with pytest.raises(ValueError, match=message):
+        generate(target, _BadDrafter(draft), IDS, max_new_tokens=4)
+
+
+def test_unapplied_generation_config_processors_are_refused(target):
+    target.generation_config.repetition_penalty = 1.05
+    try:
+        with pytest.raises(ValueError, match=r"generation_config.repetition_penalty=1.05 .*set "
+                                             r"target.generation_config.repetition_penalty = 1.0"):
+            generate(target, PromptLookupDrafter(), IDS)
+    finally:
+        target.generation_config.repetition_penalty = None
+
+
+def test_top_k_and_top_p_default_to_the_generation_config(target):
+    from mmspec.decoding.generate import sampling_config
+
+    target.generation_config.top_k, target.generation_config.top_p = 7, 0.8
+    try:
+        cfg = sampling_config(target, True, 1.0, None, None)
+        assert (cfg.top_k, cfg.top_p) == (7, 0.8)
+        cfg = sampling_config(target, True, 1.0, 3, 1.0)  # explicit arguments win
+        assert (cfg.top_k, cfg.top_p) == (3, 1.0)
+    finally:
+        target.generation_config.top_k = target.generation_config.top_p = None

@@ -1,0 +1,46 @@
+"""Tree positions: root + 1 + depth on every axis; for Qwen2.5-VL, M-RoPE with rope_deltas."""
+
+import torch
+from spec_helpers import OracleDrafter, qwen_vl_inputs, tiny_qwen2_5_vl
+
+from mmspec import generate
+
+
+def test_qwen2_5_vl_verification_positions_match_get_rope_index():
+    target = tiny_qwen2_5_vl(0)
+    ids, kwargs = qwen_vl_inputs(1)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=10, eos_token_id=[], **kwargs)
+    new = ref[:, ids.shape[1]:]
+    seen = []
+
+    def record(module, args, kw):
+        if "block_sparse_mask" in kw:  # verification forwards only
+            seen.append((kw["input_ids"].clone(), kw["position_ids"].clone()))
+
+    hook = target.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        out = generate(target, OracleDrafter(new, [ids.shape[1]], 3, "tree"), ids,
+                       max_new_tokens=10, eos_token_id=[], **kwargs)
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, ref)
+    # every tree went through the shared block-sparse layer (a last round can be a plain step)
+    assert len(seen) >= out.stats.rounds - 1 >= 2
+    # the reference: the M-RoPE positions of the whole final sequence, computed from scratch
+    full, _ = target.model.get_rope_index(ref, image_grid_thw=kwargs["image_grid_thw"],
+                                          mm_token_type_ids=torch.cat(
+                                              [kwargs["mm_token_type_ids"], torch.zeros_like(new)], 1))
+    assert target.model.rope_deltas.item() != 0  # the image really shifts text positions
+    start = ids.shape[1]  # slot of the first root (the prefill's token)
+    for tokens, pos in seen:  # pos: [4, 1, N] = text row + 3 M-RoPE axes
+        assert pos.shape[0] == 4 and (pos[1:] == pos[1:2]).all()  # text tokens: equal axes
+        root = pos[1, 0, 0]
+        slot = int((full[0, 0] == root).nonzero()[0])  # where this root sits in the sequence
+        assert torch.equal(tokens[0, 0], ref[0, slot])
+        # "tree" oracle: node 2i+1 (tree node 2i+2) is the true token at depth i
+        for depth in range(1, (tokens.shape[1] - 1) // 2 + 1):
+            node = 2 * depth
+            if slot + depth < ref.shape[1]:
+                assert pos[1, 0, node] == full[0, 0, slot + depth]
+                assert pos[1, 0, node - 1] == pos[1, 0, node]  # siblings share a position
+        assert slot >= start

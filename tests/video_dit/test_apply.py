@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
+
+from .tiny import tiny_wan, tiny_wan_pipeline
+
+
+def test_unsupported_model_class():
+    with pytest.raises(TypeError, match=r"supports \[.*WanTransformer3DModel.*\], got Linear"):
+        apply_draft_attention(torch.nn.Linear(2, 2), DraftAttentionConfig(dense_steps=0))
+
+
+def test_fractional_warmup_needs_a_pipeline():
+    with pytest.raises(ValueError, match="fraction of the denoising steps"):
+        apply_draft_attention(tiny_wan(), DraftAttentionConfig(dense_steps=0.3))
+
+
+def test_apply_twice_and_remove_twice():
+    model = tiny_wan()
+    apply_draft_attention(model, DraftAttentionConfig(dense_steps=0))
+    with pytest.raises(RuntimeError, match="already applied"):
+        apply_draft_attention(model, DraftAttentionConfig(dense_steps=0))
+    remove_draft_attention(model)
+    with pytest.raises(RuntimeError, match="not applied"):
+        remove_draft_attention(model)
+
+
+@torch.no_grad()
+def test_tile_larger_than_the_frame():
+    model = tiny_wan()
+    apply_draft_attention(model, DraftAttentionConfig(dense_steps=0))  # 8 x 16 tiles
+    with pytest.raises(ValueError, match=r"tile \(8, 16\) is larger than the frame"):
+        model(torch.randn(1, 4, 2, 8, 8), torch.tensor([900]), torch.randn(1, 3, 16))
+
+
+@torch.no_grad()
+def test_step_index_from_the_timestep_hook():
+    model = tiny_wan(num_layers=1)
+    seen = []
+    state = apply_draft_attention(
+        model, DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=2, dense_layers=0),
+        on_density=lambda step, layer, density: seen.append((step, density)),
+    )
+    x, e = torch.randn(1, 4, 2, 8, 8), torch.randn(1, 3, 16)
+    for t in (900, 900, 800, 700, 600, 900):  # CFG calls share a step; a rise starts a new run
+        model(x, torch.tensor([t]), e)
+    assert [s for s, _ in seen] == [0, 0, 1, 2, 3, 0]
+    assert [d == 1.0 for _, d in seen] == [True, True, True, False, False, True]
+    assert state.density_by_step()[2] == pytest.approx(0.5, abs=1 / 8)
+
+
+@torch.no_grad()
+def test_tiny_wan_pipeline_end_to_end():
+    pipe = tiny_wan_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
+            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "max_sequence_length": 8, "output_type": "np"}
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
+                                                             dense_steps=0.3, dense_layers=1))
+    frames = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape == dense.shape == (1, 5, 64, 64, 3)
+    assert frames.min() >= 0 and frames.max() <= 1 and frames.std() > 0
+    by_step = state.density_by_step()
+    assert list(by_step) == [0, 1, 2] and by_step[0] == 1.0  # 30% of 3 steps: 1 dense step
+    assert all(0.5 < by_step[s] < 1.0 for s in (1, 2))  # layer 0 dense, layer 1 at ~0.5
+    assert len(state.records) == 3 * 2 * 2  # steps x (cond, uncond) x layers
+    assert not (frames == dense).all()
+    remove_draft_attention(pipe)
+    again = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    assert (again == dense).all()
+
+
+@torch.no_grad()
+def test_tiny_cogvideox_pipeline_with_cfg_batch():
+    from .tiny import tiny_cogvideox_pipeline
+
+    pipe = tiny_cogvideox_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    calls = []
+    state = apply_draft_attention(
+        pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=0),
+        on_density=lambda step, layer, density: calls.append(step),
+    )
+    frames = pipe(prompt="a red cat", negative_prompt="blue", height=64, width=64, num_frames=5,
+                  num_inference_steps=3, guidance_scale=6.0, max_sequence_length=8,
+                  output_type="np", generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape[0] == 1 and frames.shape[2:] == (64, 64, 3) and frames.std() > 0
+    # CFG runs uncond and cond as one batch of 2: one call per layer and step
+    assert calls == [0, 0, 1, 1, 2, 2]
+    by_step = state.density_by_step()
+    # 8 video tiles at density 0.5 plus 2 dense text blocks: (32 + 100 - 64) / 100
+    assert by_step[0] == 1.0 and by_step[1] == pytest.approx(0.68) and by_step[2] == pytest.approx(0.68)

@@ -1,0 +1,31 @@
+import pytest
+
+from mmspec.video_dit import DraftAttentionConfig
+
+
+def test_defaults_follow_the_paper():
+    cfg = DraftAttentionConfig()
+    assert (cfg.sparsity, cfg.tile, cfg.mode, cfg.dense_layers) == (0.9, (8, 16), "global", 1)
+    assert cfg.dense_step_count(50) == 15  # t > 945 with shift 7 is 15 of 50 steps
+    assert cfg.dense_step_count(30) == 9
+    assert DraftAttentionConfig(dense_steps=4).dense_step_count(None) == 4
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"sparsity": 1.0}, r"sparsity must be a number in \[0, 1\), got 1.0"),
+    ({"sparsity": -0.5}, "sparsity must be"),
+    ({"mode": "kmeans"}, "mode must be one of"),
+    ({"tile": (8,)}, "tile must be two positive ints"),
+    ({"dense_steps": -1}, "dense_steps must be"),
+    ({"dense_steps": 1.5}, "dense_steps must be"),
+    ({"dense_steps": True}, "dense_steps must be"),
+    ({"dense_layers": -1}, "dense_layers must be"),
+])
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DraftAttentionConfig(**kwargs)
+
+
+def test_fraction_needs_a_step_count():
+    with pytest.raises(ValueError, match="fraction of the denoising steps"):
+        DraftAttentionConfig(dense_steps=0.3).dense_step_count(None)

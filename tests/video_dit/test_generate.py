@@ -1,0 +1,66 @@
+import json
+
+import numpy as np
+import pytest
+
+from mmspec.video_dit import compare, generate
+from mmspec.video_dit.video_io import read_video
+
+from .tiny import tiny_wan_pipeline
+
+COMMON = ["--steps", "3", "--height", "64", "--width", "64", "--frames", "5", "--dtype",
+          "float32", "--tile", "2", "2", "--guidance", "2.0"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_wan")
+    tiny_wan_pipeline().save_pretrained(path)
+    return path
+
+
+def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n\n# not a prompt\na dog on the beach\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON]
+    dense, sparse = tmp_path / "dense", tmp_path / "sparse"
+    assert generate.main([*args, "--out", str(dense), "--dense"]) == 0
+    assert generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"]) == 0
+    for d in (dense, sparse):
+        assert sorted(p.name for p in d.iterdir()) == [
+            "0000.json", "0000.mp4", "0000.png", "0001.json", "0001.mp4", "0001.png"]
+    video = read_video(sparse / "0001.mp4")
+    assert video.shape == (5, 64, 64, 3) and video.std() > 0
+    meta = json.loads((sparse / "0001.json").read_text())
+    assert meta["prompt"] == "a dog on the beach" and meta["seed"] == 43
+    assert len(meta["step_seconds"]) == 3 and meta["seconds"] > 0
+    assert meta["density"]["by_step"]["0"] == 1.0 and meta["density"]["by_step"]["2"] < 1.0
+    assert json.loads((dense / "0000.json").read_text())["density"] is None
+
+    # resume: finished prompts are skipped, a missing one is redone
+    before = (sparse / "0000.mp4").stat().st_mtime_ns
+    (sparse / "0001.json").unlink()
+    capsys.readouterr()
+    generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"])
+    assert "resuming: 1 of 2" in capsys.readouterr().out
+    assert (sparse / "0000.mp4").stat().st_mtime_ns == before and (sparse / "0001.json").exists()
+
+    assert compare.main([str(dense), str(sparse)]) == 0
+    rows = json.loads((sparse / "compare.json").read_text())
+    assert [r["video"] for r in rows] == ["0000.mp4", "0001.mp4"]
+    assert all(np.isfinite(r["psnr"]) and 0 < r["ssim"] < 1 for r in rows)
+    assert "| **mean** |" in (sparse / "compare.md").read_text()
+
+
+def test_bad_cli_input(tmp_path, model_dir):
+    with pytest.raises(SystemExit):
+        generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--sparsity", "1.0"])
+    with pytest.raises(SystemExit):
+        generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--dense",
+                             "--sparsity", "0.5"])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n# nothing\n")
+    with pytest.raises(ValueError, match="holds no prompt"):
+        generate.read_prompts(empty)
+    with pytest.raises(FileNotFoundError, match="--prompts"):
+        generate.read_prompts(tmp_path / "missing.txt")

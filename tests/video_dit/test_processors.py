@@ -1,0 +1,119 @@
+import pytest
+import torch
+from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
+from mmspec.video_dit.processors import (
+    CogVideoXDraftAttnProcessor,
+    HunyuanVideoDraftAttnProcessor,
+    WanDraftAttnProcessor,
+)
+
+from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_wan
+
+
+def _cfg(sparsity, **kw):
+    return DraftAttentionConfig(sparsity=sparsity, tile=(4, 4), dense_steps=0, dense_layers=0, **kw)
+
+
+def _wan_inputs():
+    g = torch.Generator().manual_seed(1)
+    # 3 latent frames of 6 x 10 tokens: 4 x 4 tiles need padding
+    return (torch.randn(2, 4, 3, 12, 20, generator=g), torch.tensor([900, 900]),
+            torch.randn(2, 5, 16, generator=g))
+
+
+def _hunyuan_inputs():
+    g = torch.Generator().manual_seed(2)
+    text_mask = torch.ones(2, 7, dtype=torch.bool)
+    text_mask[1, 5:] = False  # sample 1 has 2 padded text tokens
+    return (torch.randn(2, 4, 2, 6, 10, generator=g), torch.tensor([900, 900]),
+            torch.randn(2, 7, 16, generator=g), text_mask, torch.randn(2, 8, generator=g),
+            torch.tensor([3000.0, 3000.0]))
+
+
+def _cog_inputs():
+    g = torch.Generator().manual_seed(3)
+    rope = get_3d_rotary_pos_embed(embed_dim=16, crops_coords=((0, 0), (6, 10)),
+                                   grid_size=(6, 10), temporal_size=3, device="cpu")
+    return (torch.randn(2, 3, 4, 12, 20, generator=g), torch.randn(2, 7, 16, generator=g),
+            torch.tensor([900, 900])), {"image_rotary_emb": rope}
+
+
+MODELS = {
+    "wan": (tiny_wan, lambda: (_wan_inputs(), {})),
+    "hunyuan": (tiny_hunyuan, lambda: (_hunyuan_inputs(), {})),
+    "cogvideox": (tiny_cogvideox, _cog_inputs),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@torch.no_grad()
+def test_sparsity_zero_equals_dense(name):
+    build, inputs = MODELS[name]
+    model = build()
+    args, kwargs = inputs()
+    dense = model(*args, **kwargs).sample
+    state = apply_draft_attention(model, _cfg(0.0))
+    out = model(*args, **kwargs).sample
+    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+    assert [r.layer for r in state.records] == list(range(state.num_layers))
+    assert all(r.density == 1.0 for r in state.records)
+    # sparsity really acts: a sparse run differs from dense and reports density < 1
+    remove_draft_attention(model)
+    state = apply_draft_attention(model, _cfg(0.6))
+    sparse = model(*args, **kwargs).sample
+    assert torch.isfinite(sparse).all() and not torch.allclose(sparse, dense, atol=1e-4)
+    assert all(r.density < 1.0 for r in state.records)
+
+
+FIRST_ATTENTION = {
+    "wan": lambda m: m.blocks[0].attn1,
+    "hunyuan": lambda m: m.transformer_blocks[0].attn,
+    "cogvideox": lambda m: m.transformer_blocks[0].attn1,
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@torch.no_grad()
+def test_permute_once_matches_per_layer_permutation(name):
+    build, inputs = MODELS[name]
+    model = build()
+    args, kwargs = inputs()
+    seen = []  # video tokens reaching the first self-attention
+    FIRST_ATTENTION[name](model).register_forward_pre_hook(
+        lambda module, a, kw: seen.append(kw["hidden_states"].shape[1] if "hidden_states" in kw
+                                          else a[0].shape[1]), with_kwargs=True)
+    outs = []
+    for once in (True, False):
+        apply_draft_attention(model, _cfg(0.6, permute_once=once))
+        outs.append(model(*args, **kwargs).sample)
+        remove_draft_attention(model)
+    frames = seen[1] // 60  # 6 x 10 tokens per frame, 8 x 12 with the padding of 4 x 4 tiles
+    assert seen == [frames * 96, frames * 60]
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    # with a dense first layer the reordered forward ignores the padding slots there too
+    dense = model(*args, **kwargs).sample
+    for once in (True, False):
+        apply_draft_attention(model, DraftAttentionConfig(sparsity=0.0, tile=(4, 4), dense_steps=0,
+                                                          dense_layers=1, permute_once=once))
+        torch.testing.assert_close(model(*args, **kwargs).sample, dense, atol=1e-5, rtol=1e-5)
+        remove_draft_attention(model)
+
+
+def test_only_self_attention_is_replaced_and_remove_restores():
+    wan, hunyuan, cog = tiny_wan(), tiny_hunyuan(), tiny_cogvideox()
+    before = {m: dict(m.attn_processors) for m in (wan, hunyuan, cog)}
+    for m in (wan, hunyuan, cog):
+        apply_draft_attention(m, _cfg(0.5))
+    assert all(isinstance(b.attn1.processor, WanDraftAttnProcessor) for b in wan.blocks)
+    assert not any(isinstance(b.attn2.processor, WanDraftAttnProcessor) for b in wan.blocks)
+    hy = [n for n, p in hunyuan.attn_processors.items()
+          if isinstance(p, HunyuanVideoDraftAttnProcessor)]
+    assert len(hy) == 2 and not any(n.startswith("context_embedder") for n in hy)
+    assert all(isinstance(b.attn1.processor, CogVideoXDraftAttnProcessor)
+               for b in cog.transformer_blocks)
+    for m in (wan, hunyuan, cog):
+        remove_draft_attention(m)
+        assert {n: p for n, p in m.attn_processors.items()} == before[m]
+        assert not m._forward_pre_hooks and not m._forward_hooks

@@ -1,0 +1,119 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmspec.video_dit import draft_attention, draft_block_mask, tile_layout
+
+GRID, TILE = (2, 6, 10), (4, 4)  # frames padded to whole tiles
+N = 120
+
+
+def _qkv(b=2, h=2, length=N, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, length, d, generator=g) for _ in range(3)]
+
+
+@pytest.mark.parametrize("text_len,text_first", [(0, False), (5, False), (5, True)])
+def test_sparsity_zero_equals_dense(text_len, text_first):
+    q, k, v = _qkv(length=N + text_len)
+    valid = torch.ones(2, N + text_len, dtype=torch.bool)
+    if text_len:  # sample 1 pads its last two text tokens
+        valid[1, -2:] = False if not text_first else valid[1, -2:]
+        if text_first:
+            valid[1, 3:5] = False
+    out, density = draft_attention(q, k, v, tile_layout(GRID, TILE), sparsity=0.0,
+                                   text_len=text_len, text_first=text_first,
+                                   key_valid=valid if text_len else None)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert float(density) == 1.0
+
+
+def _token_mask(kept, layout, text_len, text_first):
+    """Token-level bool [B, H, L, L] in model order, built independently of the kernel path."""
+    n = layout.num_tokens
+    tile_of = torch.empty(n, dtype=torch.long)
+    tile_of[layout.perm[layout.valid]] = torch.arange(layout.padded_tokens)[layout.valid] // (
+        layout.tile_tokens
+    )
+    video = kept[:, :, tile_of][:, :, :, tile_of]  # [B, H, n, n]
+    b, h = kept.shape[:2]
+    full = torch.ones(b, h, n + text_len, n + text_len, dtype=torch.bool)
+    s = slice(text_len, None) if text_first else slice(0, n)
+    full[:, :, s, s] = video
+    return full
+
+
+@pytest.mark.parametrize("mode", ["global", "row"])
+@pytest.mark.parametrize("text_len,text_first", [(0, False), (7, False), (7, True)])
+def test_sparse_output_is_attention_over_the_draft_mask(mode, text_len, text_first):
+    q, k, v = _qkv(length=N + text_len, seed=3)
+    layout = tile_layout(GRID, TILE)
+    out, density = draft_attention(q, k, v, layout, sparsity=0.7, mode=mode, text_len=text_len,
+                                   text_first=text_first)
+    s = slice(text_len, None) if text_first else slice(0, N)
+    kept = draft_block_mask(q[:, :, s], k[:, :, s], GRID, TILE, 0.7, mode)
+    mask = _token_mask(kept, layout, text_len, text_first)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert 0.3 - 1 / layout.num_tiles <= float(density) < 1.0
+
+
+def test_cfg_batch_gets_one_mask_per_sample_in_one_call():
+    q, k, v = _qkv(b=2, seed=4)
+    layout = tile_layout(GRID, TILE)
+    both, _ = draft_attention(q, k, v, layout, sparsity=0.8)
+    for b in range(2):
+        alone, _ = draft_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], layout, sparsity=0.8)
+        torch.testing.assert_close(both[b : b + 1], alone, atol=1e-6, rtol=1e-6)
+
+
+def test_tiled_input_gives_the_same_output():
+    q, k, v = _qkv(seed=5)
+    layout = tile_layout(GRID, TILE)
+    out, _ = draft_attention(q, k, v, layout, sparsity=0.6)
+    tiled, _ = draft_attention(*(layout.to_tiles(x) for x in (q, k, v)), layout, sparsity=0.6,
+                               tiled=True)
+    torch.testing.assert_close(layout.from_tiles(tiled), out, atol=1e-6, rtol=1e-6)
+
+
+def test_grid_not_matching_the_tokens():
+    q, k, v = _qkv(length=N + 3)
+    with pytest.raises(ValueError, match=r"grid \(2, 6, 10\) has 120 tokens but the sequence has 123"):
+        draft_attention(q, k, v, tile_layout(GRID, TILE), sparsity=0.5)
+
+
+def test_tiled_padding_slots_do_not_leak_into_the_draft():
+    # with one reorder per forward, padding slots hold whatever the model put there
+    q, k, v = _qkv(seed=6)
+    layout = tile_layout(GRID, TILE)
+    tiled = [layout.to_tiles(x) for x in (q, k, v)]
+    garbage = [x.masked_fill(~layout.valid[:, None], 50.0) for x in tiled]
+    clean, _ = draft_attention(*tiled, layout, sparsity=0.7, tiled=True)
+    dirty, _ = draft_attention(*garbage, layout, sparsity=0.7, tiled=True)
+    valid = layout.valid
+    torch.testing.assert_close(dirty[:, :, valid], clean[:, :, valid], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("logit_shift", [0.0, -40.0])
+def test_padding_correction_and_its_fallback(logit_shift, monkeypatch):
+    # padded keys are zeroed and divided out through the lse; when real logits sit far below the
+    # zero logit of a padded key the exact element-mask path must take over
+    from mmspec.kernels import BlockSparseMask
+    from mmspec.video_dit import sparse_attention
+
+    q, k, v = _qkv(seed=7)
+    q, k = q * 0.3, k * 0.3
+    if logit_shift:  # one shared direction makes every real logit about logit_shift
+        u = torch.zeros(8)
+        u[0] = 1.0
+        q = q + u * (-logit_shift) ** 0.5 * 8**0.25
+        k = k - u * (-logit_shift) ** 0.5 * 8**0.25
+    layout = tile_layout(GRID, TILE)
+    calls = []
+    real = BlockSparseMask.from_block_flags.__func__
+    monkeypatch.setattr(BlockSparseMask, "from_block_flags",
+                        classmethod(lambda cls, *a: calls.append(1) or real(cls, *a)))
+    out, _ = sparse_attention.draft_attention(q, k, v, layout, sparsity=0.0)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-4)
+    assert len(calls) == (1 if logit_shift else 0)

@@ -1,0 +1,93 @@
+"""Tiny configs of the real diffusers video classes, built offline on CPU (no downloads)."""
+
+import torch
+from diffusers import (
+    AutoencoderKLWan,
+    CogVideoXTransformer3DModel,
+    FlowMatchEulerDiscreteScheduler,
+    HunyuanVideoTransformer3DModel,
+    WanPipeline,
+    WanTransformer3DModel,
+)
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+WORDS = ["a", "cat", "dog", "runs", "on", "the", "beach", "in", "snow", "red", "blue", "car", "city", "at", "night"]
+
+
+def tiny_wan(num_layers: int = 2, seed: int = 0) -> WanTransformer3DModel:
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
+        rope_max_seq_len=32,
+    ).eval()
+
+
+def tiny_hunyuan(seed: int = 0) -> HunyuanVideoTransformer3DModel:
+    torch.manual_seed(seed)
+    return HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4),
+    ).eval()
+
+
+def tiny_cogvideox(seed: int = 0) -> CogVideoXTransformer3DModel:
+    torch.manual_seed(seed)
+    return CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        time_embed_dim=4, text_embed_dim=16, num_layers=2, sample_width=10, sample_height=6,
+        sample_frames=9, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=7,
+        use_rotary_positional_embeddings=True,
+    ).eval()
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "<unk>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
+    torch.manual_seed(seed)
+    text_encoder = UMT5EncoderModel(UMT5Config(
+        vocab_size=len(WORDS) + 3, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )).eval()
+    vae = AutoencoderKLWan(
+        base_dim=3, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    ).eval()
+    return WanPipeline(
+        tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=tiny_wan(seed=seed),
+    )
+
+
+def tiny_cogvideox_pipeline(seed: int = 0):
+    """CogVideoXPipeline: tiny T5 encoder, tiny VAE, and a transformer whose latent frames are
+    2 x 4 x 4 tokens (height = width = 64, 5 frames)."""
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    text_encoder = T5EncoderModel(T5Config(
+        vocab_size=len(WORDS) + 3, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )).eval()
+    vae = AutoencoderKLCogVideoX(
+        in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
+        latent_channels=4, layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
+    ).eval()
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        time_embed_dim=4, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
+        sample_frames=5, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=8,
+        use_rotary_positional_embeddings=True,
+    ).eval()
+    return CogVideoXPipeline(tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
+                             transformer=transformer, scheduler=CogVideoXDDIMScheduler())

@@ -1,0 +1,83 @@
+"""Bad input raises a clear error naming the argument."""
+
+import pytest
+import torch
+from tiny_vlms import llava_prompt, qwen_prompt, tiny_llava, tiny_qwen2_5_vl
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from mmspec.decoding import DraftState
+from mmspec.vision import ViSpecDrafter
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return tiny_llava()
+
+
+def _state(ids, extras, hidden_size=64, hidden=True):
+    return DraftState(input_ids=ids, attention_mask=torch.ones_like(ids), max_tokens=4,
+                      position_ids=torch.tensor([[ids.shape[1] - 1]]), round=0,
+                      target_hidden=torch.randn(1, ids.shape[1] - 1, hidden_size) if hidden else None,
+                      extras=extras)
+
+
+def test_unsupported_target_class():
+    text_model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, vocab_size=64,
+                                              num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(TypeError, match="target: unsupported class LlamaForCausalLM"):
+        ViSpecDrafter.from_target(text_model)
+
+
+def test_image_tokens_must_match_image_features(llava):
+    ids, extras = llava_prompt(images=1, tokens_per_image=15)  # 16 features per image
+    drafter = ViSpecDrafter.from_target(llava)
+    with pytest.raises(ValueError, match="15 image tokens .* features have 16 tokens"):
+        drafter.propose(_state(ids, extras))
+    ids, extras = llava_prompt(images=2)
+    with pytest.raises(ValueError, match="32 image tokens .* 0 tokens over 0 image"):
+        drafter.propose(_state(ids, {}))  # image tokens but no pixel_values
+
+
+def test_needs_target_hidden_states(llava):
+    ids, extras = llava_prompt()
+    with pytest.raises(ValueError, match="target_hidden is None"):
+        ViSpecDrafter.from_target(llava).propose(_state(ids, extras, hidden=False))
+
+
+def test_qwen_needs_mm_token_type_ids():
+    target = tiny_qwen2_5_vl()
+    ids, extras = qwen_prompt()
+    del extras["mm_token_type_ids"]
+    with pytest.raises(ValueError, match="mm_token_type_ids"):
+        ViSpecDrafter.from_target(target).propose(_state(ids, extras))
+
+
+@pytest.mark.parametrize("other", ["same_class_other_weights", "other_class"])
+def test_drafter_saved_for_another_target(tmp_path, llava, other):
+    ViSpecDrafter.from_target(llava).save_pretrained(tmp_path)
+    target = tiny_llava(seed=1) if other == "same_class_other_weights" else tiny_qwen2_5_vl()
+    reason = "embedding_signature" if other == "same_class_other_weights" else "class"
+    with pytest.raises(ValueError, match=f"saved for a LlavaForConditionalGeneration.*{reason}"):
+        ViSpecDrafter.from_pretrained(tmp_path, target)
+
+
+def test_missing_checkpoint(tmp_path, llava):
+    with pytest.raises(FileNotFoundError, match="path: no vispec_config.json"):
+        ViSpecDrafter.from_pretrained(tmp_path, llava)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("depth", 0, "depth must be >= 1"),
+    ("total_tokens", 1, "total_tokens counts the root"),
+    ("num_queries", 1, "num_queries must be >= 2"),
+    ("mrope_section", (2, 2, 2), "mrope_section"),
+])
+def test_config_errors(llava, field, value, match):
+    with pytest.raises(ValueError, match=match):
+        ViSpecDrafter.from_target(llava, **{field: value})
+
+
+def test_unknown_config_field(llava):
+    with pytest.raises(TypeError, match="num_querys"):
+        ViSpecDrafter.from_target(llava, num_querys=3)
+

@@ -1,0 +1,119 @@
+"""Training: a few steps lower the loss, checkpoints resume exactly, the command line runs."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tiny_vlms import llava_prompt, no_eos, tiny_llava, tiny_llava_processor
+
+from mmspec.vision import ViSpecDrafter
+from mmspec.vision import train as train_mod
+from mmspec.vision.train import TrainConfig, main, sample_loss, target_answers, train
+
+CFG = TrainConfig(steps=12, lr=3e-3, warmup_steps=2, noise=0.0, answer_tokens=16, eval_every=0,
+                  checkpoint_every=0)
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return no_eos(tiny_llava())
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return [{"input_ids": ids, **extras}
+            for ids, extras in (llava_prompt(images=n, seed=s) for n, s in [(1, 0), (2, 1)])]
+
+
+def _fresh(llava, text_only=False):
+    torch.manual_seed(0)
+    return ViSpecDrafter.from_target(llava, text_only=text_only)
+
+
+def _mean_loss(drafter, llava, samples):
+    answers = target_answers(llava, samples, CFG.answer_tokens, None)
+    with torch.no_grad():
+        return sum(float(sample_loss(drafter, llava, s, a, CFG)[0])
+                   for s, a in zip(samples, answers)) / len(samples)
+
+
+@pytest.mark.parametrize("text_only", [False, True])
+def test_a_few_steps_lower_the_loss(llava, samples, text_only):
+    drafter = _fresh(llava, text_only)
+    before = _mean_loss(drafter, llava, samples)
+    losses = train(drafter, llava, samples, CFG)
+    after = _mean_loss(drafter, llava, samples)
+    assert len(losses) == CFG.steps
+    assert after < 0.9 * before, (before, after)
+
+
+def test_loss_has_every_term_and_the_rollout(llava, samples):
+    answer = target_answers(llava, samples[:1], CFG.answer_tokens, None)[0]
+    cfg = TrainConfig(ce_weight=0.1, rollout_steps=2, noise=0.0)
+    loss, parts = sample_loss(_fresh(llava), llava, samples[0], answer, cfg)
+    assert set(parts) == {f"{t}{r}" for t in ("feature", "tv", "rank", "ce") for r in range(3)}
+    # the rollouts see the drafter's own features, not the target's: their terms differ
+    assert parts["tv1"] != parts["tv0"] and parts["tv2"] != parts["tv1"]
+    weights = {"feature": 1.0, "tv": 10.0, "rank": 0.1, "ce": 0.1}
+    assert float(loss.detach()) == pytest.approx(sum(weights[k[:-1]] * v for k, v in parts.items()), rel=1e-5)
+
+
+def test_resume_continues_exactly(tmp_path, llava, samples, monkeypatch):
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 6, "checkpoint_every": 3, "noise": 0.2})
+    full = _fresh(llava)
+    train(full, llava, samples, cfg, out_dir=tmp_path / "full")
+
+    calls = {"n": 0}
+    original = train_mod.sample_loss
+
+    def crash_on_step_5(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "sample_loss", crash_on_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path / "cut")
+    monkeypatch.setattr(train_mod, "sample_loss", original)
+    resumed = _fresh(llava)
+    losses = train(resumed, llava, samples, cfg, out_dir=tmp_path / "cut", resume=True)
+    assert len(losses) == 3  # steps 4-6 only
+    a, b = full.state_dict(), resumed.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_command_line(tmp_path, llava, samples, capsys):
+    llava.save_pretrained(tmp_path / "target")
+    torch.save(samples * 2, tmp_path / "samples.pt")
+    main(["--target", str(tmp_path / "target"), "--data", str(tmp_path / "samples.pt"),
+          "--out", str(tmp_path / "out"), "--steps", "4", "--lr", "1e-3", "--warmup-steps", "1",
+          "--answer-tokens", "8", "--eval-every", "2", "--eval-new-tokens", "6",
+          "--held-out", "0.25"])
+    assert (tmp_path / "out" / "answers.pt").is_file()
+    assert "held-out tau" in capsys.readouterr().out
+    loaded = ViSpecDrafter.from_pretrained(tmp_path / "out", llava)
+    assert not loaded.config.text_only
+
+
+def test_command_line_with_images_and_prompts(tmp_path, llava, capsys):
+    """The .jsonl path: the target's processor builds the prompts, one of them with two images."""
+    llava.save_pretrained(tmp_path / "target")
+    tiny_llava_processor().save_pretrained(tmp_path / "target")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    rows = [{"image": str(tmp_path / "0.png"), "prompt": "w9 w10"},
+            {"image": [str(tmp_path / "1.png"), str(tmp_path / "2.png")], "prompt": "w11"},
+            {"image": str(tmp_path / "2.png"), "prompt": "w12 w13 w14"}]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    main(["--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"),
+          "--out", str(tmp_path / "out"), "--steps", "3", "--lr", "1e-3", "--warmup-steps", "1",
+          "--answer-tokens", "6", "--eval-every", "3", "--eval-new-tokens", "4",
+          "--held-out", "0.3", "--suffix", "w20"])
+    answers = torch.load(tmp_path / "out" / "answers.pt")
+    assert len(answers) == 2 and all(len(a) == 6 for a in answers.values())  # 1 row held out
+    assert "held-out tau" in capsys.readouterr().out
+    ViSpecDrafter.from_pretrained(tmp_path / "out", llava)
