@@ -63,6 +63,7 @@ def test_greedy_left_padded_batch_equals_each_row_alone(target, shared_dlm):
         assert torch.equal(got, alone)
 
 
+@torch.no_grad()
 def exact_marginals(target, prompt, steps):
     """Exact distributions of new tokens 1..steps of `target` sampled at T=1: a list of `[V]`."""
     seqs, weights = prompt[None], torch.ones(1, dtype=torch.float64)
