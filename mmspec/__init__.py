@@ -2,11 +2,17 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Draft", "ModelDrafter", "PromptLookupDrafter", "SpecOutput", "generate"]
+__all__ = ["Draft", "ModelDrafter", "PromptLookupDrafter", "SpecOutput", "generate",
+           "DiffusionDrafter", "NaiveDiffusionDrafter"]
+_DIFFUSION = ("DiffusionDrafter", "NaiveDiffusionDrafter")  # issue 5, in decoding/drafters
 
 
 def __getattr__(name):
     # lazy: `mmspec.kernels` users should not pay for importing transformers
+    if name in _DIFFUSION:
+        from .decoding import drafters
+
+        return getattr(drafters, name)
     if name in __all__:
         from . import decoding
 

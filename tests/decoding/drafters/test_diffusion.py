@@ -176,3 +176,10 @@ def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
     draft = DiffusionDrafter(dlm, MASK, 72, eos_token_id=EOS, config=config).propose(
         state(torch.randint(2, 60, (1, 6))))
     assert draft.probs.shape[-1] == 72 and (draft.probs[..., 64:] == 0).all()
+
+
+def test_public_name():
+    import mmspec
+
+    assert mmspec.DiffusionDrafter is DiffusionDrafter
+    assert mmspec.NaiveDiffusionDrafter is NaiveDiffusionDrafter
