@@ -2,8 +2,15 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Draft", "ModelDrafter", "PromptLookupDrafter", "SpecOutput", "generate",
-           "DiffusionDrafter", "NaiveDiffusionDrafter"]
+__all__ = [
+    "DiffusionDrafter",
+    "Draft",
+    "ModelDrafter",
+    "NaiveDiffusionDrafter",
+    "PromptLookupDrafter",
+    "SpecOutput",
+    "generate",
+]
 _DIFFUSION = ("DiffusionDrafter", "NaiveDiffusionDrafter")  # issue 5, in decoding/drafters
 
 

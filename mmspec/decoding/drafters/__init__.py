@@ -6,7 +6,7 @@ DiffusionDrafter        DiffuSpec: diffusion-LM lattice + CPS + ADL (`diffusion.
 NaiveDiffusionDrafter   the baseline: argmax path of the lattice, fixed k
 """
 
-from .adl import ADLConfig, AdaptiveDraftLength, FixedDraftLength
+from .adl import AdaptiveDraftLength, ADLConfig, FixedDraftLength
 from .cps import CPSConfig
 from .diffusion import DiffusionDrafter, DiffusionDrafterConfig, NaiveDiffusionDrafter
 from .lattice import Lattice, build_lattice

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -101,7 +101,7 @@ def _rank_key(beam: Beam, rank: str):
 
 
 def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
-                proxy: Optional[CausalProxy] = None) -> list[Beam]:
+                proxy: CausalProxy | None = None) -> list[Beam]:
     """Left-to-right beam search over `candidate_sets` output. Returns up to B beams, best first.
 
     At every depth the B best extensions of the live beams survive (all have equal length, so raw
@@ -142,6 +142,6 @@ def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
 
 
 def search(logprobs: torch.Tensor, cfg: CPSConfig, eos_ids: list[int],
-           proxy: Optional[CausalProxy] = None) -> list[Beam]:
+           proxy: CausalProxy | None = None) -> list[Beam]:
     """CPS on one row's lattice `[k, V]` (after `proxy.begin(history)`)."""
     return beam_search(candidate_sets(logprobs, cfg, eos_ids), cfg, eos_ids, proxy)

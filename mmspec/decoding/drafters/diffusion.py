@@ -20,19 +20,18 @@ Deliberate differences from the paper:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import torch
 
 from ..draft import Draft, DraftState, VerifyResult
-from .adl import ADLConfig, AdaptiveDraftLength, FixedDraftLength, generated_length
+from .adl import AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length
 from .cps import CausalProxy, CPSConfig, search
 from .lattice import Lattice, build_lattice
 from .ngram_proxy import NgramProxy
 from .path_tree import paths_to_tree
-from .vocab import (check_mask_token, drafter_only_ids, logits_width, suppressed_ids,
-                    target_width)
+from .vocab import check_mask_token, drafter_only_ids, logits_width, suppressed_ids, target_width
 
 PROPOSALS = ("point_mass", "approximate_l2r")
 
@@ -40,13 +39,13 @@ PROPOSALS = ("point_mass", "approximate_l2r")
 @dataclass(frozen=True)
 class DiffusionDrafterConfig:
     shift: bool = True  # Dream's shift prediction (DreamLM/Dream#31); False for LLaDA-style DLMs
-    fixed_k: Optional[int] = None  # None: ADL (paper §3.4); an int: fixed-k mode (paper App. C)
+    fixed_k: int | None = None  # None: ADL (paper §3.4); an int: fixed-k mode (paper App. C)
     adl: ADLConfig = field(default_factory=ADLConfig)
-    cps: Optional[CPSConfig] = field(default_factory=CPSConfig)  # None: the argmax path (naive)
+    cps: CPSConfig | None = field(default_factory=CPSConfig)  # None: the argmax path (naive)
     ngram_order: int = 3  # paper §3.3: a 3-gram proxy
     return_tree: bool = False  # beyond the paper: verify the B beams as one tree
     proposal: str = "point_mass"  # exact; "approximate_l2r" is the paper's rule, approximate
-    max_context: Optional[int] = None  # most tokens the DLM sees, block included (Dream: 2048)
+    max_context: int | None = None  # most tokens the DLM sees, block included (Dream: 2048)
 
     def __post_init__(self):
         if self.fixed_k is not None and self.fixed_k <= 0:
@@ -81,7 +80,7 @@ class DiffusionDrafter:
     """
 
     def __init__(self, model, mask_token_id: int, target, *, eos_token_id=None, tokenizer=None,
-                 target_tokenizer=None, proxy: Optional[Callable[[], CausalProxy]] = None,
+                 target_tokenizer=None, proxy: Callable[[], CausalProxy] | None = None,
                  config: DiffusionDrafterConfig = DiffusionDrafterConfig()):
         self.model, self.mask_token_id, self.config = model, mask_token_id, config
         self.vocab_size = target_width(target)
@@ -97,9 +96,9 @@ class DiffusionDrafter:
         self.proxy_factory = proxy or (lambda: NgramProxy(self.vocab_size, config.ngram_order))
 
     # -- state per sequence ------------------------------------------------------------------
-    def _start(self, histories: list[torch.Tensor]) -> None:
+    def _start(self, n: int) -> None:
+        """n rows: the engine keeps every row for the whole `generate` call."""
         cfg = self.config
-        n = len(histories)  # the engine keeps every row for the whole call
         self.lengths = [FixedDraftLength(cfg.fixed_k) if cfg.fixed_k else
                         AdaptiveDraftLength(cfg.adl) for _ in range(n)]
         self.proxies = [self.proxy_factory() for _ in range(n)] if self._uses_proxy() else []
@@ -112,7 +111,7 @@ class DiffusionDrafter:
         valid = state.attention_mask.bool()  # 0 on left padding and on the engine's holes
         self.histories = [row[m] for row, m in zip(state.input_ids, valid)]
         if state.round == 0:  # a new generate call: fresh ADL controllers and proxies
-            self._start(self.histories)
+            self._start(len(self.histories))
         ks = [length.k for length in self.lengths]
         lattice = build_lattice(self.model, state.input_ids, self._context_mask(state, ks), ks,
                                 self.mask_token_id, self.vocab_size, self.config.shift,

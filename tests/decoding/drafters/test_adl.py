@@ -1,7 +1,11 @@
 import pytest
 
-from mmspec.decoding.drafters.adl import (ADLConfig, AdaptiveDraftLength, FixedDraftLength,
-                                          generated_length)
+from mmspec.decoding.drafters.adl import (
+    AdaptiveDraftLength,
+    ADLConfig,
+    FixedDraftLength,
+    generated_length,
+)
 
 EOS = 1
 

@@ -7,11 +7,14 @@ from mmspec.decoding.draft import DraftState, VerifyResult
 from mmspec.decoding.drafters import diffusion
 from mmspec.decoding.drafters.adl import AdaptiveDraftLength, generated_length
 from mmspec.decoding.drafters.cps import CPSConfig
-from mmspec.decoding.drafters.diffusion import (DiffusionDrafter, DiffusionDrafterConfig,
-                                                NaiveDiffusionDrafter)
+from mmspec.decoding.drafters.diffusion import (
+    DiffusionDrafter,
+    DiffusionDrafterConfig,
+    NaiveDiffusionDrafter,
+)
 from mmspec.decoding.drafters.lattice import build_lattice
 
-from .models import EOS, MASK, VOCAB, tiny_qwen2
+from .models import EOS, MASK, VOCAB
 
 
 def tokenizer(names: dict) -> PreTrainedTokenizerFast:

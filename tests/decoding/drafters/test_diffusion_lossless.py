@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from mmspec.decoding import generate
-from mmspec.decoding.drafters import (CausalLMProxy, CPSConfig, DiffusionDrafter,
-                                      DiffusionDrafterConfig, NaiveDiffusionDrafter)
+from mmspec.decoding.drafters import (
+    CausalLMProxy,
+    CPSConfig,
+    DiffusionDrafter,
+    DiffusionDrafterConfig,
+    NaiveDiffusionDrafter,
+)
 
 from .models import EOS, MASK, VOCAB, tiny_qwen2
 

@@ -1,9 +1,13 @@
 import pytest
 import torch
-from .models import MASK, VOCAB, tiny_qwen2
 
-from mmspec.decoding.drafters.lattice import (bidirectional_attention_mask, build_lattice,
-                                              restrict_vocab)
+from mmspec.decoding.drafters.lattice import (
+    bidirectional_attention_mask,
+    build_lattice,
+    restrict_vocab,
+)
+
+from .models import MASK, VOCAB, tiny_qwen2
 
 
 def full_forward(model, seq):
