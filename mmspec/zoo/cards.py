@@ -23,7 +23,8 @@ def write_card(directory: str | Path, card: dict) -> None:
     directory = Path(directory)
     (directory / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     title = f"# {card['name']}\n\n{card.get('summary', '')}\n\n"
-    (directory / "README.md").write_text(title + "\n".join(_render(card)) + "\n")
+    body = {k: v for k, v in card.items() if k not in ("name", "summary")}
+    (directory / "README.md").write_text(title + "\n".join(_render(body)) + "\n")
 
 
 def read_card(directory: str | Path) -> dict:

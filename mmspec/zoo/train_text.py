@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import shlex
 import sys
@@ -245,7 +246,7 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id) -> 
                              f"{EVAL_WINDOWS}); fp16 weights as shipped",
             "wall_time_s": round(elapsed, 1),
             "threads": args.threads,
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,
         },
         "command": _command(args.argv),
