@@ -35,7 +35,7 @@ def _ar_loss(model, windows):
 def test_target_heldout_loss_matches_its_card(target, heldout_windows):
     loss = _ar_loss(target.model, heldout_windows)
     assert loss <= target.card["results"]["heldout_loss"] + MARGIN
-    assert loss < math.log(len(target.tokenizer)) / 2  # far from a uniform guess
+    assert loss < math.log(len(target.tokenizer)) - 3  # far from a uniform guess (8.3 nats)
 
 
 def test_target_clearly_beats_the_drafter(target, drafter, heldout_windows):
