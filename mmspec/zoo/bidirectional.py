@@ -1,9 +1,10 @@
 """Use a `Qwen2ForCausalLM` bidirectionally, as Dream does (Qwen2 layers with full attention).
 
-Two switches are needed in transformers 5.x: `config.is_causal = False` makes the mask builder
-return a bidirectional (padding-only) mask, and each attention module's `is_causal` must be False
-too, because when that mask is skipped (no padding) SDPA falls back to the module flag and would
-silently attend causally again (the McGill-NLP/llm2vec#74 pitfall).
+`config.is_causal = False` makes transformers' mask builder return a bidirectional (padding-only)
+mask; in transformers 5.23 that alone gives full attention on the SDPA and eager paths (checked,
+with and without an attention_mask). Each attention module's `is_causal` flag is cleared as well,
+because backends that read that flag instead of a mask (flash-attention, or SDPA when the mask is
+skipped) would otherwise silently attend causally (the McGill-NLP/llm2vec#74 pitfall).
 """
 
 from __future__ import annotations
