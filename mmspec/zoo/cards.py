@@ -1,0 +1,31 @@
+"""Model cards: `card.json` (read by `mmspec.zoo.load` and the tests) and a `README.md` rendering
+of it, written beside each shipped checkpoint. Every number in a card is measured by the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _render(card: dict, depth: int = 0) -> list[str]:
+    lines = []
+    for key, value in card.items():
+        pad = "  " * depth
+        if isinstance(value, dict):
+            lines.append(f"{pad}- **{key}**")
+            lines.extend(_render(value, depth + 1))
+        else:
+            lines.append(f"{pad}- **{key}**: `{value}`" if depth else f"- **{key}**: {value}")
+    return lines
+
+
+def write_card(directory: str | Path, card: dict) -> None:
+    directory = Path(directory)
+    (directory / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    title = f"# {card['name']}\n\n{card.get('summary', '')}\n\n"
+    body = {k: v for k, v in card.items() if k not in ("name", "summary")}
+    (directory / "README.md").write_text(title + "\n".join(_render(body)) + "\n")
+
+
+def read_card(directory: str | Path) -> dict:
+    return json.loads((Path(directory) / "card.json").read_text())

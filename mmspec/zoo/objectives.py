@@ -1,0 +1,60 @@
+"""The two training objectives of the text zoo.
+
+`causal_lm_loss`: next-token cross-entropy.
+
+`masked_diffusion_loss`: the absorbing-state masked diffusion objective of MDLM/LLaDA/Dream
+(Sahoo et al. 2024, eq. 10; Nie et al. 2025, eq. 3): draw t ~ U(0, 1] per sequence, replace each
+token by `<|mask|>` with probability t, and take the cross-entropy on masked tokens weighted by 1/t,
+averaged over all tokens. Two Dream conventions:
+- shifted logits: the output at position i predicts token i+1, so token i is scored by logits at
+  i-1 and the first token of a window is never masked;
+- a clean prefix (Dream's SFT rule that the prompt is never noised): for a `prefix_fraction` of the
+  rows a random cut c is drawn and only tokens at positions >= c may be masked. This matches how the
+  drafter is used: a clean prefix followed by a block of masks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens: long `[B, L]`. Mean next-token cross-entropy (nats)."""
+    logits = model(input_ids=tokens).logits  # [B, L, V]
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def diffusion_noise(tokens: torch.Tensor, mask_token_id: int, generator: torch.Generator,
+                    prefix_fraction: float = 0.5, t_min: float = 1e-3):
+    """Returns (noisy `[B, L]`, masked bool `[B, L]`, t `[B]`). Position 0 is never masked."""
+    b, n = tokens.shape
+    t = t_min + (1 - t_min) * torch.rand(b, generator=generator)  # t ~ U(t_min, 1]
+    masked = torch.rand(b, n, generator=generator) < t[:, None]
+    cut = torch.randint(1, n, (b,), generator=generator)  # first maskable position
+    use_prefix = torch.rand(b, generator=generator) < prefix_fraction
+    cut = torch.where(use_prefix, cut, torch.ones_like(cut))
+    masked &= torch.arange(n)[None, :] >= cut[:, None]
+    noisy = torch.where(masked, torch.full_like(tokens, mask_token_id), tokens)
+    return noisy, masked, t
+
+
+def masked_diffusion_loss(model, tokens: torch.Tensor, mask_token_id: int,
+                          generator: torch.Generator, prefix_fraction: float = 0.5) -> torch.Tensor:
+    """tokens: long `[B, L]`; `model` must be bidirectional. 1/t-weighted masked CE per token."""
+    noisy, masked, t = diffusion_noise(tokens, mask_token_id, generator, prefix_fraction)
+    logits = model(input_ids=noisy).logits[:, :-1]  # [B, L-1, V]; row i-1 predicts token i
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
+    weight = masked[:, 1:].float() / t[:, None]  # [B, L-1]
+    return (ce.view_as(weight) * weight).sum() / weight.numel()
+
+
+@torch.no_grad()
+def masked_prediction_loss(model, tokens: torch.Tensor, mask_token_id: int,
+                           block: int) -> torch.Tensor:
+    """Eval for the diffusion drafter in its drafting use: the last `block` tokens of every window
+    are masked and the mean CE of predicting them (shifted logits) is returned (nats)."""
+    noisy = tokens.clone()
+    noisy[:, -block:] = mask_token_id
+    logits = model(input_ids=noisy).logits[:, -block - 1:-1]  # [B, block, V]
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, -block:].flatten())

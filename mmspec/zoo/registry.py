@@ -1,0 +1,76 @@
+"""`available()` and `load(name)`: the shipped zoo, read from `assets/zoo/` with no network.
+
+An entry is a folder of `assets/zoo/` holding a `card.json` whose `kind` has a loader here.
+Weights are safetensors only (fp16 on disk, upcast to float32 on load for CPU speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from transformers import Qwen2ForCausalLM
+
+from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.zoo.cards import read_card
+from mmspec.zoo.paths import ZOO_DIR
+from mmspec.zoo.tokenizer import load_tokenizer
+
+
+@dataclass
+class ZooModel:
+    """A loaded zoo entry.
+
+    model:     the network, in eval mode, float32.
+    tokenizer: its tokenizer (or processor).
+    card:      the model card (`card.json`): data, steps, losses, wall time, command, conventions.
+    drafters:  names of zoo entries trained to draft for this model (targets only).
+    mask_token_id, shift: diffusion drafters only. `shift=True` means the logits at position i
+               predict token i+1 (Dream), so a mask at position p is filled from `logits[p-1]`.
+    """
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: Any
+    card: dict
+    drafters: tuple[str, ...] = ()
+    mask_token_id: Optional[int] = None
+    shift: Optional[bool] = None
+    path: Path = field(default=ZOO_DIR)
+
+
+def _load_text(name: str, directory: Path, card: dict) -> ZooModel:
+    model = Qwen2ForCausalLM.from_pretrained(str(directory), dtype=torch.float32,
+                                             use_safetensors=True, local_files_only=True)
+    model.eval()
+    tokenizer = load_tokenizer(directory)
+    if card["kind"] == "diffusion-lm":
+        make_bidirectional(model)
+        return ZooModel(name, model, tokenizer, card, mask_token_id=model.config.mask_token_id,
+                        shift=model.config.diffusion_shift, path=directory)
+    return ZooModel(name, model, tokenizer, card, drafters=tuple(card.get("drafters", ())),
+                    path=directory)
+
+
+_LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text}
+
+
+def available(zoo_dir: Path = ZOO_DIR) -> list[str]:
+    """Names of the loadable zoo entries, sorted."""
+    if not zoo_dir.is_dir():
+        return []
+    return sorted(d.name for d in zoo_dir.iterdir()
+                  if (d / "card.json").is_file() and read_card(d).get("kind") in _LOADERS)
+
+
+def load(name: str, zoo_dir: Path = ZOO_DIR) -> ZooModel:
+    """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`."""
+    names = available(zoo_dir)
+    if name not in names:
+        raise ValueError(f"unknown zoo model {name!r}; available: {', '.join(names) or 'none'} "
+                         f"(in {zoo_dir})")
+    directory = zoo_dir / name
+    card = read_card(directory)
+    return _LOADERS[card["kind"]](name, directory, card)

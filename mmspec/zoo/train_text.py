@@ -1,0 +1,274 @@
+"""Train the text zoo: the shared tokenizer, the AR target, the AR drafter and the Dream-style
+diffusion drafter, on the Python standard library's source.
+
+    python -m mmspec.zoo.train_text tokenizer
+    python -m mmspec.zoo.train_text text-target      # then text-drafter, then text-dlm
+
+Seeded and resumable: model, optimizer and step go to `out/zoo/<name>/ckpt.pt` every
+`--save-every-s` seconds, and a rerun of the same command continues from there (batches are drawn
+from a generator seeded by the step, so a resumed run sees the same data). At the end the weights
+are written as fp16 safetensors to `assets/zoo/<name>/` with config.json, the tokenizer and a card
+whose held-out figures are measured on the shipped fp16 weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+from transformers import Qwen2ForCausalLM
+
+from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.zoo.cards import write_card
+from mmspec.zoo.corpus import read_texts, source_files
+from mmspec.zoo.data import eval_windows, random_windows, token_stream
+from mmspec.zoo.objectives import causal_lm_loss, masked_diffusion_loss, masked_prediction_loss
+from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
+from mmspec.zoo.specs import SPECS, TextModelSpec
+from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
+
+TOKENIZER_DIR = ZOO_DIR / "text-tokenizer"
+EVAL_WINDOWS = 16  # the fixed held-out slice the card reports and tests/zoo re-measures
+DRAFT_BLOCK = 16  # masks appended for the DLM's drafting-use eval
+
+
+def build_model(spec: TextModelSpec, tokenizer, assets: Path = ZOO_DIR) -> Qwen2ForCausalLM:
+    model = Qwen2ForCausalLM(spec.qwen2_config(tokenizer))
+    if spec.init_from is not None:
+        path = assets / spec.init_from / "model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(f"init_from={spec.init_from!r}: {path} not found; "
+                                    f"train {spec.init_from} first")
+        state = load_file(str(path))
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()},
+                                                    strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:
+            raise ValueError(f"init_from={spec.init_from!r} does not match {spec.name!r}: "
+                             f"missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+    if spec.objective == "diffusion":
+        make_bidirectional(model)
+    return model
+
+
+def training_loss(spec: TextModelSpec, model, tokens, mask_token_id: int, generator):
+    if spec.objective == "causal":
+        return causal_lm_loss(model, tokens)
+    return masked_diffusion_loss(model, tokens, mask_token_id, generator)
+
+
+def lr_at(spec: TextModelSpec, step: int) -> float:
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model, spec: TextModelSpec) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=spec.lr, betas=(0.9, 0.95))
+
+
+@torch.no_grad()
+def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: int) -> dict:
+    """Held-out figures (nats/token) on `windows` `[N, L]`, in batches of 8."""
+    model.eval()
+    out = {}
+    batches = windows.split(8)
+    if spec.objective == "causal":
+        out["heldout_loss"] = sum(causal_lm_loss(model, b).item() * len(b)
+                                  for b in batches) / len(windows)
+    else:
+        gen = torch.Generator().manual_seed(1234)
+        out["heldout_diffusion_loss"] = sum(
+            masked_diffusion_loss(model, b, mask_token_id, gen).item() * len(b)
+            for b in batches) / len(windows)
+        out[f"heldout_masked_block{DRAFT_BLOCK}_loss"] = sum(
+            masked_prediction_loss(model, b, mask_token_id, DRAFT_BLOCK).item() * len(b)
+            for b in batches) / len(windows)
+    model.train()
+    return out
+
+
+def cmd_tokenizer(args) -> None:
+    t0 = time.time()
+    tok = train_tokenizer(read_texts("train"))
+    TOKENIZER_DIR.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(TOKENIZER_DIR))
+    held = token_stream(tok, "heldout")
+    held_bytes = sum(len(t.encode()) for t in read_texts("heldout"))
+    write_card(TOKENIZER_DIR, {
+        "name": "text-tokenizer",
+        "summary": "Byte-level BPE shared by the text target and both drafters.",
+        "kind": "tokenizer",
+        "vocab_size": len(tok),
+        "special_tokens": {"eos_token": tok.eos_token, "eos_token_id": tok.eos_token_id,
+                           "pad_token_id": tok.pad_token_id, "mask_token": MASK_TOKEN,
+                           "mask_token_id": tok.convert_tokens_to_ids(MASK_TOKEN)},
+        "data": _data_card(),
+        "heldout_bytes_per_token": round(held_bytes / held.numel(), 3),
+        "wall_time_s": round(time.time() - t0, 1),
+        "command": _command(args.argv),
+    })
+    print(f"tokenizer: {len(tok)} tokens, {held_bytes / held.numel():.2f} bytes/token held out")
+
+
+def _data_card() -> dict:
+    return {
+        "corpus": "Python standard library source (*.py under sysconfig stdlib, no site-packages)",
+        "python": platform.python_version(),
+        "train_files": len(source_files("train")),
+        "heldout_files": len(source_files("heldout")),
+        "split": "sha1(relative path) % 50 == 0 is held out (mmspec/zoo/corpus.py)",
+    }
+
+
+def _command(argv: list[str]) -> str:
+    return "python -m mmspec.zoo.train_text " + shlex.join(argv)
+
+
+def cmd_train(args) -> None:
+    spec = SPECS[args.model]
+    if args.steps is not None:
+        spec = TextModelSpec(**{**spec.__dict__, "steps": args.steps})
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    tok = load_tokenizer(TOKENIZER_DIR)
+    mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
+    train = token_stream(tok, "train")
+    held = eval_windows(token_stream(tok, "heldout"), spec.seq_len, EVAL_WINDOWS)
+
+    model = build_model(spec, tok, ZOO_DIR)
+    opt = make_optimizer(model, spec)
+    ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
+    start, elapsed, losses = 0, 0.0, []
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
+        print(f"resumed {spec.name} at step {start} ({elapsed:.0f}s trained)")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{spec.name}: {n_params / 1e6:.2f}M params, {train.numel()} train tokens")
+
+    def save(step):
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                    "elapsed": elapsed + time.time() - t0, "losses": losses}, tmp)
+        tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
+
+    model.train()
+    t0, last_save = time.time(), time.time()
+    bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
+               mininterval=5, file=sys.stdout)
+    for step in bar:
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        tokens = random_windows(train, spec.batch_size, spec.seq_len, gen)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(spec, step)
+        loss = training_loss(spec, model, tokens, mask_id, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
+        if time.time() - last_save > args.save_every_s:
+            save(step + 1)
+            last_save = time.time()
+    save(spec.steps)
+    elapsed += time.time() - t0
+    export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id)
+
+
+def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id) -> None:
+    out_dir = ZOO_DIR / spec.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(str(out_dir))
+    tok.save_pretrained(str(out_dir))
+    shipped = Qwen2ForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
+    if spec.objective == "diffusion":
+        make_bidirectional(shipped)
+    results = evaluate(spec, shipped, held, mask_id)
+    tail = losses[-50:]
+    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
+    conventions = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
+                   "mask_token_id": mask_id}
+    if spec.objective == "diffusion":
+        conventions.update(
+            attention="bidirectional (config.is_causal=False; mmspec.zoo.load also sets every "
+                      "attention module's is_causal=False)",
+            shift=True,
+            shift_meaning="Dream-style: the logits at position i predict token i+1; to fill a "
+                          "mask at position p read logits[p-1] (DiffusionDrafter(..., shift=True))",
+        )
+    summary = {
+        "causal": "Causal Qwen2 LM trained on stdlib Python source.",
+        "diffusion": "Dream-style masked diffusion LM: Qwen2 layers used bidirectionally, "
+                     "shifted logits, a <|mask|> token.",
+    }[spec.objective]
+    write_card(out_dir, {
+        "name": spec.name,
+        "summary": summary,
+        "kind": "causal-lm" if spec.objective == "causal" else "diffusion-lm",
+        "architecture": "Qwen2ForCausalLM",
+        "params": n_params,
+        "size_mb": round(size_mb, 2),
+        "dtype": "float16",
+        "config": {k: v for k, v in spec.__dict__.items() if k != "name"},
+        "drafters": list(spec.drafters),
+        "conventions": conventions,
+        "objective": {
+            "causal": "next-token cross-entropy",
+            "diffusion": "masked diffusion: t~U(0,1] per row, mask each token w.p. t, CE on masked "
+                         "tokens weighted 1/t averaged over tokens; half the rows keep a random "
+                         "clean prefix (Dream SFT rule); position 0 never masked",
+        }[spec.objective],
+        "data": _data_card(),
+        "results": {
+            "final_train_loss": round(sum(tail) / len(tail), 4),
+            "final_train_loss_note": "mean of the last 50 steps (nats/token)",
+            **{k: round(v, 4) for k, v in results.items()},
+            "heldout_slice": f"mmspec.zoo.data.eval_windows(heldout stream, {spec.seq_len}, "
+                             f"{EVAL_WINDOWS}); fp16 weights as shipped",
+            "wall_time_s": round(elapsed, 1),
+            "threads": args.threads,
+            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
+            "seed": args.seed,
+        },
+        "command": _command(args.argv),
+    })
+    print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=["tokenizer", *SPECS])
+    parser.add_argument("--steps", type=int, default=None, help="override the spec's step count")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
+    parser.add_argument("--save-every-s", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    if args.model == "tokenizer":
+        cmd_tokenizer(args)
+    else:
+        cmd_train(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The training script: a killed run resumes to the same weights, and the card carries the figures."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmspec.zoo import train_text
+from mmspec.zoo.specs import SPECS, TextModelSpec
+
+TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+            steps=6, seq_len=32, batch_size=2, warmup=2)
+
+
+@pytest.fixture
+def tiny_zoo(monkeypatch, tmp_path, heldout_stream):
+    """The script pointed at tmp_path, a 20k-token stream and tiny specs."""
+    monkeypatch.setattr(train_text, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setattr(train_text, "token_stream", lambda tok, split: heldout_stream[:20000])
+    monkeypatch.setitem(SPECS, "tiny-ar", TextModelSpec("tiny-ar", "causal", **TINY))
+    monkeypatch.setitem(SPECS, "tiny-dlm", TextModelSpec("tiny-dlm", "diffusion", **TINY,
+                                                         init_from="tiny-ar"))
+    return tmp_path
+
+
+def _run(tmp_path, name, out):
+    train_text.main([name, "--out", str(tmp_path / out), "--save-every-s", "0"])
+    return load_file(str(tmp_path / "zoo" / name / "model.safetensors"))
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch):
+    straight = _run(tiny_zoo, "tiny-ar", "a")
+
+    real_loss, calls = train_text.training_loss, []
+
+    def dies_at_step_4(*args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_loss(*args)
+
+    monkeypatch.setattr(train_text, "training_loss", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tiny_zoo, "tiny-ar", "b")
+    assert torch.load(tiny_zoo / "b" / "tiny-ar" / "ckpt.pt", weights_only=False)["step"] == 3
+    monkeypatch.setattr(train_text, "training_loss", real_loss)
+    resumed = _run(tiny_zoo, "tiny-ar", "b")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_zoo):
+    ar = _run(tiny_zoo, "tiny-ar", "a")
+    _run(tiny_zoo, "tiny-dlm", "a")
+    card = json.loads((tiny_zoo / "zoo" / "tiny-dlm" / "card.json").read_text())
+    results = card["results"]
+    assert card["kind"] == "diffusion-lm" and card["conventions"]["shift"] is True
+    assert results["wall_time_s"] > 0 and results["final_train_loss"] > 0
+    assert results["heldout_masked_block16_loss"] > 0
+    assert card["command"] == "python -m mmspec.zoo.train_text tiny-dlm --out " \
+        f"{tiny_zoo / 'a'} --save-every-s 0"
+    ar_card = json.loads((tiny_zoo / "zoo" / "tiny-ar" / "card.json").read_text())
+    assert ar_card["results"]["heldout_loss"] > 0 and ar_card["dtype"] == "float16"
+    assert ar["model.embed_tokens.weight"].dtype == torch.float16
