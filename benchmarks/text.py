@@ -1,0 +1,539 @@
+"""Text: every speculative method on the zoo's trained text pair, side by side in one run (issues 5, 7).
+
+Prompts: N held-out stdlib files (`mmspec.zoo.corpus`, never trained on), evenly spaced over the
+files long enough, each cut to a `--prompt-tokens` window from the middle of the file; greedy,
+`--new-tokens` new tokens each. All methods run on the same prompts in the same process,
+interleaved per prompt so that background load hits them alike:
+
+    target-only greedy          target.generate(do_sample=False)                 the reference
+    HF assisted generation      target.generate(assistant_model=text-drafter)    HF's defaults
+    HF prompt lookup            target.generate(prompt_lookup_num_tokens=10)
+    ModelDrafter chain / tree   mmspec.generate, text-drafter: 5-chain; 16-node top-4 tree
+    PromptLookupDrafter         mmspec.generate, n-gram copy (10 tokens, 2-gram, as HF)
+    DLM naive                   NaiveDiffusionDrafter(text-dlm): argmax path, fixed k
+    DLM CPS                     DiffusionDrafter(text-dlm): CPS (paper defaults), fixed k
+    DLM CPS+ADL                 DiffusionDrafter(text-dlm): CPS + ADL (paper defaults, k in [20, 30])
+
+tau is tokens per target verification forward, counted the same way for every method: a forward
+pre-hook counts the target's calls, and tau = (new tokens - 1) / (calls - 1) (the prefill's call
+and its token excluded, as in `SpecStats`); without the bonus token (DiffuSpec's MAT) it is tau - 1.
+For mmspec methods the count is checked against `SpecStats.rounds`. Speedup = target-only wall
+time / the method's wall time, summed over the prompts (each the best of `--repeats`). Every mmspec
+output is asserted token-identical to target-only greedy; HF's outputs are compared and reported.
+
+    python benchmarks/text.py [--prompts 8] [--prompt-tokens 256] [--new-tokens 96] [--threads 1]
+                              [--repeats 1] [--fixed-k 20] [--plot] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import markdown_table, write_section  # noqa: E402
+from mmspec import zoo  # noqa: E402
+from mmspec.decoding import generate, kv_cache  # noqa: E402
+from mmspec.decoding.drafters import (  # noqa: E402
+    CPSConfig, DiffusionDrafter, DiffusionDrafterConfig, ModelDrafter, NaiveDiffusionDrafter,
+    NgramProxy, PromptLookupDrafter, build_lattice,
+)
+from mmspec.decoding.drafters.cps import search  # noqa: E402
+from mmspec.zoo.corpus import source_files, stdlib_root  # noqa: E402
+
+PLOTS = Path(__file__).resolve().parent / "plots"
+TAU_RATIO_BAR = 1.15  # issue 7: CPS+ADL tau >= 1.15x naive (paper ablation: MAT 6.99 vs 6.05)
+SPEEDUP_BAR = 1.5  # issue 7: >= 1.5x over target-only, and ahead of HF assisted generation
+REF, HF_ASSIST, HF_PLD = "target-only greedy", "HF assisted generation", "HF prompt lookup"
+NAIVE, CPS, CPS_ADL = "DLM naive (argmax, fixed k)", "DLM CPS (fixed k)", "DLM CPS+ADL"
+DLM_METHODS = (NAIVE, CPS, CPS_ADL)
+
+
+# ------------------------------------------------------------------------------------- prompts
+
+@dataclass
+class Prompt:
+    file: str  # relative to the stdlib root
+    ids: torch.Tensor  # long [1, P]
+
+
+def heldout_prompts(tokenizer, n: int, prompt_tokens: int, new_tokens: int) -> list[Prompt]:
+    """n windows of `prompt_tokens` tokens from the middle of held-out files, evenly spaced over
+    the files that have at least `prompt_tokens + new_tokens` tokens."""
+    root = stdlib_root()
+    long_enough = []
+    for path in source_files("heldout"):
+        try:
+            ids = tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
+        except UnicodeDecodeError:  # a few test fixtures, as in `corpus.read_texts`
+            continue
+        if ids.shape[1] >= prompt_tokens + new_tokens:
+            long_enough.append((path.relative_to(root).as_posix(), ids))
+    if len(long_enough) < n:
+        raise ValueError(f"--prompts {n}: only {len(long_enough)} held-out files have "
+                         f">= {prompt_tokens + new_tokens} tokens")
+    picked = [long_enough[i * len(long_enough) // n] for i in range(n)]
+    prompts = []
+    for name, ids in picked:
+        start = (ids.shape[1] - prompt_tokens) // 2
+        prompts.append(Prompt(name, ids[:, start:start + prompt_tokens]))
+    return prompts
+
+
+# ------------------------------------------------------------------------------------- methods
+
+class RoundLog:
+    """Wraps a drafter (batch 1) to record each round's accepted draft tokens and block length k."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.accepted: list[int] = []
+        self.ks: list[int] = []
+
+    def __getattr__(self, name):  # vocab_size, needs_target_hidden, ... of the wrapped drafter
+        return getattr(self.drafter, name)
+
+    def propose(self, state):
+        draft = self.drafter.propose(state)
+        lengths = getattr(self.drafter, "lengths", None)  # DiffusionDrafter: k of this round
+        if lengths is not None:
+            self.ks.append(lengths[0].k)
+        return draft
+
+    def update(self, result):
+        self.accepted.append(int(result.num_accepted[0]))
+        self.drafter.update(result)
+
+
+@dataclass
+class Run:
+    sequences: torch.Tensor
+    seconds: float
+    calls: int  # target forwards, the prefill included
+    stats: object = None  # SpecStats for mmspec methods
+    accepted: list = field(default_factory=list)  # per round (mmspec)
+    ks: list = field(default_factory=list)  # per round (DLM drafters)
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str  # "reference", "hf" or "mmspec"
+    run: Callable  # (prompt ids, max_new_tokens) -> (sequences, SpecStats or None, RoundLog or None)
+    settings: str
+
+
+class CallCounter:
+    def __init__(self, model):
+        self.calls = 0
+        model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.calls += 1
+
+
+def build_methods(target, drafter_model, tree_drafter_model, dlm, eos: int, fixed_k: int):
+    gen_kw = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    from transformers import GenerationConfig
+
+    hf = GenerationConfig()
+
+    def hf_run(**extra):
+        def run(ids, n):
+            return target.generate(ids, max_new_tokens=n, **gen_kw, **extra), None, None
+        return run
+
+    def mm_run(make_drafter):
+        def run(ids, n):
+            log = RoundLog(make_drafter())
+            out = generate(target, log, ids, max_new_tokens=n, do_sample=False, eos_token_id=eos)
+            return out.sequences, out.stats, log
+        return run
+
+    def dlm_drafter(config):
+        return DiffusionDrafter(dlm.model, dlm.mask_token_id, target, eos_token_id=eos,
+                                config=config)
+
+    shift = dlm.shift
+    return [
+        Method(REF, "reference", hf_run(), "`target.generate(do_sample=False)`"),
+        Method(HF_ASSIST, "hf", hf_run(assistant_model=drafter_model),
+               f"text-drafter, HF defaults: num_assistant_tokens={hf.num_assistant_tokens}, "
+               f"schedule {hf.num_assistant_tokens_schedule!r}, "
+               f"assistant_confidence_threshold={hf.assistant_confidence_threshold}"),
+        Method(HF_PLD, "hf", hf_run(prompt_lookup_num_tokens=10),
+               f"prompt_lookup_num_tokens=10, max_matching_ngram_size="
+               f"{hf.max_matching_ngram_size or 2}"),
+        Method("ModelDrafter chain", "mmspec", mm_run(lambda: ModelDrafter(drafter_model, 5)),
+               "text-drafter, 5 tokens, greedy chain"),
+        Method("ModelDrafter tree", "mmspec",
+               mm_run(lambda: ModelDrafter(tree_drafter_model, num_tokens=16, top_k=4)),
+               "text-drafter, EAGLE-2 tree: 16 nodes, top-4, depth 4"),
+        Method("PromptLookupDrafter", "mmspec", mm_run(lambda: PromptLookupDrafter()),
+               "10 tokens, 2-gram (HF's defaults)"),
+        Method(NAIVE, "mmspec",
+               mm_run(lambda: NaiveDiffusionDrafter(dlm.model, dlm.mask_token_id, target,
+                                                    k=fixed_k, shift=shift, eos_token_id=eos)),
+               f"text-dlm, argmax path through the first EOS, k={fixed_k}"),
+        Method(CPS, "mmspec", mm_run(lambda: dlm_drafter(DiffusionDrafterConfig(shift=shift,
+                                                                                fixed_k=fixed_k))),
+               f"text-dlm, CPS tau=0.8, M=15, B=3, lambda=0.5, 3-gram proxy; k={fixed_k}"),
+        Method(CPS_ADL, "mmspec", mm_run(lambda: dlm_drafter(DiffusionDrafterConfig(shift=shift))),
+               "text-dlm, CPS as above + ADL k in [20, 30], delta=10, rho=0.5"),
+    ]
+
+
+def run_method(method: Method, counter: CallCounter, ids: torch.Tensor, n: int) -> Run:
+    counter.calls = 0
+    start = time.perf_counter()
+    with torch.no_grad():
+        sequences, stats, log = method.run(ids, n)
+    seconds = time.perf_counter() - start
+    run = Run(sequences, seconds, counter.calls, stats)
+    if log is not None:
+        run.accepted, run.ks = log.accepted, log.ks
+    if stats is not None and stats.rounds + 1 != run.calls:
+        raise AssertionError(f"{method.name}: {run.calls} target calls counted but SpecStats says "
+                             f"{stats.rounds} rounds + 1 prefill")
+    return run
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    n = min(a.shape[1], b.shape[1])
+    diff = (a[0, :n] != b[0, :n]).nonzero()
+    where = int(diff[0]) if len(diff) else n
+    return f"lengths {a.shape[1]} vs {b.shape[1]}, first difference at position {where}"
+
+
+# ------------------------------------------------------------------------------ unit costs
+
+def median_ms(fn, repeats: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+@torch.no_grad()
+def unit_costs(target, drafter_model, dlm, ids: torch.Tensor, k: int, eos: int) -> dict:
+    """Milliseconds of one call of each building block at this prompt length (batch 1)."""
+    p = ids.shape[1]
+
+    def cached(model):
+        return model(ids, use_cache=True).past_key_values
+
+    def step(model, cache, n):
+        def fn():
+            model(input_ids=ids[:, -n:], position_ids=torch.arange(p, p + n)[None],
+                  past_key_values=cache, use_cache=True)
+            kv_cache.crop(cache, p)
+        return fn
+
+    t_cache, d_cache = cached(target), cached(drafter_model)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    suppressed = torch.tensor([dlm.mask_token_id])
+    ones = torch.ones_like(ids)
+
+    def lattice():
+        return build_lattice(dlm.model, ids, ones, [k], dlm.mask_token_id, vocab, dlm.shift,
+                             suppressed)
+
+    logprobs = lattice().logprobs[0]
+    proxy = NgramProxy(vocab, 3)
+    proxy.begin(ids[0])
+    return {
+        "target decode step (1 token)": median_ms(step(target, t_cache, 1)),
+        "target verify forward (5 tokens)": median_ms(step(target, t_cache, 5)),
+        f"target verify forward ({k} tokens)": median_ms(step(target, t_cache, k)),
+        "drafter AR step (1 token)": median_ms(step(drafter_model, d_cache, 1)),
+        f"DLM lattice forward (prompt + {k} masks, no KV reuse)": median_ms(lattice),
+        "CPS search on that lattice (n-gram proxy)": median_ms(
+            lambda: search(logprobs, CPSConfig(), [eos], proxy)),
+    }
+
+
+# ----------------------------------------------------------------------------------- report
+
+@dataclass
+class Total:
+    seconds: float = 0.0
+    new_tokens: int = 0
+    rounds: int = 0
+    draft_time: float = 0.0  # SpecStats sums (mmspec methods)
+    verify_time: float = 0.0  # the target's verification forwards
+    engine_time: float = 0.0
+    round_time: float = 0.0  # total minus prefill
+    identical: int = 0
+    prompts: int = 0
+    accepted: list = field(default_factory=list)  # per prompt, per round
+    ks: list = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return (self.new_tokens - self.prompts) / max(self.rounds, 1)
+
+
+def fmt_ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def table(methods: list[Method], totals: dict[str, Total], has_stats: set) -> tuple[list, list]:
+    ref = totals[REF].seconds
+    header = ["method", "τ with bonus", "τ without bonus (MAT)", "tokens/s",
+              "speedup vs target-only", "draft ms/round", "target verify ms/round",
+              "identical to greedy"]
+    rows = []
+    for m in methods:
+        t = totals[m.name]
+        per_round = (lambda x: x / t.rounds * 1e3) if m.name in has_stats else (lambda x: None)
+        ident = "reference" if m.kind == "reference" else f"{t.identical}/{t.prompts}"
+        rows.append([m.name, f"{t.tau:.2f}", f"{t.tau - 1:.2f}", f"{t.new_tokens / t.seconds:.1f}",
+                     f"{ref / t.seconds:.2f}x", fmt_ms(per_round(t.draft_time)),
+                     fmt_ms(per_round(t.verify_time)), ident])
+    return header, rows
+
+
+def verdicts(totals: dict[str, Total], methods: list[Method], costs: dict, fixed_k: int) -> list:
+    ref = totals[REF].seconds
+    speed = {m.name: ref / totals[m.name].seconds for m in methods}
+    naive, adl = totals[NAIVE], totals[CPS_ADL]
+    ratio = (adl.tau - 1) / max(naive.tau - 1, 1e-9)
+    lines = [
+        f"- **CPS+ADL τ ≥ {TAU_RATIO_BAR}× naive τ** (MAT, without the bonus token, as the paper's "
+        f"6.99 vs 6.05): {adl.tau - 1:.2f} vs {naive.tau - 1:.2f} = {ratio:.2f}× → "
+        f"**{'met' if ratio >= TAU_RATIO_BAR else 'missed'}** (with the bonus token: "
+        f"{adl.tau:.2f} vs {naive.tau:.2f} = {adl.tau / naive.tau:.2f}×).",
+        f"- **CPS+ADL speedup ≥ {SPEEDUP_BAR}× over target-only**: {speed[CPS_ADL]:.2f}× → "
+        f"**{'met' if speed[CPS_ADL] >= SPEEDUP_BAR else 'missed'}**.",
+        f"- **CPS+ADL ahead of HF assisted generation**: {speed[CPS_ADL]:.2f}× vs "
+        f"{speed[HF_ASSIST]:.2f}× → **{'met' if speed[CPS_ADL] > speed[HF_ASSIST] else 'missed'}**.",
+    ]
+    mm = [m.name for m in methods if m.kind == "mmspec"]
+    best = max(mm, key=speed.get)
+    lines.append(f"- Fastest mmspec method: {best}, {speed[best]:.2f}× over target-only "
+                 f"({'≥' if speed[best] >= SPEEDUP_BAR else '<'} {SPEEDUP_BAR}×) and "
+                 f"{'ahead of' if speed[best] > speed[HF_ASSIST] else 'behind'} HF assisted "
+                 f"generation ({speed[HF_ASSIST]:.2f}×).")
+    # CPS+ADL's cost per committed token against one target decode step, from this run's timings
+    step = costs["target decode step (1 token)"]
+    draft, verify = adl.draft_time / adl.rounds * 1e3, adl.verify_time / adl.rounds * 1e3
+    engine, round_ms = adl.engine_time / adl.rounds * 1e3, adl.round_time / adl.rounds * 1e3
+    dlm_ms = next(v for k, v in costs.items() if k.startswith("DLM lattice"))
+    cps_ms = costs["CPS search on that lattice (n-gram proxy)"]
+    verify_k = costs[f"target verify forward ({fixed_k} tokens)"]
+    lines.append(
+        f"- Where CPS+ADL's time goes: a round costs {round_ms:.1f} ms ({draft:.1f} ms drafting, "
+        f"{verify:.1f} ms in the target's verification forward, {engine:.1f} ms engine) and "
+        f"commits τ = {adl.tau:.2f} tokens: {round_ms / adl.tau:.1f} ms per token against "
+        f"{step:.1f} ms for one target decode step, so rounds break even at τ = "
+        f"{round_ms / step:.1f}. At the prompt length one DLM lattice forward costs {dlm_ms:.1f} ms "
+        f"({dlm_ms / step:.1f} decode steps: the DLM re-reads the whole prefix bidirectionally "
+        f"every round, no KV reuse) and one CPS search {cps_ms:.1f} ms ({cps_ms / step:.1f} steps), "
+        f"while verifying {fixed_k} tokens costs {verify_k:.1f} ms ({verify_k / step:.1f} steps).")
+    return lines
+
+
+def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list[Path]:
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ref = totals[REF].seconds
+    names = [m.name for m in methods]
+    colors = ["#888888" if m.kind != "mmspec" else "#1f77b4" for m in methods]
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.barh(names, [ref / totals[n].seconds for n in names], color=colors)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.axvline(SPEEDUP_BAR, color="red", lw=0.8, ls="--", label=f"bar {SPEEDUP_BAR}x")
+    ax.set_xlabel("wall-clock speedup over target-only greedy")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    ax.set_title("Text pair, held-out stdlib prompts (grey: HF / reference)")
+    fig.tight_layout()
+    paths.append(out_dir / "text_speedup.png")
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    taus = [totals[n].tau for n in names]
+    ax.barh(names, taus, color=colors, label="with bonus")
+    ax.barh(names, [t - 1 for t in taus], color="#ff7f0e", alpha=0.7, label="without bonus (MAT)")
+    ax.set_xlabel("τ: tokens per target verification forward")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    paths.append(out_dir / "text_tau.png")
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name in DLM_METHODS:
+        per_prompt = totals[name].accepted
+        rounds = max(len(a) for a in per_prompt)
+        mean = [statistics.mean(a[r] + 1 for a in per_prompt if len(a) > r) for r in range(rounds)]
+        ax.plot(range(1, rounds + 1), mean, marker=".", label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel("τ with bonus (mean over prompts)")
+    ks = totals[CPS_ADL].ks
+    ax2 = ax.twinx()
+    rounds = max(len(k) for k in ks)
+    ax2.plot(range(1, rounds + 1),
+             [statistics.mean(k[r] for k in ks if len(k) > r) for r in range(rounds)],
+             color="grey", ls=":", label="ADL k (right axis)")
+    ax2.set_ylabel("ADL block length k")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
+    ax.set_title("Diffusion drafter: τ per round")
+    fig.tight_layout()
+    paths.append(out_dir / "text_tau_per_round.png")
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+    return paths
+
+
+# ------------------------------------------------------------------------------------- main
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable)")
+    parser.add_argument("--repeats", type=int, default=1, help="best of R timed runs per prompt")
+    parser.add_argument("--fixed-k", type=int, default=20,
+                        help="block length of the fixed-k DLM drafters (ADL's k_min)")
+    parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
+    parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    load_start = os.getloadavg()[0]
+
+    target = zoo.load("text-target")
+    drafter_model = zoo.load("text-drafter").model
+    tree_drafter_model = zoo.load("text-drafter").model  # its own copy: the tree switches attention
+    dlm = zoo.load("text-dlm")
+    tokenizer = target.tokenizer
+    eos = tokenizer.eos_token_id
+    target = target.model
+    counter = CallCounter(target)
+    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.new_tokens)
+    methods = build_methods(target, drafter_model, tree_drafter_model, dlm, eos, args.fixed_k)
+    print(f"{len(prompts)} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens, "
+          f"{args.threads} thread(s), load average {load_start:.2f} on {os.cpu_count()} CPUs",
+          flush=True)
+
+    for m in methods:  # warm-up: first calls pay for lazy imports and allocator growth
+        run_method(m, counter, prompts[0].ids, min(8, args.new_tokens))
+    costs = unit_costs(target, drafter_model, dlm, prompts[0].ids, args.fixed_k, eos)
+
+    totals = {m.name: Total() for m in methods}
+    has_stats = {m.name for m in methods if m.kind == "mmspec"}
+    for i, prompt in enumerate(prompts):
+        best: dict[str, Run] = {}
+        for _ in range(args.repeats):
+            for m in methods:
+                run = run_method(m, counter, prompt.ids, args.new_tokens)
+                if m.name not in best or run.seconds < best[m.name].seconds:
+                    best[m.name] = run
+        ref = best[REF].sequences
+        for m in methods:
+            run, t = best[m.name], totals[m.name]
+            same = torch.equal(run.sequences, ref)
+            if m.kind == "mmspec":
+                assert same, (f"LOSSLESS MISMATCH: {m.name} differs from target-only greedy on "
+                              f"prompt {i} ({prompt.file}): "
+                              f"{first_difference(run.sequences, ref)}")
+            t.seconds += run.seconds
+            t.new_tokens += run.sequences.shape[1] - prompt.ids.shape[1]
+            t.rounds += run.calls - 1
+            t.prompts += 1
+            t.identical += same
+            if run.stats is not None:
+                t.draft_time += run.stats.draft_time
+                t.verify_time += run.stats.target_forward_time
+                t.engine_time += run.stats.engine_time
+                t.round_time += run.stats.total_time - run.stats.prefill_time
+                t.accepted.append(run.accepted)
+                t.ks.append(run.ks)
+        print(f"prompt {i + 1}/{len(prompts)} ({prompt.file}): " + ", ".join(
+            f"{m.name} {best[m.name].seconds:.2f}s" for m in methods), flush=True)
+    load_end = os.getloadavg()[0]
+
+    header, rows = table(methods, totals, has_stats)
+    lines = verdicts(totals, methods, costs, args.fixed_k)
+    cost_table = markdown_table(["building block (batch 1, prompt of "
+                                 f"{args.prompt_tokens} tokens)", "ms (median of 15)"],
+                                [[k, f"{v:.2f}"] for k, v in costs.items()])
+    settings = markdown_table(["method", "settings"], [[m.name, m.settings] for m in methods])
+    files = ", ".join(f"`{p.file}`" for p in prompts)
+    load = (f"Load average (1 min) {load_start:.2f} at the start and {load_end:.2f} at the end, on "
+            f"{os.cpu_count()} CPUs: a shared machine, so absolute times are noisy; every ratio is "
+            "measured within this run, methods interleaved per prompt.")
+    body = "\n".join([
+        f"Zoo text pair: target `text-target` (Qwen2, {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M "
+        f"parameters), AR drafter `text-drafter`, diffusion drafter `text-dlm` (Dream-style); "
+        f"fp32, batch 1, greedy, {args.threads} thread(s). {len(prompts)} prompts of "
+        f"{args.prompt_tokens} tokens from the middle of held-out stdlib files ({files}), "
+        f"{args.new_tokens} new tokens each, best of {args.repeats} per prompt and method.",
+        "",
+        "τ = tokens per target verification forward, counted with a forward hook on the target "
+        "for every method (HF's included): (new tokens − 1) / (target calls − 1). Speedup = "
+        "target-only wall time / the method's, summed over the prompts. Draft and verify "
+        "times per round come from `SpecStats` (mmspec methods only). Every mmspec output is "
+        "asserted token-identical to target-only greedy.",
+        "",
+        markdown_table(header, rows),
+        "",
+        "Bars (issue 7) and what the figures say:",
+        "",
+        *lines,
+        "",
+        cost_table,
+        "",
+        settings,
+        "",
+        load,
+    ])
+    print()
+    print(markdown_table(header, rows))
+    print()
+    print("\n".join(lines))
+    print()
+    print(cost_table)
+    print(load)
+    if args.plot:
+        for path in plot(methods, totals, PLOTS):
+            print(f"wrote {path}")
+        body += ("\n\nCharts: `benchmarks/plots/text_speedup.png`, `text_tau.png`, "
+                 "`text_tau_per_round.png`.")
+    if args.write:
+        write_section("text", "Text pair: speculative methods side by side (`benchmarks/text.py`)",
+                      body)
+
+
+if __name__ == "__main__":
+    main()
