@@ -40,15 +40,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, write_section  # noqa: E402
-from mmspec import zoo  # noqa: E402
-from mmspec.decoding import generate, kv_cache  # noqa: E402
-from mmspec.decoding.drafters import (  # noqa: E402
-    CPSConfig, DiffusionDrafter, DiffusionDrafterConfig, ModelDrafter, NaiveDiffusionDrafter,
-    NgramProxy, PromptLookupDrafter, build_lattice,
+from benchmarks.report import markdown_table, write_section
+from mmspec import zoo
+from mmspec.decoding import generate, kv_cache
+from mmspec.decoding.drafters import (
+    CPSConfig,
+    DiffusionDrafter,
+    DiffusionDrafterConfig,
+    ModelDrafter,
+    NaiveDiffusionDrafter,
+    NgramProxy,
+    PromptLookupDrafter,
+    build_lattice,
 )
-from mmspec.decoding.drafters.cps import search  # noqa: E402
-from mmspec.zoo.corpus import source_files, stdlib_root  # noqa: E402
+from mmspec.decoding.drafters.cps import search
+from mmspec.zoo.corpus import source_files, stdlib_root
 
 PLOTS = Path(__file__).resolve().parent / "plots"
 TAU_RATIO_BAR = 1.15  # issue 7: CPS+ADL tau >= 1.15x naive (paper ablation: MAT 6.99 vs 6.05)
@@ -142,7 +148,7 @@ class CallCounter:
 
 
 def build_methods(target, drafter_model, tree_drafter_model, dlm, eos: int, fixed_k: int):
-    gen_kw = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    gen_kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": eos}
     from transformers import GenerationConfig
 
     hf = GenerationConfig()
@@ -297,11 +303,12 @@ def table(methods: list[Method], totals: dict[str, Total], has_stats: set) -> tu
     rows = []
     for m in methods:
         t = totals[m.name]
-        per_round = (lambda x: x / t.rounds * 1e3) if m.name in has_stats else (lambda x: None)
+        draft = verify = None
+        if m.name in has_stats:
+            draft, verify = t.draft_time / t.rounds * 1e3, t.verify_time / t.rounds * 1e3
         ident = "reference" if m.kind == "reference" else f"{t.identical}/{t.prompts}"
         rows.append([m.name, f"{t.tau:.2f}", f"{t.tau - 1:.2f}", f"{t.new_tokens / t.seconds:.1f}",
-                     f"{ref / t.seconds:.2f}x", fmt_ms(per_round(t.draft_time)),
-                     fmt_ms(per_round(t.verify_time)), ident])
+                     f"{ref / t.seconds:.2f}x", fmt_ms(draft), fmt_ms(verify), ident])
     return header, rows
 
 
@@ -311,14 +318,14 @@ def verdicts(totals: dict[str, Total], methods: list[Method], costs: dict, fixed
     naive, adl = totals[NAIVE], totals[CPS_ADL]
     ratio = (adl.tau - 1) / max(naive.tau - 1, 1e-9)
     lines = [
-        f"- **CPS+ADL τ ≥ {TAU_RATIO_BAR}× naive τ** (MAT, without the bonus token, as the paper's "
+        (f"- **CPS+ADL τ ≥ {TAU_RATIO_BAR}× naive τ** (MAT, without the bonus token, as the paper's "
         f"6.99 vs 6.05): {adl.tau - 1:.2f} vs {naive.tau - 1:.2f} = {ratio:.2f}× → "
         f"**{'met' if ratio >= TAU_RATIO_BAR else 'missed'}** (with the bonus token: "
-        f"{adl.tau:.2f} vs {naive.tau:.2f} = {adl.tau / naive.tau:.2f}×).",
-        f"- **CPS+ADL speedup ≥ {SPEEDUP_BAR}× over target-only**: {speed[CPS_ADL]:.2f}× → "
-        f"**{'met' if speed[CPS_ADL] >= SPEEDUP_BAR else 'missed'}**.",
-        f"- **CPS+ADL ahead of HF assisted generation**: {speed[CPS_ADL]:.2f}× vs "
-        f"{speed[HF_ASSIST]:.2f}× → **{'met' if speed[CPS_ADL] > speed[HF_ASSIST] else 'missed'}**.",
+        f"{adl.tau:.2f} vs {naive.tau:.2f} = {adl.tau / naive.tau:.2f}×)."),
+        (f"- **CPS+ADL speedup ≥ {SPEEDUP_BAR}× over target-only**: {speed[CPS_ADL]:.2f}× → "
+        f"**{'met' if speed[CPS_ADL] >= SPEEDUP_BAR else 'missed'}**."),
+        (f"- **CPS+ADL ahead of HF assisted generation**: {speed[CPS_ADL]:.2f}× vs "
+        f"{speed[HF_ASSIST]:.2f}× → **{'met' if speed[CPS_ADL] > speed[HF_ASSIST] else 'missed'}**."),
     ]
     mm = [m.name for m in methods if m.kind == "mmspec"]
     best = max(mm, key=speed.get)
@@ -485,8 +492,8 @@ def main():
 
     header, rows = table(methods, totals, has_stats)
     lines = verdicts(totals, methods, costs, args.fixed_k)
-    cost_table = markdown_table(["building block (batch 1, prompt of "
-                                 f"{args.prompt_tokens} tokens)", "ms (median of 15)"],
+    cost_table = markdown_table([("building block (batch 1, prompt of "
+                                 f"{args.prompt_tokens} tokens)"), "ms (median of 15)"],
                                 [[k, f"{v:.2f}"] for k, v in costs.items()])
     settings = markdown_table(["method", "settings"], [[m.name, m.settings] for m in methods])
     files = ", ".join(f"`{p.file}`" for p in prompts)
@@ -494,17 +501,17 @@ def main():
             f"{os.cpu_count()} CPUs: a shared machine, so absolute times are noisy; every ratio is "
             "measured within this run, methods interleaved per prompt.")
     body = "\n".join([
-        f"Zoo text pair: target `text-target` (Qwen2, {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M "
+        (f"Zoo text pair: target `text-target` (Qwen2, {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M "
         f"parameters), AR drafter `text-drafter`, diffusion drafter `text-dlm` (Dream-style); "
         f"fp32, batch 1, greedy, {args.threads} thread(s). {len(prompts)} prompts of "
         f"{args.prompt_tokens} tokens from the middle of held-out stdlib files ({files}), "
-        f"{args.new_tokens} new tokens each, best of {args.repeats} per prompt and method.",
+        f"{args.new_tokens} new tokens each, best of {args.repeats} per prompt and method."),
         "",
-        "τ = tokens per target verification forward, counted with a forward hook on the target "
+        ("τ = tokens per target verification forward, counted with a forward hook on the target "
         "for every method (HF's included): (new tokens − 1) / (target calls − 1). Speedup = "
         "target-only wall time / the method's, summed over the prompts. Draft and verify "
         "times per round come from `SpecStats` (mmspec methods only). Every mmspec output is "
-        "asserted token-identical to target-only greedy.",
+        "asserted token-identical to target-only greedy."),
         "",
         markdown_table(header, rows),
         "",
