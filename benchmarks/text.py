@@ -98,12 +98,14 @@ def heldout_prompts(tokenizer, n: int, prompt_tokens: int, new_tokens: int) -> l
 # ------------------------------------------------------------------------------------- methods
 
 class RoundLog:
-    """Wraps a drafter (batch 1) to record each round's accepted draft tokens and block length k."""
+    """Wraps a drafter (batch 1) to record each round's accepted draft tokens and, for diffusion
+    drafters, the block length k and ADL's L_gen (raw argmax draft length before its first EOS)."""
 
     def __init__(self, drafter):
         self.drafter = drafter
         self.accepted: list[int] = []
         self.ks: list[int] = []
+        self.generated: list[int] = []
 
     def __getattr__(self, name):  # vocab_size, needs_target_hidden, ... of the wrapped drafter
         return getattr(self.drafter, name)
@@ -113,6 +115,7 @@ class RoundLog:
         lengths = getattr(self.drafter, "lengths", None)  # DiffusionDrafter: k of this round
         if lengths is not None:
             self.ks.append(lengths[0].k)
+            self.generated.append(self.drafter.generated[0])
         return draft
 
     def update(self, result):
@@ -128,6 +131,7 @@ class Run:
     stats: object = None  # SpecStats for mmspec methods
     accepted: list = field(default_factory=list)  # per round (mmspec)
     ks: list = field(default_factory=list)  # per round (DLM drafters)
+    generated: list = field(default_factory=list)  # per round (DLM drafters): ADL's L_gen
 
 
 @dataclass
@@ -206,7 +210,7 @@ def run_method(method: Method, counter: CallCounter, ids: torch.Tensor, n: int) 
     seconds = time.perf_counter() - start
     run = Run(sequences, seconds, counter.calls, stats)
     if log is not None:
-        run.accepted, run.ks = log.accepted, log.ks
+        run.accepted, run.ks, run.generated = log.accepted, log.ks, log.generated
     if stats is not None and stats.rounds + 1 != run.calls:
         raise AssertionError(f"{method.name}: {run.calls} target calls counted but SpecStats says "
                              f"{stats.rounds} rounds + 1 prefill")
@@ -285,6 +289,7 @@ class Total:
     prompts: int = 0
     accepted: list = field(default_factory=list)  # per prompt, per round
     ks: list = field(default_factory=list)
+    generated: list = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -299,16 +304,17 @@ def table(methods: list[Method], totals: dict[str, Total], has_stats: set) -> tu
     ref = totals[REF].seconds
     header = ["method", "τ with bonus", "τ without bonus (MAT)", "tokens/s",
               "speedup vs target-only", "draft ms/round", "target verify ms/round",
-              "identical to greedy"]
+              "engine ms/round", "identical to greedy"]
     rows = []
     for m in methods:
         t = totals[m.name]
-        draft = verify = None
+        draft = verify = engine = None
         if m.name in has_stats:
             draft, verify = t.draft_time / t.rounds * 1e3, t.verify_time / t.rounds * 1e3
+            engine = t.engine_time / t.rounds * 1e3
         ident = "reference" if m.kind == "reference" else f"{t.identical}/{t.prompts}"
         rows.append([m.name, f"{t.tau:.2f}", f"{t.tau - 1:.2f}", f"{t.new_tokens / t.seconds:.1f}",
-                     f"{ref / t.seconds:.2f}x", fmt_ms(draft), fmt_ms(verify), ident])
+                     f"{ref / t.seconds:.2f}x", fmt_ms(draft), fmt_ms(verify), fmt_ms(engine), ident])
     return header, rows
 
 
@@ -327,6 +333,20 @@ def verdicts(totals: dict[str, Total], methods: list[Method], costs: dict, fixed
         (f"- **CPS+ADL ahead of HF assisted generation**: {speed[CPS_ADL]:.2f}× vs "
         f"{speed[HF_ASSIST]:.2f}× → **{'met' if speed[CPS_ADL] > speed[HF_ASSIST] else 'missed'}**."),
     ]
+    ks = [k for row in adl.ks for k in row[1:]]
+    gen = [g for row in adl.generated for g in row]
+    acc = [a for row in adl.accepted for a in row]
+    cps_acc = [a for row in totals[CPS].accepted for a in row]
+    grows = sum(k > fixed_k for k in ks)
+    lines.append(
+        f"- ADL's block length after round 1: mean k = {statistics.mean(ks):.1f} (min {min(ks)}, "
+        f"max {max(ks)}; {grows} of {len(ks)} rounds above {fixed_k}). Eq. 11 grows k by δ only "
+        f"while EMA(L_acc) ≥ EMA(L_gen); here L_gen (the raw argmax draft's length before its "
+        f"first EOS, at most k) averages {statistics.mean(gen):.1f} tokens per round and L_acc "
+        f"{statistics.mean(acc):.2f}, so k falls to k_min and stays there. Longest accepted run "
+        f"in a round: {max(acc)} tokens with CPS+ADL, {max(cps_acc)} with CPS at fixed "
+        f"k={fixed_k}" + (f" (< {fixed_k}: a longer block could not have been accepted further)."
+                          if max(acc + cps_acc) < fixed_k else "."))
     mm = [m.name for m in methods if m.kind == "mmspec"]
     best = max(mm, key=speed.get)
     lines.append(f"- Fastest mmspec method: {best}, {speed[best]:.2f}× over target-only "
@@ -394,14 +414,14 @@ def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list
     fig, ax = plt.subplots(figsize=(8, 4))
     for name in DLM_METHODS:
         per_prompt = totals[name].accepted
-        rounds = max(len(a) for a in per_prompt)
+        rounds = sorted(len(a) for a in per_prompt)[len(per_prompt) // 2]  # half still running
         mean = [statistics.mean(a[r] + 1 for a in per_prompt if len(a) > r) for r in range(rounds)]
         ax.plot(range(1, rounds + 1), mean, marker=".", label=name)
-    ax.set_xlabel("round")
+    ax.set_xlabel("round (while at least half of the prompts are still generating)")
     ax.set_ylabel("τ with bonus (mean over prompts)")
     ks = totals[CPS_ADL].ks
     ax2 = ax.twinx()
-    rounds = max(len(k) for k in ks)
+    rounds = sorted(len(k) for k in ks)[len(ks) // 2]
     ax2.plot(range(1, rounds + 1),
              [statistics.mean(k[r] for k in ks if len(k) > r) for r in range(rounds)],
              color="grey", ls=":", label="ADL k (right axis)")
@@ -486,6 +506,7 @@ def main():
                 t.round_time += run.stats.total_time - run.stats.prefill_time
                 t.accepted.append(run.accepted)
                 t.ks.append(run.ks)
+                t.generated.append(run.generated)
         print(f"prompt {i + 1}/{len(prompts)} ({prompt.file}): " + ", ".join(
             f"{m.name} {best[m.name].seconds:.2f}s" for m in methods), flush=True)
     load_end = os.getloadavg()[0]
