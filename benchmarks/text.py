@@ -420,18 +420,19 @@ def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list
     ax.barh(names, [t - 1 for t in taus], color="#ff7f0e", alpha=0.7, label="without bonus (MAT)")
     ax.set_xlabel("τ: tokens per target verification forward")
     ax.invert_yaxis()
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right")
     fig.tight_layout()
     paths.append(out_dir / "text_tau.png")
     fig.savefig(paths[-1], dpi=80)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
+    styles = {NAIVE: "-", CPS: "--", CPS_ADL: ":"}  # CPS and CPS+ADL can coincide: dashes show both
     for name in DLM_METHODS:
         per_prompt = totals[name].accepted
         rounds = sorted(len(a) for a in per_prompt)[len(per_prompt) // 2]  # half still running
         mean = [statistics.mean(a[r] + 1 for a in per_prompt if len(a) > r) for r in range(rounds)]
-        ax.plot(range(1, rounds + 1), mean, marker=".", label=name)
+        ax.plot(range(1, rounds + 1), mean, marker=".", ls=styles[name], label=name)
     ax.set_xlabel("round (while at least half of the prompts are still generating)")
     ax.set_ylabel("τ with bonus (mean over prompts)")
     ks = totals[CPS_ADL].ks
@@ -439,7 +440,7 @@ def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list
     rounds = sorted(len(k) for k in ks)[len(ks) // 2]
     ax2.plot(range(1, rounds + 1),
              [statistics.mean(k[r] for k in ks if len(k) > r) for r in range(rounds)],
-             color="grey", ls=":", label="ADL k (right axis)")
+             color="grey", ls="-.", label="ADL k (right axis)")
     ax2.set_ylabel("ADL block length k")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
