@@ -57,9 +57,9 @@ class TextModelSpec:
 SPECS = {
     s.name: s
     for s in (
-        # ~1100 tokens/s on a free core, ~600 on a shared one: 700 steps x 8 x 256 = 1.4M tokens
+        # ~1100-2700 tokens/s on one shared core: 1000 steps x 8 x 256 = 2M tokens in 13-30 min
         TextModelSpec("text-target", "causal", hidden_size=192, num_layers=4, num_heads=3,
-                      num_kv_heads=1, intermediate_size=576, steps=700,
+                      num_kv_heads=1, intermediate_size=576, steps=1000,
                       drafters=("text-drafter", "text-dlm")),
         # ~3700 tokens/s on a shared core: 450 steps = 0.9M tokens in ~4 min
         TextModelSpec("text-drafter", "causal", hidden_size=128, num_layers=2, num_heads=2,
