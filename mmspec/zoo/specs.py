@@ -66,7 +66,7 @@ SPECS = {
                       num_kv_heads=1, intermediate_size=384, steps=450),
         # Dream recipe: start from the AR drafter's weights, then adapt to masked diffusion
         TextModelSpec("text-dlm", "diffusion", hidden_size=128, num_layers=2, num_heads=2,
-                      num_kv_heads=1, intermediate_size=384, steps=1800, lr=1e-3,
+                      num_kv_heads=1, intermediate_size=384, steps=3000, lr=1e-3,
                       init_from="text-drafter"),
     )
 }
