@@ -57,16 +57,16 @@ class TextModelSpec:
 SPECS = {
     s.name: s
     for s in (
-        # ~1100 tokens/s on a free core, ~600 on a shared one: 700 steps x 8 x 256 = 1.4M tokens
+        # ~1100-2700 tokens/s on one shared core: 1000 steps x 8 x 256 = 2M tokens in 13-30 min
         TextModelSpec("text-target", "causal", hidden_size=192, num_layers=4, num_heads=3,
-                      num_kv_heads=1, intermediate_size=576, steps=700,
+                      num_kv_heads=1, intermediate_size=576, steps=1000,
                       drafters=("text-drafter", "text-dlm")),
         # ~3700 tokens/s on a shared core: 450 steps = 0.9M tokens in ~4 min
         TextModelSpec("text-drafter", "causal", hidden_size=128, num_layers=2, num_heads=2,
                       num_kv_heads=1, intermediate_size=384, steps=450),
         # Dream recipe: start from the AR drafter's weights, then adapt to masked diffusion
         TextModelSpec("text-dlm", "diffusion", hidden_size=128, num_layers=2, num_heads=2,
-                      num_kv_heads=1, intermediate_size=384, steps=1800, lr=1e-3,
+                      num_kv_heads=1, intermediate_size=384, steps=3000, lr=1e-3,
                       init_from="text-drafter"),
     )
 }
