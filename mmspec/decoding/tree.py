@@ -25,20 +25,6 @@ from .draft import Draft
 BLOCK_SIZE = 16
 
 
-def query_block_size(num_queries: int) -> int:
-    """The smallest power of two >= 16 that does not divide `num_queries`.
-
-    Works around a bug of the kernels' torch backend (`torch_blocks.py`): when the query length is
-    a multiple of the query block, it calls `.view` on a non-contiguous padded copy of
-    transformers' transposed queries and fails for batch > 1. A block that leaves a ragged tail
-    makes the padded copy contiguous. Powers of two >= 16 also suit the triton backend.
-    """
-    bq = BLOCK_SIZE
-    while num_queries % bq == 0:
-        bq *= 2
-    return bq
-
-
 @dataclass
 class Tree:
     """tokens, parents, depth, valid: `[B, N]` (N = 1 + T); anc: bool `[B, N, N]`; probs `[B, T, V]`."""
@@ -122,4 +108,4 @@ def verify_mask(tree: Tree, cache_valid: torch.Tensor) -> BlockSparseMask:
     b, c = cache_valid.shape
     n = tree.num_nodes
     token = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], dim=-1)  # [B, N, C+N]
-    return BlockSparseMask.from_token_mask(token[:, None], (query_block_size(n), BLOCK_SIZE))
+    return BlockSparseMask.from_token_mask(token[:, None], BLOCK_SIZE)

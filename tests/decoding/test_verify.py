@@ -73,8 +73,8 @@ def test_per_row_tree_shapes():
 
 
 def test_tree_of_a_whole_query_block_in_a_batch():
-    """16 nodes (one full query block) in a batch: the mask must avoid the torch backend's
-    non-contiguous `.view` (see `tree.query_block_size`)."""
+    """16 nodes (one full query block) in a batch: HF's transposed queries fill a whole block
+    (this once hit a non-contiguous `.view` in the kernels' torch backend)."""
     from spec_helpers import RandomDrafter, tiny_llama
 
     from mmspec import generate

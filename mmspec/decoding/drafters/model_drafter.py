@@ -28,7 +28,7 @@ from mmspec.kernels import BlockSparseMask, register_hf_attention
 
 from .. import kv_cache
 from ..draft import Draft, DraftState, VerifyResult
-from ..tree import BLOCK_SIZE, query_block_size
+from ..tree import BLOCK_SIZE
 
 # vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
 DEFAULT_TREE_DEPTH = 4
@@ -147,7 +147,7 @@ class ModelDrafter:
             new_rows = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=tok.device).expand(b, k, k)], -1)
             fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(b, m, k)], -1), new_rows], 1)
             token_mask = torch.cat([valid[:, None, :].expand(b, k, s), new_rows], -1)  # [B, K, S+M+K]
-            mask = BlockSparseMask.from_token_mask(token_mask[:, None], (query_block_size(k), BLOCK_SIZE))
+            mask = BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)
             attn = torch.cat([valid, valid.new_ones(b, m + k)], 1).long()
             lg = self._forward(front_tok, attn, root_pos + level, mask)  # [B, K, V]
             child_logp, child_tok = lg.log_softmax(-1).topk(k, dim=-1)  # [B, K, K]
