@@ -87,7 +87,7 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
     from mmspec.zoo.video_pipeline import PixelWanPipeline
 
     transformer, text_encoder, tokenizer = load_video_components(directory)
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=2.0)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=card["training"]["shift"])
     pipe = PixelWanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
                             transformer=transformer, scheduler=scheduler)
     return ZooModel(name, pipe, tokenizer, card, path=directory)

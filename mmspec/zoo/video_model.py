@@ -10,7 +10,7 @@ Choices (and why):
   cross-attention learn to read it. Its weights ship with the transformer so nothing is
   re-derived at load time;
 - rectified flow matching as in Wan: x_t = (1 - t) x_0 + t n, the model predicts v = n - x_0 at
-  timestep 1000 t; t ~ logit-normal(0, 1) (SD3); 10% of captions are dropped to "" so the
+  timestep 1000 t; t ~ logit-normal(0, 1) (SD3) shifted by 3 towards noise (`train_video.sample_t`); 10% of captions are dropped to "" so the
   pipeline can use classifier-free guidance.
 """
 
