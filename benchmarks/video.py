@@ -267,8 +267,9 @@ def main() -> None:
     p.add_argument("--skip-speed", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    pipe = load("video-dit", args.zoo_dir).model
-    spec = load("video-dit", args.zoo_dir).card["spec"]
+    entry = load("video-dit", args.zoo_dir)
+    pipe, spec = entry.model, entry.card["spec"]
+    pipe.set_progress_bar_config(disable=True)
     size = (spec["frames"], spec["height"], spec["width"])
     grid = (size[0], size[1] // 2, size[2] // 2)
     if args.quick:
