@@ -102,18 +102,20 @@ def test_draft_attention_at_sparsity_zero_is_dense(entry):
     torch.testing.assert_close(sparse, dense, atol=1e-4, rtol=0)
 
 
-def test_draft_attention_at_90_percent_stays_close(entry):
+def test_draft_attention_at_90_percent_changes_less_than_the_seed(entry):
     pipe = entry.model
     call = dict(prompt="a white triangle moving left", **SIZE, num_inference_steps=6)
     dense = pipe(**call, generator=torch.Generator().manual_seed(2)).frames
+    other_seed = pipe(**call, generator=torch.Generator().manual_seed(3)).frames
     state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.9, tile=(4, 4)))
     try:
         sparse = pipe(**call, generator=torch.Generator().manual_seed(2)).frames
     finally:
         remove_draft_attention(pipe)
     assert 0.1 < state.mean_density() < 1.0
-    mse = float(np.mean((sparse - dense) ** 2))
-    assert 10 * np.log10(1 / mse) > 20  # dB; benchmarks/video.py reports the 20-step figures
+    # the 20-step PSNR figures are in BENCHMARKS.md (benchmarks/video.py); here: keeping 10% of
+    # the blocks moves the video far less than another noise seed does
+    assert np.mean((sparse - dense) ** 2) < 0.25 * np.mean((other_seed - dense) ** 2)
 
 
 def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
