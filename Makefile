@@ -22,13 +22,14 @@ endif
 install: $(VENV)/.installed
 
 run: install
-	$(PY) -m mmspec demo
+	$(PY) -m mmspec generate
 
 test: install
 	$(PY) -m pytest -q tests
 
 bench: install
-	$(PY) benchmarks/kernels.py
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m mmspec bench all --plot
 
 clean:
 	rm -rf $(VENV) *.egg-info
