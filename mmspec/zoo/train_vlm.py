@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -103,7 +104,7 @@ def lr_at(spec: VLMSpec, step: int) -> float:
 
 
 @torch.no_grad()
-def heldout_loss(model, processor, with_images: bool, n: int = HELDOUT_SCENES) -> float:
+def heldout_loss(model, processor, with_images: bool, n: int) -> float:
     """Answer-token cross-entropy (nats/token) over the first `n` held-out scenes."""
     model.eval()
     total = count = 0
@@ -116,13 +117,18 @@ def heldout_loss(model, processor, with_images: bool, n: int = HELDOUT_SCENES) -
     return total / count
 
 
+def colour_seeds(n: int) -> range:
+    """Held-out scenes for the colour question (apart from the loss slice)."""
+    return range(HELDOUT_START + 10_000, HELDOUT_START + 10_000 + n)
+
+
 @torch.no_grad()
-def colour_accuracy(model, processor, n: int = COLOUR_SCENES) -> float:
+def colour_accuracy(model, processor, n: int) -> float:
     """Share of held-out scenes where the greedy answer to "What colour is the <first shape>?"
     is exactly the reference answer."""
     model.eval()
     right = 0
-    for seed in range(HELDOUT_START + 10_000, HELDOUT_START + 10_000 + n):
+    for seed in colour_seeds(n):
         scene = make_scene(seed)
         question, reference = colour_question(scene)
         inputs = vlm_inputs(processor, render_scene(scene), question)
@@ -195,9 +201,10 @@ def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_param
     cls = type(model)
     shipped = cls.from_pretrained(str(out_dir), dtype=torch.float32)
     with_images = spec.vision_layers > 0
-    results = {"heldout_loss": round(heldout_loss(shipped, processor, with_images), 4)}
+    results = {"heldout_loss": round(heldout_loss(shipped, processor, with_images,
+                                                  HELDOUT_SCENES), 4)}
     if with_images:
-        results["heldout_colour_accuracy"] = colour_accuracy(shipped, processor)
+        results["heldout_colour_accuracy"] = colour_accuracy(shipped, processor, COLOUR_SCENES)
     tail = losses[-50:]
     size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     card = {
@@ -292,7 +299,10 @@ def cmd_drafter(args) -> None:
     held = drafter_samples(processor, heldout_seeds(spec.held_out))
     torch.save(samples, out_dir / "samples.pt")  # the `--data` file of `mmspec.vision.train`
     t0 = time.time()
-    precompute_answers(target, samples, spec.answer_tokens, out_dir / "answers.pt")
+    # both drafters train on the same prompts: the target answers them once
+    shared = Path(args.out) / f"vlm-drafter-answers-{spec.samples}x{spec.answer_tokens}.pt"
+    precompute_answers(target, samples, spec.answer_tokens, shared)
+    shutil.copyfile(shared, out_dir / "answers.pt")
     answers_s = time.time() - t0
     cfg = TrainConfig(steps=steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, steps),
                       answer_tokens=spec.answer_tokens, eval_every=args.eval_every,
