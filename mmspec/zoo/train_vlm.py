@@ -375,7 +375,7 @@ def main(argv=None) -> None:
     parser.add_argument("--zoo", default=str(ZOO_DIR), help="where the shipped entries go")
     parser.add_argument("--processor", default=str(PROCESSOR_DIR))
     parser.add_argument("--save-every-s", type=float, default=120.0)
-    parser.add_argument("--eval-every", type=int, default=1000, help="drafters: held-out tau")
+    parser.add_argument("--eval-every", type=int, default=500, help="drafters: held-out tau")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.model == "tokenizer":

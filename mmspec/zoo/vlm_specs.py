@@ -82,8 +82,8 @@ SPECS = {
         # HF assisted-generation baseline: same tokenizer, sees the prompt's <image> tokens as text
         VLMSpec("vlm-assistant", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                 intermediate_size=384, steps=500, vision_layers=0),
-        # ~2 steps/s on one shared thread: 1500 steps of one scene each in ~12 min
-        DrafterSpec("vlm-vispec", text_only=False, steps=1500),
-        DrafterSpec("vlm-text-drafter", text_only=True, steps=1500),
+        # ~1-2 steps/s on one shared thread: 1000 steps of one scene each in ~10-15 min
+        DrafterSpec("vlm-vispec", text_only=False, steps=1000),
+        DrafterSpec("vlm-text-drafter", text_only=True, steps=1000),
     )
 }
