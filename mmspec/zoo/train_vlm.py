@@ -175,10 +175,11 @@ def cmd_train(args) -> None:
     bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
                mininterval=10, file=sys.stdout)
     for step in bar:
-        batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed))
+        batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
+                            spec.describe_share)
         for group in opt.param_groups:
             group["lr"] = lr_at(spec, step)
-        loss = answer_loss(model, batch, with_images)
+        loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -26,13 +26,13 @@ def heldout_seeds(n: int) -> list[int]:
     return list(range(HELDOUT_START, HELDOUT_START + n))
 
 
-def scene_batch(processor, seeds: list[int]) -> dict:
+def scene_batch(processor, seeds: list[int], describe_share: float = 0.6) -> dict:
     """`input_ids`, `attention_mask`, `labels` long `[B, T]` (right-padded; labels are IGNORE
     outside the answers) and `pixel_values` `[B, 3, 64, 64]`."""
     rows, labels, pixels = [], [], []
     for seed in seeds:
         scene = make_scene(seed)
-        question, answer = question_answer(scene)
+        question, answer = question_answer(scene, describe_share)
         inputs = vlm_inputs(processor, render_scene(scene), question)
         prompt = inputs["input_ids"][0].tolist()
         answer = answer_ids(processor, answer)
@@ -48,11 +48,18 @@ def scene_batch(processor, seeds: list[int]) -> dict:
             "pixel_values": torch.cat(pixels)}
 
 
-def answer_loss(model, batch: dict, with_images: bool = True) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) over the answer tokens of `batch`."""
+def answer_loss(model, batch: dict, with_images: bool = True,
+                per_answer: bool = False) -> torch.Tensor:
+    """Next-token cross-entropy (nats) on the answer tokens of `batch`: the mean over all answer
+    tokens, or with `per_answer` the mean of each answer's own mean (a 6-token colour answer then
+    weighs as much as a 150-token description instead of 25x less)."""
     kwargs = {"pixel_values": batch["pixel_values"]} if with_images else {}
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    **kwargs).logits  # [B, T, V]
-    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                                             batch["labels"][:, 1:].flatten(),
-                                             ignore_index=IGNORE)
+    labels = batch["labels"][:, 1:]  # [B, T-1]
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), labels,
+                                           ignore_index=IGNORE, reduction="none")  # [B, T-1]
+    scored = (labels != IGNORE).float()
+    if per_answer:
+        return ((ce * scored).sum(1) / scored.sum(1).clamp(min=1)).mean()
+    return (ce * scored).sum() / scored.sum().clamp(min=1)
