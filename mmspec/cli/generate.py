@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the target-only run (and so the speedup)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1 for the zoo's tiny models, whose ops are too "
+                        "small to split; torch's default otherwise)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p
 
@@ -84,7 +86,7 @@ def _load_path_target(args):
     if args.image:
         from PIL import Image
 
-        from mmspec.zoo.presets import vlm_inputs
+        from mmspec.zoo.vlm_processor import vlm_inputs
 
         processor = transformers.AutoProcessor.from_pretrained(args.target)
         model = transformers.AutoModelForImageTextToText.from_pretrained(args.target, dtype="auto")
@@ -155,8 +157,9 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.max_new_tokens < 1:
         raise SystemExit(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or (1 if args.target in ZOO_TARGETS else None)
+    if threads is not None:
+        torch.set_num_threads(threads)
     import transformers
     from transformers import TextStreamer
 

@@ -97,12 +97,20 @@ class ViSpecDrafter(nn.Module):
                   str(path / WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, path, target) -> ViSpecDrafter:
-        """Load a drafter saved by `save_pretrained`; `target` must be the one it was built for."""
+    def from_pretrained(cls, path, target, **tree) -> ViSpecDrafter:
+        """Load a drafter saved by `save_pretrained`; `target` must be the one it was built for.
+
+        tree: `depth`, `top_k`, `total_tokens` override the saved tree shape, a run-time choice:
+        on a CPU, verifying many nodes is compute-bound, so smaller trees than ViSpec's GPU
+        default (30 tokens) can be faster overall.
+        """
         path = Path(path)
         if not (path / CONFIG_NAME).is_file():
             raise FileNotFoundError(f"path: no {CONFIG_NAME} in {path}")
-        config = ViSpecConfig(**json.loads((path / CONFIG_NAME).read_text()))
+        unknown = set(tree) - {"depth", "top_k", "total_tokens"}
+        if unknown:
+            raise TypeError(f"tree overrides are depth, top_k and total_tokens, got {sorted(unknown)}")
+        config = ViSpecConfig(**{**json.loads((path / CONFIG_NAME).read_text()), **tree})
         why = signature_mismatch(config.target, target)
         if why:
             raise ValueError(f"target: the drafter in {path} was saved for a "

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mmspec.zoo.registry import load
+from mmspec.zoo.vlm_processor import vlm_inputs
 
 
 @dataclass
@@ -33,16 +34,6 @@ class Preset:
     eos_token_id: int | list | None = None
     description: str = ""
     extras: dict = field(default_factory=dict)
-
-
-def vlm_inputs(processor, image, prompt: str) -> dict:
-    """Processor outputs for one image and one question, through the processor's chat template."""
-    if not prompt or not prompt.strip():
-        raise ValueError("prompt must be a non-empty question about the image, got an empty string")
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(images=image.convert("RGB"), text=text, return_tensors="pt")
-    return {k: v for k, v in inputs.items() if k != "attention_mask"}
 
 
 def vlm_preset(image: str | Path | None = None, prompt: str | None = None) -> Preset:

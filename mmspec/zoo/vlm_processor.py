@@ -72,8 +72,11 @@ def chat_prompt(processor, question: str) -> str:
 def vlm_inputs(processor, image, question: str) -> dict:
     """Processor outputs `{input_ids [1, L], attention_mask [1, L], pixel_values [1, 3, 64, 64]}`
     for one image and one question, chat-templated: what `target.generate` and
-    `mmspec.generate` take as keyword arguments."""
-    return dict(processor(text=chat_prompt(processor, question), images=[image],
+    `mmspec.generate` take as keyword arguments. Works with any processor that has a chat
+    template (LLaVA, LLaVA-NeXT, Qwen2.5-VL)."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string about the image, got {question!r}")
+    return dict(processor(text=chat_prompt(processor, question), images=[image.convert("RGB")],
                           return_tensors="pt"))
 
 
