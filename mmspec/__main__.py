@@ -1,7 +1,8 @@
 """`python -m mmspec` / `mmspec`: the command line.
 
     mmspec demo        the embedded default: a self-contained tour of the attention layer
-    mmspec generate    speculative decoding (see `mmspec generate --help`)
+    mmspec generate    speculative decoding on the zoo VLM, the zoo text pair or any HF path
+                       (see `mmspec generate --help`)
 """
 
 import sys
@@ -11,7 +12,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "demo": "mmspec.demo",
-        "generate": "mmspec.decoding.cli",
+        "generate": "mmspec.cli.generate",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())

@@ -335,7 +335,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
             target_hidden=hidden if need_hidden else None,
         )
         te = _sync(device)
-        drafter.update(result)
+        if depth_cap > 0:  # update answers a propose; a budget-capped last round had none
+            drafter.update(result)
         tf = _sync(device)
         stats.rounds += 1
         stats.row_rounds += int(live.sum())

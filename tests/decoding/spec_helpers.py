@@ -124,7 +124,7 @@ class OracleDrafter:
 
     def __init__(self, ref, prompt_len, num_tokens=4, mode="perfect", vocab=VOCAB):
         self.ref, self.prompt_len, self.n, self.mode, self.vocab = ref, prompt_len, num_tokens, mode, vocab
-        self.rounds = 0
+        self.rounds = self.updates = 0
 
     def _truth(self, state, n):
         out = torch.zeros(len(self.ref), n, dtype=torch.long)
@@ -152,7 +152,8 @@ class OracleDrafter:
         return Draft(torch.stack(tokens, 1), torch.tensor(parents))
 
     def update(self, result):
-        pass
+        self.updates += 1
+        assert self.updates == self.rounds, "update() without a propose() in the same round"
 
 
 class RandomDrafter:

@@ -114,6 +114,7 @@ def test_max_new_tokens_mid_draft(llama_and_ref, max_new):
     out = generate(target, drafter, ids, max_new_tokens=max_new, eos_token_id=EOS)
     assert torch.equal(out.sequences, ref[:, : ids.shape[1] + max_new])
     assert out.stats.rounds == (0 if max_new == 1 else 1)
+    assert drafter.updates == drafter.rounds  # a budget-capped round proposes nothing
 
 
 def _left_padded_batch():

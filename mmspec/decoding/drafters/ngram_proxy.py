@@ -63,10 +63,22 @@ class NgramProxy:
         return p
 
     def score(self, paths: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        """paths `[n, d]`, candidates `[C]` -> log-probs `[n, C]`."""
+        """paths `[n, d]`, candidates `[C]` -> log-probs `[n, C]`; `prob` for every pair, with the
+        context lookups done once per path instead of once per candidate (CPS's hot loop)."""
         cands = candidates.tolist()
+        uniform, discount = 1.0 / self.vocab_size, self.discount
         rows = []
         for path in paths.tolist():
-            context = self.history[-self.order:] + path
-            rows.append([math.log(self.prob(context, c)) for c in cands])
+            context = (self.history[-self.order:] + path)[-(self.order - 1):] if self.order > 1 \
+                else []
+            probs = [uniform] * len(cands)
+            for n in range(len(context) + 1):
+                h = tuple(context[len(context) - n:])
+                counts = self.counts.get(h)
+                if not counts:
+                    break
+                back, total = discount * len(counts), self.totals[h]
+                probs = [(max(counts.get(c, 0) - discount, 0.0) + back * p) / total
+                         for c, p in zip(cands, probs)]
+            rows.append([math.log(p) for p in probs])
         return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(cands))

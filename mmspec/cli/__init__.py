@@ -1,0 +1,1 @@
+"""Command-line entry points (`python -m mmspec ...`): glue over the library, never imported by it."""

@@ -1,0 +1,114 @@
+"""Ready-to-run zoo set-ups: a target, its inputs and its drafters, as `make run`, the demos and the
+benchmarks use them. Every preset reads `assets/zoo/` only (no network).
+
+    vlm_preset()   the zoo VLM (tiny LLaVA) on its sample scene, drafters ViSpec / text-only
+    text_preset()  the zoo text target on a held-out stdlib window, drafters DLM (CPS+ADL) / AR / PLD
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmspec.zoo.registry import load
+
+
+@dataclass
+class Preset:
+    """target: the verifying model (eval, float32). tokenizer: decodes its ids (streaming).
+    inputs: keyword arguments of `mmspec.generate` / `target.generate` (input_ids, pixel_values...).
+    drafters: name -> factory of a fresh drafter (drafters keep per-call state).
+    """
+
+    name: str
+    target: torch.nn.Module
+    tokenizer: Any
+    inputs: dict
+    drafters: dict[str, Callable[[], Any]]
+    default_drafter: str
+    eos_token_id: int | list | None = None
+    description: str = ""
+    extras: dict = field(default_factory=dict)
+
+
+def vlm_inputs(processor, image, prompt: str) -> dict:
+    """Processor outputs for one image and one question, through the processor's chat template."""
+    if not prompt or not prompt.strip():
+        raise ValueError("prompt must be a non-empty question about the image, got an empty string")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=image.convert("RGB"), text=text, return_tensors="pt")
+    return {k: v for k, v in inputs.items() if k != "attention_mask"}
+
+
+def vlm_preset(image: str | Path | None = None, prompt: str | None = None) -> Preset:
+    """The zoo VLM on `image` (default: its held-out sample scene) with question `prompt`."""
+    from PIL import Image
+
+    zoo_target = load("vlm-target")
+    target, processor = zoo_target.model, zoo_target.tokenizer
+    image_path = Path(image) if image is not None else zoo_target.path / "sample.png"
+    if not image_path.is_file():
+        raise FileNotFoundError(f"image {str(image_path)!r} does not exist")
+    prompt = prompt if prompt is not None else zoo_target.card.get("sample_prompt",
+                                                                    "Describe the image.")
+    inputs = vlm_inputs(processor, Image.open(image_path), prompt)
+
+    def vispec(name):
+        return lambda: load(name, target=target).model
+
+    return Preset(
+        name="vlm", target=target, tokenizer=processor.tokenizer, inputs=inputs,
+        drafters={"vispec": vispec("vlm-vispec"), "text-only": vispec("vlm-text-drafter")},
+        default_drafter="vispec", eos_token_id=processor.tokenizer.eos_token_id,
+        description=(f"zoo VLM `vlm-target` on {image_path.name}, question {prompt!r}"),
+        extras={"image": image_path, "prompt": prompt})
+
+
+def heldout_code_prompt(tokenizer, tokens: int = 192) -> torch.Tensor:
+    """`tokens` tokens from the middle of the first long-enough held-out stdlib file, `[1, tokens]`."""
+    from mmspec.zoo.corpus import source_files
+
+    for path in source_files("heldout"):
+        try:
+            ids = tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
+        except UnicodeDecodeError:
+            continue
+        if ids.shape[1] >= 4 * tokens:
+            start = (ids.shape[1] - tokens) // 2
+            return ids[:, start:start + tokens]
+    raise RuntimeError(f"no held-out stdlib file has {4 * tokens} tokens")
+
+
+def text_preset(prompt: str | None = None) -> Preset:
+    """The zoo text target; `prompt` None means a held-out stdlib window (code it never saw)."""
+    from mmspec.decoding.drafters import (DiffusionDrafter, DiffusionDrafterConfig, ModelDrafter,
+                                          PromptLookupDrafter)
+
+    zoo_target = load("text-target")
+    target, tokenizer = zoo_target.model, zoo_target.tokenizer
+    if prompt is None:
+        ids = heldout_code_prompt(tokenizer)
+    elif not prompt.strip():
+        raise ValueError("prompt must be non-empty text, got an empty string")
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    eos = tokenizer.eos_token_id
+    dlm = load("text-dlm")
+    drafter_model = load("text-drafter").model
+    return Preset(
+        name="text", target=target, tokenizer=tokenizer, inputs={"input_ids": ids},
+        drafters={
+            "diffusion": lambda: DiffusionDrafter(dlm.model, dlm.mask_token_id, target,
+                                                  eos_token_id=eos,
+                                                  config=DiffusionDrafterConfig(shift=dlm.shift)),
+            "model": lambda: ModelDrafter(drafter_model, 5),
+            "prompt-lookup": lambda: PromptLookupDrafter(),
+        },
+        default_drafter="diffusion", eos_token_id=eos,
+        description="zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL)",
+        extras={"dlm": dlm})
