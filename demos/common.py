@@ -61,4 +61,4 @@ def token_spans(pieces: list[tuple[str, str]]) -> str:
                    for text, kind in pieces)
     legend = ('<div class="legend"><span class="tok tok-accepted">accepted draft tokens</span>'
               '<span class="tok tok-bonus">target tokens (bonus / correction)</span></div>')
-    return f'{legend}<pre style="white-space: pre-wrap" id="answer">{body}</pre>'
+    return f'{legend}<pre style="white-space: pre-wrap; overflow-wrap: anywhere" id="answer">{body}</pre>'

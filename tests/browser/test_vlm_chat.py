@@ -1,0 +1,80 @@
+"""demos/vlm_chat.py in Chromium on a tiny random LLaVA (the zoo VLM is not needed): an uploaded
+image and a question stream an answer with accepted tokens highlighted and a live tau; no image,
+an unreadable file and an empty question give readable messages."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import screenshot, served
+
+pytestmark = pytest.mark.browser
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vision"))
+
+
+@pytest.fixture(scope="module")
+def app():
+    from tiny_vlms import llava_prompt, no_eos, quick_train, tiny_llava, tiny_llava_processor
+
+    from demos.vlm_chat import TEXT_ONLY, VISPEC, Chat, build_app
+    from mmspec.vision import ViSpecDrafter
+
+    target = no_eos(tiny_llava())
+    drafter = ViSpecDrafter.from_target(target)
+    quick_train(drafter, target, [llava_prompt(seed=s) for s in range(4)], steps=30)
+    chat = Chat(target, tiny_llava_processor(),
+                {VISPEC: drafter.eval(), TEXT_ONLY: ViSpecDrafter.text_only(target)},
+                question="w7 w8 w9", name="tiny random LLaVA")
+    return build_app(chat, max_new_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory):
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("img") / "red.png"
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(path)
+    return path
+
+
+def test_upload_and_ask_streams_a_highlighted_answer(app, page, image_file):
+    with served(app) as url:
+        page.goto(url)
+        page.locator("#image-file input[type=file]").set_input_files(str(image_file))
+        page.locator("#ask").click()
+        status = page.locator("#status")
+        status.get_by_text("done").wait_for()
+        text = status.inner_text()
+        assert "τ =" in text and "tokens/s" in text and "32 tokens" in text
+        assert page.locator("#answer .tok-bonus").count() > 0
+        assert "w" in page.locator("#answer").inner_text()
+        screenshot(page, "vlm_chat")
+
+
+def test_target_only_mode(app, page, image_file):
+    with served(app) as url:
+        page.goto(url)
+        page.locator("#image-file input[type=file]").set_input_files(str(image_file))
+        page.locator("#mode").get_by_text("target only").click()
+        page.locator("#ask").click()
+        page.locator("#status").get_by_text("done").wait_for()
+        assert "τ = 1.00" in page.locator("#status").inner_text()  # one token per forward
+        assert page.locator("#answer .tok-accepted").count() == 0
+
+
+def test_bad_inputs_show_messages(app, page, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"this is not a png")
+    with served(app) as url:
+        page.goto(url)
+        page.locator("#ask").click()  # no image
+        page.locator("#status").get_by_text("Please upload an image first").wait_for()
+        page.locator("#image-file input[type=file]").set_input_files(str(broken))
+        page.locator("#status").get_by_text("Could not read broken.png").wait_for()
+        page.locator("#ask").click()
+        page.locator("#status").get_by_text("Could not read broken.png").wait_for()
+        assert "Traceback" not in page.content()
+        page.wait_for_timeout(500)
+        screenshot(page, "vlm_chat_bad_file")
