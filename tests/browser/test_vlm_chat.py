@@ -14,19 +14,28 @@ pytestmark = pytest.mark.browser
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vision"))
 
 
+QUESTION = "w7 w8 w9"
+
+
 @pytest.fixture(scope="module")
 def app():
-    from tiny_vlms import llava_prompt, no_eos, quick_train, tiny_llava, tiny_llava_processor
+    from PIL import Image
+    from tiny_vlms import no_eos, quick_train, tiny_llava, tiny_llava_processor
 
     from demos.vlm_chat import TEXT_ONLY, VISPEC, Chat, build_app
     from mmspec.vision import ViSpecDrafter
+    from mmspec.zoo.presets import vlm_inputs
 
-    target = no_eos(tiny_llava())
+    target, processor = no_eos(tiny_llava()), tiny_llava_processor()
+    samples = []  # a few seconds of training on the page's prompt, so that drafts get accepted
+    for colour in ((200, 30, 30), (30, 200, 30), (30, 30, 200)):
+        inputs = vlm_inputs(processor, Image.new("RGB", (64, 48), colour), QUESTION)
+        samples.append((inputs.pop("input_ids"), inputs))
     drafter = ViSpecDrafter.from_target(target)
-    quick_train(drafter, target, [llava_prompt(seed=s) for s in range(4)], steps=30)
-    chat = Chat(target, tiny_llava_processor(),
+    quick_train(drafter, target, samples, steps=40)
+    chat = Chat(target, processor,
                 {VISPEC: drafter.eval(), TEXT_ONLY: ViSpecDrafter.text_only(target)},
-                question="w7 w8 w9", name="tiny random LLaVA")
+                question=QUESTION, name="tiny random LLaVA")
     return build_app(chat, max_new_tokens=32)
 
 
@@ -49,6 +58,7 @@ def test_upload_and_ask_streams_a_highlighted_answer(app, page, image_file):
         text = status.inner_text()
         assert "τ =" in text and "tokens/s" in text and "32 tokens" in text
         assert page.locator("#answer .tok-bonus").count() > 0
+        assert page.locator("#answer .tok-accepted").count() > 0  # the trained drafter's tokens
         assert "w" in page.locator("#answer").inner_text()
         screenshot(page, "vlm_chat")
 
