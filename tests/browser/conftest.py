@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +23,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 OUT = Path(__file__).parent / "out"
+ROOT = Path(__file__).resolve().parents[2]
 ENABLED = os.environ.get("MMSPEC_BROWSER") == "1"
 
 
@@ -70,6 +76,36 @@ def served(app):
         yield f"http://127.0.0.1:{port}/"
     finally:
         app.close()
+
+
+@contextmanager
+def launched(script: str, *args: str, timeout: float = 90.0):
+    """Run `python demos/<script> --port P *args` as a subprocess, as a user would; yields
+    (url, seconds until the page answered); terminates the server."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = OUT / f"{Path(script).stem}.server.log"
+    OUT.mkdir(exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "demos" / script), "--port", str(port),
+                                 *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    start = time.perf_counter()
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"{script} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            if time.perf_counter() - start > timeout:
+                pytest.fail(f"{script} did not answer on {url} within {timeout} s")
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.25)
+        yield url, time.perf_counter() - start
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def screenshot(page, name: str) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import screenshot, served
+from .conftest import launched, screenshot, served
 
 pytestmark = pytest.mark.browser
 
@@ -88,3 +88,24 @@ def test_bad_inputs_show_messages(app, page, tmp_path):
         assert "Traceback" not in page.content()
         page.wait_for_timeout(500)
         screenshot(page, "vlm_chat_bad_file")
+
+
+def test_command_line_with_saved_checkpoints(page, image_file, tmp_path):
+    """`python demos/vlm_chat.py --target PATH --drafter PATH`: any saved HF VLM + ViSpec drafter."""
+    from tiny_vlms import no_eos, tiny_llava, tiny_llava_processor
+
+    from mmspec.vision import ViSpecDrafter
+
+    target = no_eos(tiny_llava())
+    target.save_pretrained(tmp_path / "target")
+    tiny_llava_processor().save_pretrained(tmp_path / "target")
+    ViSpecDrafter.from_target(target).save_pretrained(tmp_path / "vispec")
+    with launched("vlm_chat.py", "--target", str(tmp_path / "target"),
+                  "--drafter", str(tmp_path / "vispec"), "--max-new-tokens", "16") as (url, _):
+        page.goto(url)
+        assert page.locator("#mode").get_by_text("text-only drafter").count() == 0  # not given
+        page.locator("#image-file input[type=file]").set_input_files(str(image_file))
+        page.locator("#question input, #question textarea").first.fill("w7 w8")
+        page.locator("#ask").click()
+        page.locator("#status").get_by_text("done").wait_for()
+        assert "16 tokens" in page.locator("#status").inner_text()
