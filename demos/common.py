@@ -11,8 +11,8 @@ import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demos run offline
 
-import gradio as gr  # noqa: E402
-import torch  # noqa: E402
+import gradio as gr
+import torch
 
 CSS = """
 .tok { border-radius: 3px; padding: 0 1px; }

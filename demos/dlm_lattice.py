@@ -23,14 +23,14 @@ if __package__ in (None, ""):  # `python demos/dlm_lattice.py`
 import matplotlib
 
 matplotlib.use("Agg")
-import gradio as gr  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import gradio as gr
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
 
-from demos.common import parser, run, show_token, token_spans, warn  # noqa: E402
-from mmspec import generate, zoo  # noqa: E402
-from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig  # noqa: E402
+from demos.common import parser, run, show_token, token_spans, warn
+from mmspec import generate, zoo
+from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
 
 TOP = 5  # candidates shown per block position
 MODES = ("CPS + ADL", "CPS, fixed k", "argmax path, fixed k (naive)")
@@ -133,7 +133,7 @@ def _verdict(r: RoundView, i: int) -> str:
 
 def lattice_table(tokenizer, r: RoundView) -> pd.DataFrame:
     """One row per block position: verdict, CPS/drafted token, argmax token, top candidates."""
-    word = lambda t: show_token(tokenizer.decode([t]))  # noqa: E731
+    word = lambda t: show_token(tokenizer.decode([t]))
     rows = []
     for i in range(r.k):
         row = {"pos": i, "verdict": _verdict(r, i),

@@ -26,17 +26,21 @@ if __package__ in (None, ""):  # `python demos/video_draft.py`
 import matplotlib
 
 matplotlib.use("Agg")
-import gradio as gr  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import gradio as gr
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-from demos.common import parser, run, warn  # noqa: E402
-from mmspec import zoo  # noqa: E402
-from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention  # noqa: E402
-from mmspec.video_dit.compare import psnr  # noqa: E402
-from mmspec.video_dit.draft_map import select_blocks  # noqa: E402
-from mmspec.video_dit.video_io import to_uint8, write_mp4  # noqa: E402
+from demos.common import parser, run, warn
+from mmspec import zoo
+from mmspec.video_dit import (
+    DraftAttentionConfig,
+    apply_draft_attention,
+    remove_draft_attention,
+)
+from mmspec.video_dit.compare import psnr
+from mmspec.video_dit.draft_map import select_blocks
+from mmspec.video_dit.video_io import to_uint8, write_mp4
 
 TILES = {"2 x 2": (2, 2), "4 x 4": (4, 4), "8 x 16 (paper)": (8, 16)}  # latent tokens per tile
 FPS = 8
@@ -69,7 +73,8 @@ def _frames(result) -> np.ndarray:
 def compare(pipe, prompt: str, sparsity: float, tile: tuple[int, int], *, num_frames: int,
             size: int, steps: int, seed: int) -> Comparison:
     """Run `pipe` dense, then with DraftAttention at `sparsity`, same seed; keep the draft maps."""
-    call = dict(num_frames=num_frames, height=size, width=size, num_inference_steps=steps)
+    call = {"num_frames": num_frames, "height": size, "width": size,
+            "num_inference_steps": steps}
 
     def timed():
         start = time.perf_counter()

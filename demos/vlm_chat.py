@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import queue
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +24,14 @@ from typing import Any
 if __package__ in (None, ""):  # `python demos/vlm_chat.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gradio as gr  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image, UnidentifiedImageError  # noqa: E402
+import gradio as gr
+import torch
+from PIL import Image, UnidentifiedImageError
 
-from demos.common import parser, run, token_spans, warn  # noqa: E402
-from mmspec import generate, zoo  # noqa: E402
-from mmspec.decoding.draft import Draft  # noqa: E402
-from mmspec.zoo.presets import vlm_inputs  # noqa: E402
+from demos.common import parser, run, token_spans, warn
+from mmspec import generate, zoo
+from mmspec.decoding.draft import Draft
+from mmspec.zoo.presets import vlm_inputs
 
 VISPEC, TEXT_ONLY, TARGET_ONLY = "ViSpec", "text-only drafter", "target only"
 
@@ -108,24 +108,23 @@ def stream_rounds(chat: Chat, image: Image.Image, question: str, mode: str, max_
     drafter = TargetOnly() if mode == TARGET_ONLY else chat.drafters[mode]
     events: queue.Queue = queue.Queue()
 
+    def on_round(draft, result, stats):
+        accepted = min(int(result.num_accepted[0]), len(result.new_tokens[0]))
+        events.put(("round", accepted, stats.mean_accepted))
+
     def work():
-        try:
-            with torch.no_grad():
-                out = generate(chat.target, drafter, max_new_tokens=max_new_tokens,
-                               streamer=_Tokens(events), on_round=lambda d, r, s: events.put(
-                                   ("round", min(int(r.num_accepted[0]), len(r.new_tokens[0])),
-                                    s.mean_accepted)), **inputs)
-            events.put(("done", out.stats))
-        except Exception as error:  # handed to the page's thread, which raises it
-            events.put(("error", error))
+        with torch.no_grad():
+            return generate(chat.target, drafter, max_new_tokens=max_new_tokens,
+                            streamer=_Tokens(events), on_round=on_round, **inputs)
 
     start = time.perf_counter()
-    threading.Thread(target=work, daemon=True).start()
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(work)
+    future.add_done_callback(lambda f: events.put(("done", f)))
+    pool.shutdown(wait=False)
     pieces, pending, tau, rounds = [], None, 1.0, 0
     while True:
         kind, *payload = events.get()
-        if kind == "error":
-            raise payload[0]
         if kind == "tokens":
             if pending is not None:  # the prefill's token: no round verified it
                 pieces.append((pending, "bonus"))
@@ -136,9 +135,9 @@ def stream_rounds(chat: Chat, image: Image.Image, question: str, mode: str, max_
             pieces += [(pending[:accepted], "accepted"), (pending[accepted:], "bonus")]
             pending, rounds = None, rounds + 1
         if kind == "done":
+            tau = payload[0].result().stats.mean_accepted  # re-raises generate's error, if any
             if pending is not None:
                 pieces.append((pending, "bonus"))
-            tau = payload[0].mean_accepted
         new = sum(len(ids) for ids, _ in pieces)
         seconds = time.perf_counter() - start
         yield pieces, {"rounds": rounds, "tau": tau, "tokens_per_s": new / seconds,
@@ -190,9 +189,10 @@ def build_app(chat: Chat | None = None, max_new_tokens: int = 64) -> gr.Blocks:
         for pieces, s in stream_rounds(chat, image, question, mode, int(max_new)):
             html = token_spans(decode_pieces(tokenizer, pieces))
             status = "done" if s["done"] else "generating…"
-            yield (html, f"**{mode}**, {status}: {s['new_tokens']} tokens, {s['rounds']} rounds, "
-                         f"τ = {s['tau']:.2f} tokens per target forward, "
-                         f"{s['tokens_per_s']:.1f} tokens/s", image)
+            line = (f"**{mode}**, {status}: {s['new_tokens']} tokens, {s['rounds']} rounds, "
+                    f"τ = {s['tau']:.2f} tokens per target forward, "
+                    f"{s['tokens_per_s']:.1f} tokens/s")
+            yield html, line, image
 
     def on_upload(path):
         try:

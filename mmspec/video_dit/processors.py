@@ -55,7 +55,7 @@ class _DraftProcessor:
         on_draft_map = None
         if state.on_draft_map is not None:
             step, layer = state.step, self.layer
-            on_draft_map = lambda probs: state.on_draft_map(step, layer, probs)  # noqa: E731
+            on_draft_map = lambda probs: state.on_draft_map(step, layer, probs)
         out, density = draft_attention(
             q, k, v, state.layout, sparsity=0.0 if dense else cfg.sparsity, mode=cfg.mode,
             backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, **kwargs,
