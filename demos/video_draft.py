@@ -54,6 +54,7 @@ class Comparison:
     sparse_seconds: float
     density: float  # mean share of attention blocks computed in the sparse run
     maps: dict = field(default_factory=dict)  # (step, layer) -> fp32 [H, nT, nT], first sample
+    tiles_per_frame: int = 0  # tiles of one latent frame (nT = latent frames x this)
 
 
 def load_zoo_pipeline():
@@ -94,11 +95,15 @@ def compare(pipe, prompt: str, sparsity: float, tile: tuple[int, int], *, num_fr
         sparse, sparse_seconds = timed()
     finally:
         remove_draft_attention(pipe)
-    return Comparison(dense, sparse, dense_seconds, sparse_seconds, state.mean_density(), maps)
+    frames = state.layout.grid[0] if state.layout is not None else 1
+    per_frame = state.layout.num_tiles // frames if state.layout is not None else 0
+    return Comparison(dense, sparse, dense_seconds, sparse_seconds, state.mean_density(), maps,
+                      per_frame)
 
 
-def map_figure(probs: torch.Tensor, sparsity: float, title: str):
-    """probs `[nT, nT]` of one head -> figure: the draft map and the blocks kept at `sparsity`."""
+def map_figure(probs: torch.Tensor, sparsity: float, title: str, tiles_per_frame: int = 0):
+    """probs `[nT, nT]` of one head -> figure: the draft map and the blocks kept at `sparsity`;
+    thin lines separate the latent frames."""
     kept = select_blocks(probs[None, None], sparsity)[0, 0]  # [nT, nT]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6), dpi=90)
     im = left.imshow(probs.numpy(), cmap="viridis", norm=matplotlib.colors.LogNorm(
@@ -108,9 +113,13 @@ def map_figure(probs: torch.Tensor, sparsity: float, title: str):
     right.imshow(kept.numpy(), cmap="Greys", vmin=0, vmax=1)
     right.set_title(f"block mask, sparsity {sparsity:.2f}: {int(kept.sum())} of {kept.numel()} "
                     f"blocks computed (black)", fontsize=9)
+    n = probs.shape[0]
     for ax in (left, right):
-        ax.set_xlabel("key tile")
+        ax.set_xlabel("key tile (frame by frame)")
         ax.set_ylabel("query tile")
+        for edge in range(tiles_per_frame, n, tiles_per_frame or n):
+            ax.axhline(edge - 0.5, color="#e8590c", lw=0.6)
+            ax.axvline(edge - 0.5, color="#e8590c", lw=0.6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -152,27 +161,30 @@ def build_app(pipe=None, *, num_frames: int = 9, size: int = 128, steps: int = 6
         layers_seen = sorted({layer for _, layer in keys})
         heads = result.maps[keys[0]].shape[0]
         step, layer = keys[0]
-        return (str(paths[0]), str(paths[1]), status, result.maps,
+        view = (result.maps, result.tiles_per_frame)
+        return (str(paths[0]), str(paths[1]), status, view,
                 gr.Dropdown(choices=steps_seen, value=step, interactive=True),
                 gr.Dropdown(choices=layers_seen, value=layer, interactive=True),
                 gr.Slider(0, max(heads - 1, 1), value=0, step=1, interactive=heads > 1),
-                draw(result.maps, step, layer, 0, sparsity))
+                draw(view, step, layer, 0, sparsity))
 
-    def draw(maps, step, layer, head, sparsity):
-        if not maps:
+    def draw(view, step, layer, head, sparsity):
+        if not view:
             return gr.skip()
+        maps, tiles_per_frame = view
         probs = maps.get((int(step), int(layer)))
         if probs is None:
             return gr.skip()
         head = min(int(head), probs.shape[0] - 1)
         return map_figure(probs[head], float(sparsity),
-                          f"denoising step {int(step)}, layer {int(layer)}, head {head}")
+                          f"denoising step {int(step)}, layer {int(layer)}, head {head}",
+                          tiles_per_frame)
 
     with gr.Blocks(title="mmspec: DraftAttention") as app:
         gr.Markdown("## DraftAttention on a video DiT\nThe same prompt and seed, dense and with "
                     "DraftAttention: tile-pooled queries and keys give a small draft attention "
                     "map; its top entries pick which attention blocks are computed.")
-        maps = gr.State(None)
+        maps = gr.State(None)  # (draft maps by (step, layer), tiles per latent frame)
         with gr.Row():
             with gr.Column(scale=2):
                 prompt = gr.Textbox(value="a red car drives through the city at night",
