@@ -22,7 +22,9 @@ def app():
 
     pipe = tiny_wan_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    return build_app(pipe, num_frames=9, size=128, steps=6)
+    # WanPipeline's VAE: 4k + 1 frames, 16-pixel sizes; 128 px = 8 x 8 tokens per latent frame
+    return build_app(pipe, prompt="a red car at night", num_frames=9, size=128, steps=6,
+                     tile="2 x 2")
 
 
 def test_prompt_gives_both_videos_timings_and_the_draft_map(app, page):
