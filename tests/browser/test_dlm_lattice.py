@@ -3,7 +3,7 @@ an empty prompt gives a readable error."""
 
 import pytest
 
-from .conftest import launched, screenshot, served
+from .conftest import screenshot, served
 
 pytestmark = pytest.mark.browser
 
@@ -50,11 +50,3 @@ def test_empty_prompt_shows_a_message(app, page):
         page.wait_for_timeout(500)  # the toast slides in
         screenshot(page, "dlm_lattice_empty_prompt")
 
-
-def test_command_line_starts_within_30_s(page):
-    """`python demos/dlm_lattice.py --port P` serves the page (issue 8: < 30 s on CPU)."""
-    with launched("dlm_lattice.py") as (url, seconds):
-        page.goto(url)
-        page.locator("#run").wait_for()
-    print(f"dlm_lattice.py answered after {seconds:.1f} s")
-    assert seconds < 30
