@@ -52,6 +52,7 @@ class RoundView:
     path_ranks: list  # 1-based rank of each path token in its position's lattice row
     accepted: int  # draft tokens the target accepted
     committed: list  # tokens committed: accepted ones then the target's bonus token
+    argmax_accepted: int = 0  # what the argmax path would have had accepted this round
 
 
 @dataclass
@@ -99,7 +100,18 @@ def decode(target, dlm, prompt: str, max_new_tokens: int, mode: str, k: int = 20
     with torch.no_grad():
         out = generate(target.model, drafter, ids, max_new_tokens=max_new_tokens,
                        on_round=on_round)
-    return Decoding(ids[0].tolist(), int(out.sequences[0, ids.shape[1]]), rounds, out.stats)
+    answer = out.sequences[0, ids.shape[1]:].tolist()
+    start = 1  # the prefill's token, then every round's committed tokens
+    for r in rounds:
+        # greedy decoding is lossless: `answer` is the target's own continuation, so a path is
+        # accepted up to its first token that differs from it
+        r.argmax_accepted = common_prefix(r.argmax, answer[start:])
+        start += len(r.committed)
+    return Decoding(ids[0].tolist(), answer[0], rounds, out.stats)
+
+
+def common_prefix(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 # ------------------------------------------------------------------------------------- views
@@ -120,7 +132,8 @@ def summary(dec: Decoding, mode: str) -> str:
             f"({s.tokens_per_s:.1f} tok/s), {s.rounds} rounds, "
             f"τ = {s.mean_accepted:.2f} tokens per target forward "
             f"({s.mean_accepted_no_bonus:.2f} accepted draft tokens per round), "
-            f"accepted {s.accepted} of {s.drafted} drafted.")
+            f"accepted {s.accepted} of {s.drafted} drafted. The argmax path of the same "
+            f"lattices would have had {sum(r.argmax_accepted for r in dec.rounds)} accepted.")
 
 
 def _verdict(r: RoundView, i: int) -> str:
@@ -168,8 +181,8 @@ def lattice_figure(tokenizer, r: RoundView, title: str):
     ax.set_xticklabels([f"{i}" + ("*" if i in off else "") for i in range(r.k)], fontsize=7)
     ax.set_yticks(range(TOP))
     ax.set_yticklabels([f"top {j + 1}" for j in range(TOP)], fontsize=8)
-    ax.set_xlabel("block position (boxed: drafted path; green accepted, red rejected; "
-                  "* drafted token below top 5)", fontsize=8)
+    ax.set_xlabel("block position (boxed: drafted path, green accepted, red rejected; the top 1 "
+                  "row is the argmax path; * drafted token below top 5)", fontsize=8)
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.02, pad=0.01, label="DLM probability")
     fig.tight_layout()
@@ -222,7 +235,8 @@ def build_app(target=None, dlm=None) -> gr.Blocks:
         index = min(int(index), len(dec.rounds))  # the slider needs maximum >= 2
         r = dec.rounds[index - 1]
         title = (f"round {index} of {len(dec.rounds)}: k = {r.k}, drafted {len(r.path)}, "
-                 f"accepted {r.accepted}, L_gen = {r.generated}")
+                 f"accepted {r.accepted} (argmax path: {r.argmax_accepted}), "
+                 f"L_gen = {r.generated}")
         return (f"**{title}**", lattice_figure(tokenizer, r, title),
                 lattice_table(tokenizer, r))
 

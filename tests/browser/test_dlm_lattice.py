@@ -1,6 +1,8 @@
 """demos/dlm_lattice.py in Chromium: a prompt gives an answer, a lattice per round and the ADL plot;
 an empty prompt gives a readable error."""
 
+import re
+
 import pytest
 
 from .conftest import screenshot, served
@@ -38,6 +40,20 @@ def test_prompt_shows_lattice_rounds_and_adl(app, page):
         page.locator("#round-title").get_by_text("round 2 of").wait_for()
         page.wait_for_timeout(1000)  # the plot's image replaces the old one
         screenshot(page, "dlm_lattice")
+
+
+def test_naive_mode_accepts_what_its_argmax_path_predicts(app, page):
+    """The naive drafter drafts the argmax path, so the page's hindsight count of what the argmax
+    path would have had accepted must equal what was accepted."""
+    with served(app) as url:
+        page.goto(url)
+        page.get_by_text("argmax path, fixed k (naive)").click()
+        page.locator("#run").click()
+        summary = page.locator("#summary")
+        summary.get_by_text("would have had").wait_for()
+        match = re.search(r"accepted (\d+) of \d+ drafted.*would have had (\d+) accepted",
+                          summary.inner_text())
+        assert match and match.group(1) == match.group(2), summary.inner_text()
 
 
 def test_empty_prompt_shows_a_message(app, page):
