@@ -14,6 +14,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demos run offl
 import gradio as gr
 import torch
 
+from mmspec.zoo.paths import ZOO_DIR
+
 CSS = """
 .tok { border-radius: 3px; padding: 0 1px; }
 .tok-prompt { color: #777; }
@@ -35,7 +37,7 @@ def serve(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool
     """Launch `app` on host:port; `block=False` returns at once (tests call `app.close()`)."""
     return app.launch(server_name=host, server_port=port, prevent_thread_lock=not block,
                       quiet=not block, show_error=True, css=CSS, ssr_mode=False,
-                      footer_links=[])
+                      footer_links=[], allowed_paths=[str(ZOO_DIR)])  # sample images
 
 
 def run(build_app, args: argparse.Namespace, **build_kwargs) -> None:
