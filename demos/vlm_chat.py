@@ -218,8 +218,10 @@ def build_app(chat: Chat | None = None, max_new_tokens: int = 64) -> gr.Blocks:
                 status = gr.Markdown(elem_id="status")
                 answer = gr.HTML(elem_id="output")
         upload.change(on_upload, upload, [preview, status])
-        button.click(on_ask, [upload, question, mode, max_new], [answer, status, preview])
-        question.submit(on_ask, [upload, question, mode, max_new], [answer, status, preview])
+        # one answer at a time: the drafters keep per-call state
+        for event in (button.click, question.submit):
+            event(on_ask, [upload, question, mode, max_new], [answer, status, preview],
+                  concurrency_id="generate", concurrency_limit=1)
     return app
 
 
