@@ -155,8 +155,14 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
 
     def on_run(text, sparsity, tile_name, frames, px, n_steps, seed):
         """-> dense video, sparse video, status, state, step, layer, head, figure."""
+        problem = None
         if not text or not text.strip():
-            return gr.skip(), gr.skip(), warn("Please enter a prompt."), *[gr.skip()] * 5
+            problem = "Please enter a prompt."
+        elif None in (frames, px, n_steps, seed) or min(frames, px, n_steps) < 1 or px % 2:
+            problem = ("Frames and steps must be at least 1, height = width a positive even "
+                       "number, and the seed set.")
+        if problem:
+            return gr.skip(), gr.skip(), warn(problem), *[gr.skip()] * 5
         try:
             result = compare(pipe, text, float(sparsity), TILES[tile_name],
                              num_frames=int(frames), size=int(px), steps=int(n_steps),
@@ -211,10 +217,11 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
             with gr.Column(scale=1):
                 sparsity = gr.Slider(0.5, 0.95, value=0.75, step=0.05, elem_id="sparsity",
                                      label="sparsity (share of attention blocks skipped)")
-                tile_choice = gr.Dropdown(list(TILES), value=tile, label="tile (latent tokens)")
+                tile_choice = gr.Dropdown(list(TILES), value=tile, label="tile (latent tokens)",
+                                          elem_id="tile")
                 with gr.Row():
                     frames = gr.Number(num_frames, label="frames", precision=0)
-                    px = gr.Number(size, label="height = width", precision=0)
+                    px = gr.Number(size, label="height = width", precision=0, elem_id="size")
                     n_steps = gr.Number(steps, label="steps", precision=0)
                     seed = gr.Number(0, label="seed", precision=0)
         status = gr.Markdown(elem_id="status")

@@ -50,10 +50,21 @@ def test_prompt_gives_both_videos_timings_and_the_draft_map(app, page):
         screenshot(page, "video_draft")
 
 
-def test_empty_prompt_shows_a_message(app, page):
+def test_bad_inputs_show_messages(app, page):
     with served(app) as url:
         page.goto(url)
         page.locator("#prompt textarea").fill("")
         page.locator("#run").click()
         page.locator("#status").get_by_text("Please enter a prompt").wait_for()
+        page.locator("#prompt textarea").fill("a red car")
+        page.locator("#size input").fill("33")
+        page.locator("#run").click()
+        page.locator("#status").get_by_text("positive even number").wait_for()
+        page.locator("#size input").fill("128")
+        page.locator("#tile input").click()
+        page.get_by_role("option", name="8 x 16 (paper)").click()
+        page.locator("#run").click()  # 8 x 8 tokens per latent frame: the tile does not fit
+        page.locator("#status").get_by_text("larger than the frame").wait_for(timeout=120_000)
         assert "Traceback" not in page.content()
+        page.wait_for_timeout(500)
+        screenshot(page, "video_draft_bad_tile")
