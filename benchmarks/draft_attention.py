@@ -152,15 +152,25 @@ def random_blocks(nt, budget, heads, seed):
 
 
 def fidelity(grid, tile, sparsities, query_tiles=32, rows_per_pass=1024):
-    """Recall and relative error of each method, exact on a random sample of query tiles.
+    """`fidelity_of` the synthetic structured heads on `grid`."""
+    layout = tile_layout(grid, tile)
+    q, k, v, names = structured_heads(grid, 64)
+    result, sampled, nt = fidelity_of(q, k, v, layout, sparsities, query_tiles, rows_per_pass)
+    return result, names, sampled, nt
 
+
+def fidelity_of(q, k, v, layout, sparsities, query_tiles=32, rows_per_pass=1024):
+    """Recall and relative error of each method on one attention call, exact on a random sample
+    of query tiles (all of them when `query_tiles` >= the tile count).
+
+    q, k, v: `[1, H, N, D]` in original token order (after RoPE), softmax scale D**-0.5.
     One dense pass over the sampled query rows gives, per (query row, key tile), the softmax mass
     and the mass-weighted value sum; attention restricted to any block mask is then their
     masked sum, renormalised, so every method is scored against the same dense reference.
+    Returns (rows of {sparsity, method, density, recall, per_head, error}, sampled tiles, tiles).
     """
-    layout = tile_layout(grid, tile)
     assert not layout.has_padding
-    q, k, v, names = structured_heads(grid, 64)
+    grid, tile = layout.grid, layout.tile
     h, d, nt, bs = q.shape[1], q.shape[-1], layout.num_tiles, layout.tile_tokens
     qt, kt, vt = (layout.to_tiles(x)[0] for x in (q, k, v))  # [H, N, D] in tile order
     probs = draft_probs(pool_tiles(qt[None], layout), pool_tiles(kt[None], layout), d**-0.5)
@@ -207,7 +217,7 @@ def fidelity(grid, tile, sparsities, query_tiles=32, rows_per_pass=1024):
         result.append({"sparsity": s, "method": name, "density": float(kept.float().mean()),
                        "recall": float(per_head.mean()), "per_head": per_head.tolist(),
                        "error": float((err2[(s, name)].sum() / ref2.sum()).sqrt())})
-    return result, names, len(sample), nt
+    return result, len(sample), nt
 
 
 # --------------------------------------------------------------------------------------- main

@@ -3,6 +3,7 @@
     mmspec demo        the embedded default: a self-contained tour of the attention layer
     mmspec generate    speculative decoding on the zoo VLM, the zoo text pair or any HF path
                        (see `mmspec generate --help`)
+    mmspec bench       the side-by-side benchmarks, `--plot` for the charts (`mmspec bench -h`)
 """
 
 import sys
@@ -13,6 +14,7 @@ def main(argv=None) -> int:
     commands = {
         "demo": "mmspec.demo",
         "generate": "mmspec.cli.generate",
+        "bench": "mmspec.cli.bench",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())

@@ -34,7 +34,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="diffusers pipeline directory (loaded by path)")
+    p.add_argument("--model", required=True,
+                   help="diffusers pipeline directory, or a zoo video entry such as "
+                        "assets/zoo/video-dit (loaded by path)")
     p.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per line")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     sparse = p.add_mutually_exclusive_group()
@@ -78,6 +80,19 @@ def config_from_args(args) -> DraftAttentionConfig | None:
                                 dense_steps=dense_steps, dense_layers=args.dense_layers)
 
 
+def load_pipeline(model: str, dtype: torch.dtype):
+    """A diffusers pipeline directory, or a zoo video entry (a folder with a `card.json`, e.g.
+    `assets/zoo/video-dit`, loaded by `mmspec.zoo.load`; its pipeline class is not in diffusers)."""
+    path = Path(model)
+    if (path / "card.json").is_file():
+        from mmspec.zoo.registry import load
+
+        return load(path.name, path.parent).model.to(dtype=dtype)
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(model, torch_dtype=dtype)
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -115,7 +130,6 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
 
 def main(argv=None) -> int:
     from accelerate import PartialState
-    from diffusers import DiffusionPipeline
     from PIL import Image
     from tqdm.auto import tqdm
 
@@ -133,7 +147,7 @@ def main(argv=None) -> int:
     if not mine:
         return 0
 
-    pipe = DiffusionPipeline.from_pretrained(args.model, torch_dtype=_DTYPES[args.dtype])
+    pipe = load_pipeline(args.model, _DTYPES[args.dtype])
     pipe.to(dist.device)
     pipe.set_progress_bar_config(leave=False, position=1, desc="steps")
     state = apply_draft_attention(pipe, config) if config is not None else None

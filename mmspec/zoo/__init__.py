@@ -6,7 +6,10 @@ shipped in `assets/zoo/` and loaded with no network.
     target = mmspec.zoo.load("text-target")
     target.model, target.tokenizer, target.drafters
 
-Training recipes: `python -m mmspec.zoo.train_text --help`.
+    video = mmspec.zoo.load("video-dit")  # .model: PixelWanPipeline, .model.transformer: Wan DiT
+    video.model("a red circle moving right", num_frames=4, height=32, width=32).frames
+
+Training recipes: `python -m mmspec.zoo.train_text --help`, `python -m mmspec.zoo.train_video`.
 """
 
 from mmspec.zoo.registry import ZooModel, available, load

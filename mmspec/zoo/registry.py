@@ -23,7 +23,8 @@ from mmspec.zoo.tokenizer import load_tokenizer
 class ZooModel:
     """A loaded zoo entry.
 
-    model:     the network, in eval mode, float32.
+    model:     the network, in eval mode, float32; for `video-dit` a `PixelWanPipeline`
+               (`mmspec.zoo.video_pipeline`) whose `.transformer` is a `WanTransformer3DModel`.
     tokenizer: its tokenizer (or processor).
     card:      the model card (`card.json`): data, steps, losses, wall time, command, conventions.
     drafters:  names of zoo entries trained to draft for this model (targets only).
@@ -32,7 +33,7 @@ class ZooModel:
     """
 
     name: str
-    model: torch.nn.Module
+    model: Any
     tokenizer: Any
     card: dict
     drafters: tuple[str, ...] = ()
@@ -54,7 +55,45 @@ def _load_text(name: str, directory: Path, card: dict) -> ZooModel:
                     path=directory)
 
 
-_LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text}
+def load_video_components(directory: Path):
+    """(WanTransformer3DModel, UMT5EncoderModel, tokenizer) of a `video-dit` folder, float32, eval."""
+    import json
+
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+    directory = Path(directory)
+    state = load_file(str(directory / "model.safetensors"))
+    config = json.loads((directory / "transformer_config.json").read_text())
+    config["patch_size"] = tuple(config["patch_size"])
+    transformer = WanTransformer3DModel(**config)
+    text_encoder = UMT5EncoderModel(UMT5Config.from_json_file(str(directory / "text_encoder_config.json")))
+    for prefix, module in (("transformer.", transformer), ("text_encoder.", text_encoder)):
+        part = {k[len(prefix):]: v.float() for k, v in state.items() if k.startswith(prefix)}
+        missing, unexpected = module.load_state_dict(part, strict=False)
+        # UMT5 ties the encoder's embed_tokens to `shared`: either name may be absent
+        missing = [k for k in missing if not k.endswith("embed_tokens.weight")]
+        if missing or unexpected:
+            raise ValueError(f"{directory}/model.safetensors does not match its {prefix[:-1]} "
+                             f"config: missing {missing}, unexpected {unexpected}")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    return (transformer.eval(), text_encoder.eval().requires_grad_(False), tokenizer)
+
+
+def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from mmspec.zoo.video_pipeline import PixelWanPipeline
+
+    transformer, text_encoder, tokenizer = load_video_components(directory)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=card["training"]["shift"])
+    pipe = PixelWanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
+                            transformer=transformer, scheduler=scheduler)
+    return ZooModel(name, pipe, tokenizer, card, path=directory)
+
+
+_LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "video-dit": _load_video}
 
 
 def available(zoo_dir: Path = ZOO_DIR) -> list[str]:

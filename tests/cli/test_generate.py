@@ -36,3 +36,10 @@ def test_zoo_target_drafter_names_are_checked():
 
     with pytest.raises(SystemExit, match="must be one of"):
         main(["generate", "--target", "text", "--drafter", "vispec", "--device", "cpu"])
+
+
+def test_bench_names_are_checked():
+    import pytest
+
+    with pytest.raises(SystemExit, match="expected benchmark names"):
+        main(["bench", "nope", "--plot"])

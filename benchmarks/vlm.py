@@ -1,0 +1,266 @@
+"""VLM: ViSpec against its baselines on the zoo's trained tiny LLaVA, side by side in one run (issue 7).
+
+Prompts: N held-out synthetic scenes (`mmspec.zoo.scenes`, seeds never trained on), each with the
+zoo target's sample question; greedy, `--new-tokens` new tokens each. All methods run on the same
+inputs in the same process, interleaved per prompt so that background load hits them alike:
+
+    target-only greedy        target.generate(do_sample=False)                      the reference
+    HF assisted generation    target.generate(assistant_model=vlm-assistant)        HF's defaults
+    text-only drafter         mmspec.generate, ViSpec head without the image (vlm-text-drafter)
+    ViSpec                    mmspec.generate, ViSpec drafter (vlm-vispec)
+
+tau counts target forwards with a forward pre-hook, for every method alike:
+tau = (new tokens - 1) / (target calls - 1); without the bonus token it is tau - 1 (ViSpec's
+convention). Speedup = target-only wall time / the method's, summed over prompts (best of
+`--repeats`). Every mmspec output is asserted token-identical to target-only greedy.
+
+    python benchmarks/vlm.py [--prompts 8] [--new-tokens 128] [--threads 1] [--repeats 2]
+                             [--plot] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import markdown_table, write_section
+from benchmarks.text import CallCounter, RoundLog, first_difference
+from mmspec import zoo
+from mmspec.decoding import generate
+from mmspec.zoo.presets import vlm_inputs
+
+PLOTS = Path(__file__).resolve().parent / "plots"
+TAU_RATIO_BAR = 1.3  # issue 7: ViSpec tau >= 1.3x the text-only drafter's
+SPEEDUP_BAR = 1.5  # issue 7: ViSpec >= 1.5x over target-only
+REF, HF_ASSIST, TEXT_ONLY, VISPEC = ("target-only greedy", "HF assisted generation",
+                                     "text-only drafter", "ViSpec")
+
+
+@dataclass
+class Total:
+    seconds: float = 0.0
+    new_tokens: int = 0
+    rounds: int = 0
+    prompts: int = 0
+    identical: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    engine_time: float = 0.0
+    accepted: list = field(default_factory=list)  # per prompt, per round (mmspec methods)
+
+    @property
+    def tau(self) -> float:
+        return (self.new_tokens - self.prompts) / max(self.rounds, 1)
+
+
+def heldout_inputs(processor, n: int, prompt: str) -> list[dict]:
+    from mmspec.zoo import scenes
+
+    return [vlm_inputs(processor, scenes.heldout_image(i), prompt) for i in range(n)]
+
+
+def build_methods(target, assistant, vispec, text_only, eos):
+    kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": eos}
+
+    def hf(**extra):
+        return lambda inputs, n: (target.generate(**inputs, max_new_tokens=n, **kw, **extra),
+                                  None, None)
+
+    def mm(drafter):
+        def run(inputs, n):
+            log = RoundLog(drafter)
+            out = generate(target, log, max_new_tokens=n, eos_token_id=eos, **inputs)
+            return out.sequences, out.stats, log
+        return run
+
+    return {REF: hf(), HF_ASSIST: hf(assistant_model=assistant), TEXT_ONLY: mm(text_only),
+            VISPEC: mm(vispec)}
+
+
+def plot(totals: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ref = totals[REF].seconds
+    names = list(totals)
+    colors = ["#888888", "#888888", "#ff7f0e", "#1f77b4"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    axes[0].barh(names, [ref / totals[n].seconds for n in names], color=colors)
+    axes[0].axvline(SPEEDUP_BAR, color="red", lw=0.8, ls="--", label=f"bar {SPEEDUP_BAR}x")
+    axes[0].axvline(1.0, color="black", lw=0.8)
+    axes[0].set_xlabel("wall-clock speedup over target-only")
+    axes[0].invert_yaxis()
+    axes[0].legend(loc="lower right")
+    axes[1].barh(names, [totals[n].tau for n in names], color=colors)
+    axes[1].set_xlabel("τ: tokens per target forward (with bonus)")
+    axes[1].invert_yaxis()
+    axes[1].set_yticklabels([])
+    fig.suptitle("Zoo VLM (tiny LLaVA), held-out scenes")
+    fig.tight_layout()
+    paths = [out_dir / "vlm_speedup.png"]
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for name, color in ((TEXT_ONLY, "#ff7f0e"), (VISPEC, "#1f77b4")):
+        per_prompt = totals[name].accepted
+        rounds = sorted(len(a) for a in per_prompt)[len(per_prompt) // 2]  # half still running
+        mean = [statistics.mean(a[r] + 1 for a in per_prompt if len(a) > r) for r in range(rounds)]
+        ax.plot(range(1, rounds + 1), mean, marker=".", color=color, label=name)
+    ax.set_xlabel("round (while at least half of the prompts are still generating)")
+    ax.set_ylabel("τ with bonus (mean over prompts)")
+    ax.legend()
+    ax.set_title("ViSpec vs text-only drafter: τ per round")
+    fig.tight_layout()
+    paths.append(out_dir / "vlm_tau_per_round.png")
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+    return paths
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable)")
+    parser.add_argument("--repeats", type=int, default=2, help="best of R timed runs per prompt")
+    parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
+    parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    load_start = os.getloadavg()[0]
+
+    zoo_target = zoo.load("vlm-target")
+    target, processor = zoo_target.model, zoo_target.tokenizer
+    eos = processor.tokenizer.eos_token_id
+    assistant = zoo.load("vlm-assistant").model
+    vispec = zoo.load("vlm-vispec", target=target).model
+    text_only = zoo.load("vlm-text-drafter", target=target).model
+    prompt = zoo_target.card.get("sample_prompt", "Describe the image.")
+    samples = heldout_inputs(processor, args.prompts, prompt)
+    methods = build_methods(target, assistant, vispec, text_only, eos)
+    counter = CallCounter(target)
+    n_image = int((samples[0]["input_ids"] == target.config.image_token_id).sum())
+    print(f"{len(samples)} scenes, {samples[0]['input_ids'].shape[1]} prompt tokens "
+          f"({n_image} image tokens), {args.new_tokens} new tokens, {args.threads} thread(s), "
+          f"load {load_start:.2f}", flush=True)
+
+    def run(name, inputs, n):
+        counter.calls = 0
+        start = time.perf_counter()
+        with torch.no_grad():
+            seqs, stats, log = methods[name](inputs, n)
+        seconds = time.perf_counter() - start
+        if stats is not None and stats.rounds + 1 != counter.calls:
+            raise AssertionError(f"{name}: {counter.calls} target calls but {stats.rounds} rounds")
+        return seqs, stats, log, seconds, counter.calls
+
+    for name in methods:  # warm-up: lazy imports and allocator growth, not timed
+        run(name, samples[0], 8)
+    totals = {name: Total() for name in methods}
+    for i, inputs in enumerate(samples):
+        best = {}
+        for _ in range(args.repeats):
+            for name in methods:
+                result = run(name, inputs, args.new_tokens)
+                if name not in best or result[3] < best[name][3]:
+                    best[name] = result
+        ref = best[REF][0]
+        for name, (seqs, stats, log, seconds, calls) in best.items():
+            same = torch.equal(seqs, ref)
+            if stats is not None:
+                assert same, f"LOSSLESS MISMATCH: {name} on scene {i}: {first_difference(seqs, ref)}"
+                t = totals[name]
+                t.draft_time += stats.draft_time
+                t.verify_time += stats.target_forward_time
+                t.engine_time += stats.engine_time
+                t.accepted.append(log.accepted)
+            t = totals[name]
+            t.seconds += seconds
+            t.new_tokens += seqs.shape[1] - inputs["input_ids"].shape[1]
+            t.rounds += calls - 1
+            t.prompts += 1
+            t.identical += same
+        print(f"scene {i + 1}/{len(samples)}: " + ", ".join(
+            f"{n} {best[n][3]:.2f}s" for n in methods), flush=True)
+    load_end = os.getloadavg()[0]
+
+    ref_s = totals[REF].seconds
+    header = ["method", "τ with bonus", "τ without bonus", "tokens/s", "speedup vs target-only",
+              "draft ms/round", "target verify ms/round", "engine ms/round", "identical to greedy"]
+    rows = []
+    for name, t in totals.items():
+        per_round = (lambda x: f"{x / t.rounds * 1e3:.1f}") if t.accepted else (lambda x: "n/a")
+        rows.append([name, f"{t.tau:.2f}", f"{t.tau - 1:.2f}", f"{t.new_tokens / t.seconds:.1f}",
+                     f"{ref_s / t.seconds:.2f}x", per_round(t.draft_time),
+                     per_round(t.verify_time), per_round(t.engine_time),
+                     "reference" if name == REF else f"{t.identical}/{t.prompts}"])
+    vis, txt = totals[VISPEC], totals[TEXT_ONLY]
+    ratio = (vis.tau - 1) / max(txt.tau - 1, 1e-9)
+    speed = ref_s / vis.seconds
+    lines = [
+        (f"- **ViSpec τ ≥ {TAU_RATIO_BAR}× the text-only drafter's** (without the bonus token, "
+         f"ViSpec's convention): {vis.tau - 1:.2f} vs {txt.tau - 1:.2f} = {ratio:.2f}× → "
+         f"**{'met' if ratio >= TAU_RATIO_BAR else 'missed'}** (with the bonus: "
+         f"{vis.tau / txt.tau:.2f}×)."),
+        (f"- **ViSpec speedup ≥ {SPEEDUP_BAR}× over target-only**: {speed:.2f}× → "
+         f"**{'met' if speed >= SPEEDUP_BAR else 'missed'}**; HF assisted generation "
+         f"{ref_s / totals[HF_ASSIST].seconds:.2f}×, text-only drafter "
+         f"{ref_s / txt.seconds:.2f}×."),
+    ]
+    per_token = ref_s / totals[REF].new_tokens * 1e3
+    round_ms = (vis.draft_time + vis.verify_time + vis.engine_time) / vis.rounds * 1e3
+    lines.append(f"- Where ViSpec's time goes: a round costs about {round_ms:.1f} ms "
+                 f"({vis.draft_time / vis.rounds * 1e3:.1f} drafting, "
+                 f"{vis.verify_time / vis.rounds * 1e3:.1f} in the target's verification forward, "
+                 f"{vis.engine_time / vis.rounds * 1e3:.1f} engine) for τ = {vis.tau:.2f} tokens, "
+                 f"against {per_token:.1f} ms per token for target-only greedy.")
+    params = sum(p.numel() for p in target.parameters()) / 1e6
+    body = "\n".join([
+        (f"Zoo VLM `vlm-target` (tiny LLaVA, {params:.1f}M parameters), drafters `vlm-vispec` and "
+         f"`vlm-text-drafter` (trained with `mmspec.vision.train`), HF assistant `vlm-assistant`; "
+         f"fp32, batch 1, greedy, {args.threads} thread(s). {len(samples)} held-out scenes, "
+         f"question {prompt!r}, {args.new_tokens} new tokens at most, best of {args.repeats}."),
+        "",
+        ("τ counts target forwards with a forward hook for every method (HF's included): (new "
+         "tokens − 1) / (target calls − 1). Speedup = target-only wall time / the method's, summed "
+         "over the scenes. Every mmspec output is asserted token-identical to target-only greedy."),
+        "",
+        markdown_table(header, rows),
+        "",
+        "Bars (issue 7):",
+        "",
+        *lines,
+        "",
+        (f"Load average (1 min) {load_start:.2f} at the start and {load_end:.2f} at the end, on "
+         f"{os.cpu_count()} CPUs; methods interleaved per scene."),
+    ])
+    print(markdown_table(header, rows))
+    print("\n".join(lines))
+    if args.plot:
+        for path in plot(totals, PLOTS):
+            print(f"wrote {path}")
+        body += "\n\nCharts: `benchmarks/plots/vlm_speedup.png`, `vlm_tau_per_round.png`."
+    if args.write:
+        write_section("vlm", "VLM: ViSpec side by side (`benchmarks/vlm.py`)", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`PixelWanPipeline`: text-to-video with the zoo's pixel-space Wan DiT (no VAE).
+
+    pipe = mmspec.zoo.load("video-dit").model
+    frames = pipe("a red circle moving right", num_frames=4, height=32, width=32,
+                  num_inference_steps=20, generator=torch.Generator().manual_seed(0)).frames
+    # numpy [B, F, H, W, 3] in [0, 1]
+
+A diffusers `DiffusionPipeline` (components `tokenizer`, `text_encoder`, `transformer`,
+`scheduler`) that samples like `WanPipeline` (Euler steps of `FlowMatchEulerDiscreteScheduler`,
+classifier-free guidance with the empty caption as negative), but denoises pixels directly, so
+`WanPipeline`'s VAE, its 4k+1 frame rule and its 16-pixel size rule do not apply: any frame count
+and any even height and width work. `apply_draft_attention(pipe, config)` finds `pipe.transformer`
+and `pipe.scheduler` as it does on a `WanPipeline`. The conditional and unconditional branches run
+as one batch of 2 (a CFG batch), not two forwards as in `WanPipeline`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
+
+from mmspec.zoo.video_model import encode_prompts
+
+
+class PixelWanPipeline(DiffusionPipeline):
+    model_cpu_offload_seq = "text_encoder->transformer"
+
+    def __init__(self, tokenizer, text_encoder, transformer, scheduler):
+        super().__init__()
+        self.register_modules(tokenizer=tokenizer, text_encoder=text_encoder,
+                              transformer=transformer, scheduler=scheduler)
+
+    @property
+    def training(self) -> bool:  # ZooModel convention: entries load in eval mode
+        return self.transformer.training
+
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
+                 num_frames: int = 4, height: int = 32, width: int = 32,
+                 num_inference_steps: int = 20, guidance_scale: float = 3.0,
+                 generator: Optional[torch.Generator] = None, latents: torch.Tensor | None = None,
+                 output_type: str = "np", return_dict: bool = True,
+                 callback_on_step_end: Optional[Callable] = None):
+        """Sample videos; returns `WanPipelineOutput(frames)`.
+
+        frames: `output_type="np"`: numpy `[B, F, H, W, 3]` in [0, 1]; `"pt"`: the raw tensor
+        `[B, 3, F, H, W]` in [-1, 1]. The initial noise is drawn on the CPU from `generator` (or
+        passed as `latents`), so a seed gives the same noise with and without DraftAttention.
+        `callback_on_step_end(pipe, step, timestep, {})` runs after each step, as in diffusers.
+        """
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if height % 2 or width % 2:
+            raise ValueError(f"height and width must be even (patch 2), got {height}x{width}")
+        negative = negative_prompt if negative_prompt is not None else ""
+        negatives = [negative] * len(prompts) if isinstance(negative, str) else list(negative)
+        device, dtype = self.transformer.device, self.transformer.dtype
+        cfg = guidance_scale > 1.0
+        text = encode_prompts(self.tokenizer, self.text_encoder, prompts + (negatives if cfg else []))
+        text = text.to(device, dtype)
+        if latents is None:
+            latents = torch.randn((len(prompts), 3, num_frames, height, width), generator=generator)
+        latents = latents.to(device, torch.float32)
+        self.scheduler.set_timesteps(num_inference_steps, device=device)
+        for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):
+            model_in = torch.cat([latents, latents]) if cfg else latents
+            v = self.transformer(model_in.to(dtype), timestep=t.expand(model_in.shape[0]),
+                                 encoder_hidden_states=text, return_dict=False)[0].float()
+            if cfg:
+                v_cond, v_uncond = v.chunk(2)
+                v = v_uncond + guidance_scale * (v_cond - v_uncond)
+            latents = self.scheduler.step(v, t, latents, return_dict=False)[0]
+            if callback_on_step_end is not None:
+                callback_on_step_end(self, i, t, {})
+        video = latents.clamp(-1, 1)
+        if output_type == "np":
+            video = ((video + 1) / 2).permute(0, 2, 3, 4, 1).cpu().numpy().astype(np.float32)
+        elif output_type != "pt":
+            raise ValueError(f"output_type must be 'np' or 'pt', got {output_type!r}")
+        self.maybe_free_model_hooks()
+        return WanPipelineOutput(frames=video) if return_dict else (video,)
