@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,18 +139,27 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
               size: int = 32, steps: int = 20, tile: str = "4 x 4") -> gr.Blocks:
     """The page; `pipe` defaults to the zoo video model (the defaults are its training size)."""
     pipe = pipe if pipe is not None else load_zoo_pipeline()
-    # warm-up, dense and sparse (the first sparse call loads the CPU kernel), so that the first
-    # comparison's timings are not skewed by either
-    warm = {"num_frames": num_frames, "height": size, "width": size, "num_inference_steps": 1,
-            "generator": torch.Generator().manual_seed(0)}
-    with torch.no_grad():
-        pipe("warm-up", **warm)
-        apply_draft_attention(pipe, DraftAttentionConfig(tile=TILES[tile], dense_steps=0,
-                                                         dense_layers=0))
+    # warm-up, dense and sparse, in the background so that the page is up at once (the first
+    # sparse call may build the CPU kernel, ~30 s once per machine); the first comparison waits
+    # for it, so its timings are not skewed by either
+    warmed = threading.Event()
+
+    def warm_up():
+        warm = {"num_frames": num_frames, "height": size, "width": size,
+                "num_inference_steps": 1, "generator": torch.Generator().manual_seed(0)}
+        config = DraftAttentionConfig(tile=TILES[tile], dense_steps=0, dense_layers=0)
         try:
-            pipe("warm-up", **warm)
-        finally:
-            remove_draft_attention(pipe)
+            with torch.no_grad():
+                pipe("warm-up", **warm)
+                apply_draft_attention(pipe, config)
+                try:
+                    pipe("warm-up", **warm)
+                finally:
+                    remove_draft_attention(pipe)
+        finally:  # a failed warm-up must not block the page; its error shows in the log
+            warmed.set()
+
+    threading.Thread(target=warm_up, daemon=True).start()
     out_dir = Path(tempfile.mkdtemp(prefix="mmspec-video-draft-"))
     counter = itertools.count()
 
@@ -163,6 +173,7 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                        "number, and the seed set.")
         if problem:
             return gr.skip(), gr.skip(), warn(problem), *[gr.skip()] * 5
+        warmed.wait()
         try:
             result = compare(pipe, text, float(sparsity), TILES[tile_name],
                              num_frames=int(frames), size=int(px), steps=int(n_steps),
@@ -215,7 +226,7 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                 button = gr.Button("Generate dense and DraftAttention videos", variant="primary",
                                    elem_id="run")
             with gr.Column(scale=1):
-                sparsity = gr.Slider(0.5, 0.95, value=0.75, step=0.05, elem_id="sparsity",
+                sparsity = gr.Slider(0.5, 0.95, value=0.9, step=0.05, elem_id="sparsity",
                                      label="sparsity (share of attention blocks skipped)")
                 tile_choice = gr.Dropdown(list(TILES), value=tile, label="tile (latent tokens)",
                                           elem_id="tile")
