@@ -221,7 +221,7 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                     "map; its top entries pick which attention blocks are computed. On a CPU "
                     "the sparse path only gets faster on large token grids (BENCHMARKS.md: "
                     "16 frames of 64 x 64 with 8 x 16 tiles); at the zoo model's 32 x 32 the "
-                    "gain is small (about 1.1-1.2x on a quiet 2-core machine) and moves with "
+                    "gain is small (1.1-1.2x measured on a shared 2-core machine) and moves with "
                     "machine load.")
         maps = gr.State(None)  # (draft maps by (step, layer), tiles per latent frame)
         with gr.Row():
