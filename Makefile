@@ -22,7 +22,7 @@ endif
 install: $(VENV)/.installed
 
 run: install
-	$(PY) -m mmspec demo
+	$(PY) -m mmspec generate
 
 test: install
 	$(PY) -m pytest -q tests
@@ -34,7 +34,8 @@ test-browser: install
 	MMSPEC_BROWSER=1 $(PY) -m pytest -q tests/browser
 
 bench: install
-	$(PY) benchmarks/kernels.py
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m mmspec bench all --plot
 
 clean:
 	rm -rf $(VENV) *.egg-info
