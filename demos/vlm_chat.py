@@ -171,6 +171,12 @@ def read_image(path) -> Image.Image:
                          f"or other format that Pillow reads.") from error
 
 
+def preview_of(image: Image.Image, at_least: int = 192) -> Image.Image:
+    """The image enlarged by a whole factor (nearest) when it is small (the zoo's scenes)."""
+    k = max(1, at_least // max(image.size))
+    return image.resize((image.width * k, image.height * k), Image.NEAREST) if k > 1 else image
+
+
 def build_app(chat: Chat | None = None, max_new_tokens: int = 64) -> gr.Blocks:
     """The page; `chat` defaults to the zoo VLM."""
     chat = chat or load_zoo()
@@ -192,11 +198,11 @@ def build_app(chat: Chat | None = None, max_new_tokens: int = 64) -> gr.Blocks:
             line = (f"**{mode}**, {status}: {s['new_tokens']} tokens, {s['rounds']} rounds, "
                     f"τ = {s['tau']:.2f} tokens per target forward, "
                     f"{s['tokens_per_s']:.1f} tokens/s")
-            yield html, line, image
+            yield html, line, preview_of(image)
 
     def on_upload(path):
         try:
-            return read_image(path), ""
+            return preview_of(read_image(path)), ""
         except ValueError as error:
             return None, warn(str(error))
 
@@ -209,7 +215,8 @@ def build_app(chat: Chat | None = None, max_new_tokens: int = 64) -> gr.Blocks:
                 upload = gr.File(label="Image", file_types=["image"], elem_id="image-file",
                                  value=str(chat.image) if chat.image else None)
                 preview = gr.Image(label="preview", interactive=False, height=220,
-                                   value=str(chat.image) if chat.image else None)
+                                   value=preview_of(read_image(chat.image)) if chat.image
+                                   else None)
             with gr.Column(scale=2):
                 question = gr.Textbox(value=chat.question, label="Question", elem_id="question")
                 mode = gr.Radio(modes, value=modes[0], label="Drafter", elem_id="mode")
