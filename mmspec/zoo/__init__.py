@@ -9,9 +9,17 @@ shipped in `assets/zoo/` and loaded with no network.
     video = mmspec.zoo.load("video-dit")  # .model: PixelWanPipeline, .model.transformer: Wan DiT
     video.model("a red circle moving right", num_frames=4, height=32, width=32).frames
 
-Training recipes: `python -m mmspec.zoo.train_text --help`, `python -m mmspec.zoo.train_video`.
+    vlm = mmspec.zoo.load("vlm-target")     # LLaVA + its LlavaProcessor
+    vispec = mmspec.zoo.load("vlm-vispec", target=vlm.model)
+    inputs = mmspec.zoo.vlm_inputs(vlm.tokenizer, mmspec.zoo.render(seed), "Describe the image.")
+    mmspec.generate(vlm.model, vispec.model, **inputs, max_new_tokens=128)
+
+Training recipes: `python -m mmspec.zoo.train_text --help`, `python -m mmspec.zoo.train_vlm --help`,
+`python -m mmspec.zoo.train_video --help`.
 """
 
 from mmspec.zoo.registry import ZooModel, available, load
+from mmspec.zoo.scenes import render
+from mmspec.zoo.vlm_processor import vlm_inputs
 
-__all__ = ["ZooModel", "available", "load"]
+__all__ = ["ZooModel", "available", "load", "render", "vlm_inputs"]

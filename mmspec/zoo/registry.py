@@ -2,6 +2,8 @@
 
 An entry is a folder of `assets/zoo/` holding a `card.json` whose `kind` has a loader here.
 Weights are safetensors only (fp16 on disk, upcast to float32 on load for CPU speed).
+VLM entries: `vlm-target` (LLaVA, with its `LlavaProcessor`), `vlm-assistant` (text-only Llama for
+HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bound to a target).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from transformers import Qwen2ForCausalLM
+from transformers import LlamaForCausalLM, LlavaForConditionalGeneration, Qwen2ForCausalLM
 
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import read_card
 from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.tokenizer import load_tokenizer
+from mmspec.zoo.vlm_processor import load_processor
 
 
 @dataclass
@@ -93,7 +96,32 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
     return ZooModel(name, pipe, tokenizer, card, path=directory)
 
 
-_LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "video-dit": _load_video}
+def _load_vlm(name: str, directory: Path, card: dict) -> ZooModel:
+    model = LlavaForConditionalGeneration.from_pretrained(
+        str(directory), dtype=torch.float32, use_safetensors=True, local_files_only=True)
+    return ZooModel(name, model.eval(), load_processor(directory), card,
+                    drafters=tuple(card.get("drafters", ())), path=directory)
+
+
+def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
+    model = LlamaForCausalLM.from_pretrained(str(directory), dtype=torch.float32,
+                                             use_safetensors=True, local_files_only=True)
+    return ZooModel(name, model.eval(), load_tokenizer(directory), card, path=directory)
+
+
+def _load_vispec(name: str, directory: Path, card: dict,
+                 target: Optional[torch.nn.Module] = None) -> ZooModel:
+    from mmspec.vision import ViSpecDrafter  # the text zoo loads without the vision stack
+
+    if target is None:
+        target = load(card["target"], directory.parent).model
+    drafter = ViSpecDrafter.from_pretrained(directory, target).eval()
+    return ZooModel(name, drafter, load_processor(directory.parent / card["target"]), card,
+                    path=directory)
+
+
+_LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "vlm": _load_vlm,
+            "vlm-assistant": _load_assistant, "vispec": _load_vispec, "video-dit": _load_video}
 
 
 def available(zoo_dir: Path = ZOO_DIR) -> list[str]:
@@ -104,12 +132,23 @@ def available(zoo_dir: Path = ZOO_DIR) -> list[str]:
                   if (d / "card.json").is_file() and read_card(d).get("kind") in _LOADERS)
 
 
-def load(name: str, zoo_dir: Path = ZOO_DIR) -> ZooModel:
-    """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`."""
+def load(name: str, zoo_dir: Path = ZOO_DIR, *, target: Optional[torch.nn.Module] = None
+         ) -> ZooModel:
+    """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`.
+
+    `target`: ViSpec drafters only (`vlm-vispec`, `vlm-text-drafter`): the already loaded target
+    to bind the drafter to (it must be the card's target; its embedding signature is checked).
+    None loads the target named in the card.
+    """
     names = available(zoo_dir)
     if name not in names:
         raise ValueError(f"unknown zoo model {name!r}; available: {', '.join(names) or 'none'} "
                          f"(in {zoo_dir})")
     directory = zoo_dir / name
     card = read_card(directory)
+    if card["kind"] == "vispec":
+        return _load_vispec(name, directory, card, target)
+    if target is not None:
+        raise ValueError(f"target: only ViSpec drafters are bound to a target; {name!r} is a "
+                         f"{card['kind']!r} entry")
     return _LOADERS[card["kind"]](name, directory, card)

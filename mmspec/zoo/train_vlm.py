@@ -1,0 +1,391 @@
+"""Train the VLM zoo on synthetic scenes (`mmspec/zoo/scenes.py`): the processor, a tiny LLaVA
+target, a text-only assistant (HF assisted generation's baseline), and the ViSpec drafter with its
+text-only ablation.
+
+    python -m mmspec.zoo.train_vlm tokenizer
+    python -m mmspec.zoo.train_vlm vlm-target          # ~35 min on one thread
+    python -m mmspec.zoo.train_vlm vlm-assistant       # ~5 min
+    python -m mmspec.zoo.train_vlm vlm-vispec          # then vlm-text-drafter; need vlm-target
+
+Seeded and resumable: the state goes to `out/zoo/<name>/` every `--save-every-s` seconds (the
+drafters: every 100 steps, by `mmspec.vision.train`) and `--resume` continues from there (batches
+are drawn from a generator seeded by the step). At the end the weights are written as fp16
+safetensors to `assets/zoo/<name>/` with a card whose held-out figures are measured on the shipped
+fp16 weights.
+
+The drafters are trained by `mmspec.vision.train.train` on the target's own greedy answers. Those
+answers are precomputed here in batches of prompts of equal length (no padding) into the answer
+cache that `train` reads: the same greedy answers, an order of magnitude faster than one at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
+
+from mmspec.vision import ViSpecDrafter
+from mmspec.vision.train import TrainConfig, _key, held_out_tau, train
+from mmspec.zoo.cards import read_card, write_card
+from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
+from mmspec.zoo.scenes import (HELDOUT_START, colour_question, corpus, make_scene,
+                                question_answer, render_scene)
+from mmspec.zoo.vlm_data import answer_loss, heldout_seeds, scene_batch, train_seeds
+from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
+from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
+
+PROCESSOR_DIR = ZOO_DIR / "vlm-processor"
+TOKENIZER_SEEDS = range(20_000)
+HELDOUT_SCENES = 64  # the held-out slice the target's card reports and tests/zoo re-measures
+COLOUR_SCENES = 40  # held-out scenes asked "What colour is the <first shape>?"
+DRAFTER_SEEDS = 5_000_000  # the drafters' training prompts: a training-split range the target
+#                            sampled from like any other (no held-out scene)
+DATA_CARD = {
+    "generator": "mmspec.zoo.scenes: seeded scene graph (1-4 shapes of 6 kinds, 8 colours, 2 "
+                 "sizes, 3x3 grid places, 30% a word) rendered 64x64 with Pillow; descriptions, "
+                 "colour / shape / count / text / background questions",
+    "split": f"scene seeds < {HELDOUT_START} train, >= {HELDOUT_START} held out",
+}
+
+
+def _command(argv: list[str]) -> str:
+    return "python -m mmspec.zoo.train_vlm " + shlex.join(argv)
+
+
+def _machine(args) -> dict:
+    return {"threads": args.threads, "seed": args.seed,
+            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)"}
+
+
+def cmd_tokenizer(args) -> None:
+    t0 = time.time()
+    processor = train_processor(corpus(TOKENIZER_SEEDS))
+    PROCESSOR_DIR.mkdir(parents=True, exist_ok=True)
+    processor.save_pretrained(str(PROCESSOR_DIR))
+    tok = processor.tokenizer
+    write_card(PROCESSOR_DIR, {
+        "name": "vlm-processor",
+        "summary": "LlavaProcessor of the VLM zoo: byte-level BPE on the scene texts, <image>, "
+                   "LLaVA-1.5 chat template, 64x64 CLIP image processor.",
+        "kind": "processor",
+        "vocab_size": len(tok),
+        "special_tokens": {"pad": tok.pad_token_id, "bos": tok.bos_token_id,
+                           "eos": tok.eos_token_id, "image": tok.convert_tokens_to_ids("<image>")},
+        "data": {**DATA_CARD, "tokenizer_seeds": f"{TOKENIZER_SEEDS.start}-{TOKENIZER_SEEDS.stop}"},
+        "wall_time_s": round(time.time() - t0, 1),
+        "command": _command(args.argv),
+    })
+    print(f"processor: {len(tok)} tokens -> {PROCESSOR_DIR}")
+
+
+# --- target and assistant ---
+
+def build_model(spec: VLMSpec, tokenizer):
+    if spec.vision_layers:
+        return LlavaForConditionalGeneration(spec.llava_config(tokenizer))
+    return LlamaForCausalLM(spec.text_config(tokenizer))
+
+
+def lr_at(spec: VLMSpec, step: int) -> float:
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def heldout_loss(model, processor, with_images: bool, n: int) -> float:
+    """Answer-token cross-entropy (nats/token) over the first `n` held-out scenes."""
+    model.eval()
+    total = count = 0
+    seeds = heldout_seeds(n)
+    for i in range(0, n, 16):
+        batch = scene_batch(processor, seeds[i:i + 16])
+        tokens = int((batch["labels"][:, 1:] != -100).sum())
+        total += answer_loss(model, batch, with_images).item() * tokens
+        count += tokens
+    return total / count
+
+
+def colour_seeds(n: int) -> range:
+    """Held-out scenes for the colour question (apart from the loss slice)."""
+    return range(HELDOUT_START + 10_000, HELDOUT_START + 10_000 + n)
+
+
+@torch.no_grad()
+def colour_accuracy(model, processor, n: int) -> float:
+    """Share of held-out scenes where the greedy answer to "What colour is the <first shape>?"
+    is exactly the reference answer."""
+    model.eval()
+    right = 0
+    for seed in colour_seeds(n):
+        scene = make_scene(seed)
+        question, reference = colour_question(scene)
+        inputs = vlm_inputs(processor, render_scene(scene), question)
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=24)
+        text = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:],
+                                          skip_special_tokens=True).strip()
+        right += text == reference
+    return right / n
+
+
+def cmd_train(args) -> None:
+    spec = SPECS[args.model]
+    if args.steps is not None:
+        spec = VLMSpec(**{**spec.__dict__, "steps": args.steps})
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    processor = load_processor(args.processor)
+    with_images = spec.vision_layers > 0
+    model = build_model(spec, processor.tokenizer)
+    opt = torch.optim.AdamW([
+        {"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+        {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}],
+        lr=spec.lr, betas=(0.9, 0.95))
+    ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
+    start, elapsed, losses = 0, 0.0, []
+    if args.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
+        print(f"resumed {spec.name} at step {start} ({elapsed:.0f}s trained)")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{spec.name}: {n_params / 1e6:.2f}M params")
+
+    def save(step):
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                    "elapsed": elapsed + time.time() - t0, "losses": losses}, tmp)
+        tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
+
+    model.train()
+    t0 = last_save = time.time()
+    bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
+               mininterval=10, file=sys.stdout)
+    for step in bar:
+        batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
+                            spec.describe_share)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(spec, step)
+        loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
+        if time.time() - last_save > args.save_every_s:
+            save(step + 1)
+            last_save = time.time()
+    save(spec.steps)
+    elapsed += time.time() - t0
+    export_model(spec, model, processor, losses, elapsed, args, n_params)
+
+
+def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_params) -> None:
+    out_dir = Path(args.zoo) / spec.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(str(out_dir))
+    processor.save_pretrained(str(out_dir))
+    cls = type(model)
+    shipped = cls.from_pretrained(str(out_dir), dtype=torch.float32)
+    with_images = spec.vision_layers > 0
+    results = {"heldout_loss": round(heldout_loss(shipped, processor, with_images,
+                                                  HELDOUT_SCENES), 4)}
+    if with_images:
+        results["heldout_colour_accuracy"] = colour_accuracy(shipped, processor, COLOUR_SCENES)
+    tail = losses[-50:]
+    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
+    card = {
+        "name": spec.name,
+        "summary": ("Tiny LLaVA-1.5 (CLIP vision tower, GELU projector, Llama) trained on "
+                    "synthetic scenes." if with_images else
+                    "Text-only Llama on the scene prompts and answers (the <image> tokens read as "
+                    "text): the draft model of HF assisted generation, the baseline."),
+        "kind": "vlm" if with_images else "vlm-assistant",
+        "architecture": cls.__name__,
+        "params": n_params,
+        "size_mb": round(size_mb, 2),
+        "dtype": "float16",
+        "config": {k: v for k, v in spec.__dict__.items() if k != "name"},
+        "drafters": list(spec.drafters),
+        "conventions": {"processor": "LlavaProcessor saved alongside (mmspec.zoo.vlm_processor)",
+                        "inputs": "mmspec.zoo.vlm_inputs(processor, image, question)",
+                        "eos_token_id": processor.tokenizer.eos_token_id,
+                        "pad_token_id": processor.tokenizer.pad_token_id},
+        "objective": "next-token cross-entropy on the answer tokens (prompt and image not scored)",
+        "data": DATA_CARD,
+        "results": {
+            "final_train_loss": round(sum(tail) / len(tail), 4),
+            "final_train_loss_note": "mean of the last 50 steps (nats/answer token)",
+            **results,
+            "heldout_slice": f"mmspec.zoo.vlm_data.heldout_seeds({HELDOUT_SCENES}); fp16 "
+                             "weights as shipped",
+            "colour_accuracy_slice": f"seeds {HELDOUT_START + 10_000}-"
+                                     f"{HELDOUT_START + 10_000 + COLOUR_SCENES - 1}, exact match",
+            "wall_time_s": round(elapsed, 1),
+            **_machine(args),
+        },
+        "command": _command(args.argv),
+    }
+    if with_images:
+        sample_seed = HELDOUT_START + 7
+        render_scene(make_scene(sample_seed)).save(out_dir / "sample.png")
+        card["sample_image"] = "sample.png"
+        card["sample_seed"] = sample_seed
+        card["sample_prompt"] = "Describe the image."
+    write_card(out_dir, card)
+    print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+
+
+# --- drafters ---
+
+def drafter_samples(processor, seeds) -> list[dict]:
+    """Ready samples for `mmspec.vision.train`: {"input_ids" [1, L], "pixel_values"}."""
+    out = []
+    for seed in seeds:
+        scene = make_scene(seed)
+        question, _ = question_answer(scene, describe_share=0.8)
+        inputs = vlm_inputs(processor, render_scene(scene), question)
+        out.append({"input_ids": inputs["input_ids"], "pixel_values": inputs["pixel_values"]})
+    return out
+
+
+@torch.no_grad()
+def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: Path) -> None:
+    """Fill `mmspec.vision.train`'s answer cache: greedy answers, prompts of equal length batched
+    (no padding, so each row is the answer `target.generate` gives it alone)."""
+    cache = torch.load(cache_path, weights_only=True) if cache_path.is_file() else {}
+    groups: dict = {}
+    for i, s in enumerate(samples):
+        if _key(i, s["input_ids"]) not in cache:
+            groups.setdefault(s["input_ids"].shape[1], []).append(i)
+    eos = target.generation_config.eos_token_id
+    todo = [idx[j:j + 16] for idx in groups.values() for j in range(0, len(idx), 16)]
+    for chunk in tqdm(todo, desc="target answers", file=sys.stdout, mininterval=10):
+        ids = torch.cat([samples[i]["input_ids"] for i in chunk])
+        pixels = torch.cat([samples[i]["pixel_values"] for i in chunk])
+        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                              pixel_values=pixels, do_sample=False, max_new_tokens=max_new_tokens)
+        for row, i in zip(out[:, ids.shape[1]:], chunk):
+            stop = (row == eos).nonzero()
+            cache[_key(i, samples[i]["input_ids"])] = row[:int(stop[0]) + 1] if len(stop) else row
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(cache, cache_path)
+
+
+def cmd_drafter(args) -> None:
+    from mmspec.zoo.registry import load
+
+    spec: DrafterSpec = SPECS[args.model]
+    steps = args.steps if args.steps is not None else spec.steps
+    torch.set_num_threads(args.threads)
+    target_entry = load("vlm-target", Path(args.zoo))
+    target, processor = target_entry.model, target_entry.tokenizer
+    out_dir = Path(args.out) / spec.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples = drafter_samples(processor, range(DRAFTER_SEEDS, DRAFTER_SEEDS + spec.samples))
+    held = drafter_samples(processor, heldout_seeds(spec.held_out))
+    torch.save(samples, out_dir / "samples.pt")  # the `--data` file of `mmspec.vision.train`
+    t0 = time.time()
+    # both drafters train on the same prompts: the target answers them once
+    shared = Path(args.out) / f"vlm-drafter-answers-{spec.samples}x{spec.answer_tokens}.pt"
+    precompute_answers(target, samples, spec.answer_tokens, shared)
+    shutil.copyfile(shared, out_dir / "answers.pt")
+    answers_s = time.time() - t0
+    cfg = TrainConfig(steps=steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, steps),
+                      answer_tokens=spec.answer_tokens, eval_every=args.eval_every,
+                      eval_new_tokens=spec.eval_new_tokens,
+                      checkpoint_every=100, seed=args.seed)
+    torch.manual_seed(args.seed)
+    drafter = ViSpecDrafter.from_target(target, text_only=spec.text_only)
+    losses = train(drafter, target, samples, cfg, held_out=held, out_dir=out_dir,
+                   resume=args.resume)
+    elapsed = time.time() - t0
+    export_drafter(spec, drafter, target, held, losses, cfg, elapsed, answers_s, args)
+
+
+def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapsed, answers_s,
+                   args) -> None:
+    out_dir = Path(args.zoo) / spec.name
+    drafter.half().save_pretrained(out_dir)
+    shipped = ViSpecDrafter.from_pretrained(out_dir, target).eval()
+    t0 = time.time()
+    tau = held_out_tau(shipped, target, held, spec.eval_new_tokens)
+    tail = losses[-100:]
+    n_params = sum(p.numel() for p in shipped.parameters())
+    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
+    write_card(out_dir, {
+        "name": spec.name,
+        "summary": ("ViSpec drafter (EAGLE-2 head + vision adaptor + global image vector)"
+                    if not spec.text_only else
+                    "ViSpec's text-only ablation (no adaptor, no global vector: image tokens stay "
+                    "in the draft sequence)") + " for vlm-target.",
+        "kind": "vispec",
+        "target": "vlm-target",
+        "architecture": "mmspec.vision.ViSpecDrafter",
+        "params": n_params,
+        "size_mb": round(size_mb, 2),
+        "dtype": "float16",
+        "config": {k: v for k, v in spec.__dict__.items() if k != "name"},
+        "train_config": {k: v for k, v in cfg.__dict__.items()},
+        "data": {**DATA_CARD,
+                 "prompts": f"{spec.samples} training scenes (seeds {DRAFTER_SEEDS}-"
+                            f"{DRAFTER_SEEDS + spec.samples - 1}), 80% description questions; "
+                            "answers: vlm-target's own greedy answers",
+                 "held_out": f"mmspec.zoo.vlm_data.heldout_seeds({spec.held_out})"},
+        "results": {
+            "final_train_loss": round(sum(tail) / len(tail), 4),
+            "final_train_loss_note": "mean of the last 100 steps (mmspec.vision.train's loss)",
+            "heldout_tau": round(tau, 3),
+            "heldout_tau_note": f"tokens per target forward, bonus included, greedy, "
+                                f"{spec.eval_new_tokens} new tokens, fp16 weights as shipped "
+                                "(mmspec.vision.train.held_out_tau)",
+            "heldout_tau_wall_s": round(time.time() - t0, 1),
+            "answers_wall_time_s": round(answers_s, 1),
+            "wall_time_s": round(elapsed, 1),
+            "wall_time_note": "answers + training of the last invocation (a resumed run counts "
+                              "only its own part)",
+            **_machine(args),
+        },
+        "command": _command(args.argv),
+    })
+    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out tau {tau:.3f}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=["tokenizer", *SPECS])
+    parser.add_argument("--steps", type=int, default=None, help="override the spec's step count")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
+    parser.add_argument("--zoo", default=str(ZOO_DIR), help="where the shipped entries go")
+    parser.add_argument("--processor", default=str(PROCESSOR_DIR))
+    parser.add_argument("--save-every-s", type=float, default=120.0)
+    parser.add_argument("--eval-every", type=int, default=500, help="drafters: held-out tau")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    if args.model == "tokenizer":
+        cmd_tokenizer(args)
+    elif isinstance(SPECS[args.model], DrafterSpec):
+        cmd_drafter(args)
+    else:
+        cmd_train(args)
+
+
+if __name__ == "__main__":
+    main()

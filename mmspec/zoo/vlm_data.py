@@ -1,0 +1,65 @@
+"""Training batches of scenes for the VLM zoo: (image, question) prompts followed by the answer,
+with the loss on answer tokens only.
+
+Batches are drawn from a generator seeded by the step (a resumed run sees the same data); the
+held-out slice is the first `n` seeds of the held-out range.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from mmspec.zoo.scenes import HELDOUT_START, make_scene, question_answer, render_scene
+from mmspec.zoo.vlm_processor import answer_ids, vlm_inputs
+
+IGNORE = -100
+
+
+def train_seeds(step: int, batch_size: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed * 1_000_003 + step)
+    return [rng.randrange(HELDOUT_START) for _ in range(batch_size)]
+
+
+def heldout_seeds(n: int) -> list[int]:
+    return list(range(HELDOUT_START, HELDOUT_START + n))
+
+
+def scene_batch(processor, seeds: list[int], describe_share: float = 0.6) -> dict:
+    """`input_ids`, `attention_mask`, `labels` long `[B, T]` (right-padded; labels are IGNORE
+    outside the answers) and `pixel_values` `[B, 3, 64, 64]`."""
+    rows, labels, pixels = [], [], []
+    for seed in seeds:
+        scene = make_scene(seed)
+        question, answer = question_answer(scene, describe_share)
+        inputs = vlm_inputs(processor, render_scene(scene), question)
+        prompt = inputs["input_ids"][0].tolist()
+        answer = answer_ids(processor, answer)
+        rows.append(prompt + answer)
+        labels.append([IGNORE] * len(prompt) + answer)
+        pixels.append(inputs["pixel_values"])
+    width = max(map(len, rows))
+    pad = processor.tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    lab = torch.tensor([r + [IGNORE] * (width - len(r)) for r in labels])
+    return {"input_ids": ids, "attention_mask": mask, "labels": lab,
+            "pixel_values": torch.cat(pixels)}
+
+
+def answer_loss(model, batch: dict, with_images: bool = True,
+                per_answer: bool = False) -> torch.Tensor:
+    """Next-token cross-entropy (nats) on the answer tokens of `batch`: the mean over all answer
+    tokens, or with `per_answer` the mean of each answer's own mean (a 6-token colour answer then
+    weighs as much as a 150-token description instead of 25x less)."""
+    kwargs = {"pixel_values": batch["pixel_values"]} if with_images else {}
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   **kwargs).logits  # [B, T, V]
+    labels = batch["labels"][:, 1:]  # [B, T-1]
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), labels,
+                                           ignore_index=IGNORE, reduction="none")  # [B, T-1]
+    scored = (labels != IGNORE).float()
+    if per_answer:
+        return ((ce * scored).sum(1) / scored.sum(1).clamp(min=1)).mean()
+    return (ce * scored).sum() / scored.sum().clamp(min=1)

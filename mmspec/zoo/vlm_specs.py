@@ -1,0 +1,93 @@
+"""The VLM zoo's model specs: one frozen dataclass per shipped model.
+
+Sizes were measured on the project's shared 2-core machines, one thread: the target (~4.3M params)
+takes ~2.5-5 s per step of 16 scenes (load-dependent): 500 steps took 29 min. It is deep rather
+than wide because a tiny model's decode step is dominated by per-layer overhead, and the ViSpec head is one
+layer: depth buys the drafter its speed-up ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+from mmspec.zoo.scenes import IMAGE_SIZE
+from mmspec.zoo.vlm_processor import PATCH_SIZE
+
+
+@dataclass(frozen=True)
+class VLMSpec:
+    """A LLaVA-1.5 layout (CLIP vision tower, 2-layer GELU projector, Llama text model); with
+    `vision_layers=0` a text-only `LlamaForCausalLM` on the same tokenizer."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    steps: int
+    vision_hidden: int = 128
+    vision_layers: int = 3
+    batch_size: int = 16
+    lr: float = 1e-3  # small models tolerate a high peak LR; cosine decay to 10%
+    warmup: int = 50
+    describe_share: float = 0.6  # share of training scenes asked for a description
+    per_answer_loss: bool = False  # average per answer, not per token (vlm_data.answer_loss)
+    drafters: tuple[str, ...] = ()
+
+    def text_config(self, tokenizer) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            max_position_embeddings=1024, rope_theta=10000.0, tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id)
+
+    def llava_config(self, tokenizer) -> LlavaConfig:
+        vision = CLIPVisionConfig(hidden_size=self.vision_hidden,
+                                  intermediate_size=4 * self.vision_hidden,
+                                  num_hidden_layers=self.vision_layers,
+                                  num_attention_heads=self.vision_hidden // 32,
+                                  image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
+        return LlavaConfig(vision_config=vision, text_config=self.text_config(tokenizer),
+                           image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+                           projector_hidden_act="gelu", vision_feature_layer=-1,
+                           vision_feature_select_strategy="default",
+                           image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+                           tie_word_embeddings=True)
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A ViSpec drafter (or its text-only ablation) trained by `mmspec.vision.train`."""
+
+    name: str
+    text_only: bool
+    steps: int
+    samples: int = 600  # training scenes (prompts); answers are the target's own, greedy
+    held_out: int = 16  # held-out scenes for tau
+    lr: float = 1e-3  # tiny head: mmspec.vision.train's docs suggest ~1e-3
+    warmup_steps: int = 100
+    answer_tokens: int = 192  # the longest scene description is ~185 tokens
+    eval_new_tokens: int = 128
+
+
+SPECS = {
+    s.name: s
+    for s in (
+        # shipped: learns backgrounds and counts, not which colour goes with which shape (its
+        # card); per_answer_loss=True / a lower describe_share are the knobs to try next
+        VLMSpec("vlm-target", hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
+                intermediate_size=576, steps=500, lr=1.5e-3,
+                drafters=("vlm-vispec", "vlm-text-drafter", "vlm-assistant")),
+        # HF assisted-generation baseline: same tokenizer, sees the prompt's <image> tokens as text
+        VLMSpec("vlm-assistant", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+                intermediate_size=384, steps=500, vision_layers=0),
+        # ~1-2 steps/s on one shared thread: 1000 steps of one scene each in ~10-15 min
+        DrafterSpec("vlm-vispec", text_only=False, steps=1000),
+        DrafterSpec("vlm-text-drafter", text_only=True, steps=1000),
+    )
+}

@@ -1,0 +1,135 @@
+"""The VLM zoo: entries load offline, the target sees colours, its held-out loss matches its card,
+ViSpec is lossless on it, scenes are deterministic, and the training script resumes."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM, LlavaForConditionalGeneration, LlavaProcessor
+
+import mmspec
+import mmspec.zoo
+from mmspec.vision import ViSpecDrafter
+from mmspec.zoo import train_vlm
+from mmspec.zoo.paths import ZOO_DIR
+from mmspec.zoo.scenes import HELDOUT_START, colour_question, describe, make_scene, render
+from mmspec.zoo.vlm_data import train_seeds
+from mmspec.zoo.vlm_specs import SPECS, VLMSpec
+
+VLM = ("vlm-assistant", "vlm-target", "vlm-text-drafter", "vlm-vispec")
+FRESH = range(HELDOUT_START + 20_000, HELDOUT_START + 20_006)  # in no card's slice
+
+
+@pytest.fixture(scope="module")
+def target():
+    return mmspec.zoo.load("vlm-target")
+
+
+def test_vlm_entries_are_listed_and_load_offline(monkeypatch, target):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert set(VLM) <= set(mmspec.zoo.available())
+    assert isinstance(target.model, LlavaForConditionalGeneration)
+    assert isinstance(target.tokenizer, LlavaProcessor)
+    assert set(target.drafters) == {"vlm-vispec", "vlm-text-drafter", "vlm-assistant"}
+    assert "sample_prompt" in target.card and (ZOO_DIR / "vlm-target" / "sample.png").is_file()
+    assert isinstance(mmspec.zoo.load("vlm-assistant").model, LlamaForCausalLM)
+    alone = mmspec.zoo.load("vlm-vispec")  # loads the card's target itself
+    assert isinstance(alone.model, ViSpecDrafter) and not alone.model.config.text_only
+    bound = mmspec.zoo.load("vlm-text-drafter", target=target.model)
+    assert bound.model.config.text_only and bound.model.adapter.target is target.model
+
+
+def test_only_drafters_take_a_target(target):
+    with pytest.raises(ValueError, match="target: only ViSpec drafters"):
+        mmspec.zoo.load("vlm-assistant", target=target.model)
+
+
+def test_vlm_zoo_fits_its_budget():
+    total = sum(f.stat().st_size for name in (*VLM, "vlm-processor")
+                for f in (ZOO_DIR / name).iterdir())
+    assert total <= 20e6, f"VLM zoo takes {total / 1e6:.1f} MB, budget 20 MB"
+
+
+def _answer(target, seed: int, question: str, new: int = 24) -> str:
+    inputs = mmspec.zoo.vlm_inputs(target.tokenizer, render(seed), question)
+    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=new)
+    return target.tokenizer.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:],
+                                             skip_special_tokens=True).strip()
+
+
+def test_the_target_names_the_background_colour_of_fresh_held_out_images(target):
+    """The image path works: a blind model gets 1 in 4 right."""
+    right = sum(make_scene(seed).background in _answer(target, seed, "What colour is the background?")
+                for seed in FRESH)
+    assert right >= len(FRESH) - 2, f"{right}/{len(FRESH)} backgrounds right"
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped vlm-target has not learned to bind shapes to "
+                                       "colours (card: heldout_colour_accuracy 0.0); remove this "
+                                       "mark once a retrained target passes")
+def test_the_target_names_colours_in_fresh_held_out_images(target):
+    right = 0
+    for seed in FRESH:
+        question, reference = colour_question(make_scene(seed))
+        right += _answer(target, seed, question) == reference
+    assert right >= len(FRESH) - 1, f"{right}/{len(FRESH)} colour answers right"
+
+
+def test_held_out_loss_matches_the_card(target):
+    loss = train_vlm.heldout_loss(target.model, target.tokenizer, True, train_vlm.HELDOUT_SCENES)
+    assert loss <= target.card["results"]["heldout_loss"] + 0.02
+
+
+@pytest.mark.parametrize("name", ["vlm-vispec", "vlm-text-drafter"])
+def test_vispec_greedy_equals_the_target_alone(target, name):
+    drafter = mmspec.zoo.load(name, target=target.model).model
+    inputs = mmspec.zoo.vlm_inputs(target.tokenizer, render(FRESH[0]), "Describe the image.")
+    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=48)
+    out = mmspec.generate(target.model, drafter, max_new_tokens=48, **inputs)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_accepted > 1.5  # trained drafts get accepted, not merely verified
+
+
+def test_scenes_are_deterministic_per_seed():
+    assert render(3).tobytes() == render(3).tobytes()
+    assert describe(make_scene(3)) == describe(make_scene(3))
+    assert render(3).tobytes() != render(4).tobytes()
+    assert all(s < HELDOUT_START for s in train_seeds(0, 64) + train_seeds(999, 64))
+
+
+MICRO = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+             vision_hidden=32, vision_layers=1, batch_size=2, steps=4, warmup=1)
+
+
+def _run(tmp_path, out, *extra):
+    train_vlm.main(["vlm-micro", "--out", str(tmp_path / out), "--zoo", str(tmp_path / "zoo"),
+                    "--save-every-s", "0", *extra])
+    return load_file(str(tmp_path / "zoo" / "vlm-micro" / "model.safetensors"))
+
+
+def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    straight = _run(tmp_path, "a")
+
+    real_loss, calls = train_vlm.answer_loss, []
+
+    def dies_at_step_3(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_loss(*args)
+
+    monkeypatch.setattr(train_vlm, "answer_loss", dies_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "b")
+    assert torch.load(tmp_path / "b" / "vlm-micro" / "ckpt.pt", weights_only=False)["step"] == 2
+    monkeypatch.setattr(train_vlm, "answer_loss", real_loss)
+    resumed = _run(tmp_path, "b", "--resume")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    card = json.loads((tmp_path / "zoo" / "vlm-micro" / "card.json").read_text())
+    assert card["kind"] == "vlm" and card["results"]["heldout_loss"] > 0
+    assert card["results"]["wall_time_s"] > 0 and card["sample_prompt"]
+    assert all(v.dtype == torch.float16 for v in straight.values())
