@@ -7,7 +7,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 # the venv's tools (ninja for the CPU kernel build) come first
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test bench clean
+.PHONY: install run test test-browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 ifeq ($(HAS_GPU),1)
@@ -26,6 +26,12 @@ run: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# the demos (demos/*.py) driven in Debian's Chromium by Playwright; screenshots in tests/browser/out/
+test-browser: install
+	$(PY) -m pip install -q -e ".[demo]" playwright
+	bash demos/install_browser.sh
+	MMSPEC_BROWSER=1 $(PY) -m pytest -q tests/browser
 
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"

@@ -191,7 +191,7 @@ class _Rows:
 
 def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32, do_sample=False,
              temperature=1.0, top_k=None, top_p=None, eos_token_id=None, streamer=None,
-             pad_token_id=None, generator=None, **model_kwargs) -> SpecOutput:
+             pad_token_id=None, generator=None, on_round=None, **model_kwargs) -> SpecOutput:
     """Speculative decoding with `drafter`; output distributed exactly as `target.generate`'s.
 
     Args:
@@ -209,6 +209,9 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         pad_token_id: fills rows after their EOS; None means the target's generation config.
             Required when B > 1.
         generator: optional `torch.Generator` for the sampling draws.
+        on_round: optional `on_round(draft, result, stats)`, called after every round with the
+            round's `Draft`, its `VerifyResult` and the running `SpecStats` (to watch a call
+            round by round, e.g. in a demo; the drafter has already seen `result`).
         **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...).
     """
     cfg = sampling_config(target, do_sample, temperature, top_k, top_p)
@@ -222,7 +225,8 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
     with block_sparse_attention_of(target), torch.no_grad():
         return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens, cfg,
                          _eos_ids(target, eos_token_id), streamer,
-                         0 if pad_token_id is None else pad_token_id, generator, model_kwargs)
+                         0 if pad_token_id is None else pad_token_id, generator, on_round,
+                         model_kwargs)
 
 
 class _Slots:
@@ -270,7 +274,7 @@ def _accepted_path(tree, best):
 
 
 def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, streamer,
-              pad, generator, model_kwargs) -> SpecOutput:
+              pad, generator, on_round, model_kwargs) -> SpecOutput:
     device = input_ids.device
     stats = SpecStats()
     start = _sync(device)
@@ -342,6 +346,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         stats.draft_time += (tb - ta) + (tf - te)
         stats.verify_time += (te - t0) - (tb - ta)
         stats.target_forward_time += td - tc
+        if on_round is not None:
+            on_round(draft, result, stats)
 
     if streamer is not None:
         streamer.end()

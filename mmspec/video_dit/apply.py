@@ -94,11 +94,13 @@ class DensityRecord:
 class DraftAttentionState:
     """Per-transformer state shared by the processors and hooks; also the density report."""
 
-    def __init__(self, transformer, config: DraftAttentionConfig, scheduler=None, on_density=None):
+    def __init__(self, transformer, config: DraftAttentionConfig, scheduler=None, on_density=None,
+                 on_draft_map=None):
         self.transformer = transformer
         self.config = config
         self.scheduler = scheduler
         self.on_density = on_density
+        self.on_draft_map = on_draft_map
         self.family = _FAMILIES[type(transformer).__name__]
         self.num_layers = len(self.family.layers(transformer))
         self._signature = inspect.signature(transformer.forward)
@@ -204,7 +206,7 @@ def _transformers(pipe_or_transformer):
 
 
 def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | None = None, *,
-                          on_density=None):
+                          on_density=None, on_draft_map=None):
     """Run the self-attention of a diffusers video transformer (or pipeline) with DraftAttention.
 
     Args:
@@ -213,6 +215,10 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             `CogVideoXTransformer3DModel`.
         config: `DraftAttentionConfig()` by default.
         on_density: optional `callback(step, layer, density)` after every self-attention call.
+        on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
+            `[B, H, nTiles, nTiles]` (tile order, before block selection) of every call that goes
+            through DraftAttention (sparse layers and steps; for HunyuanVideo and CogVideoX, and
+            when tokens were reordered with padding, dense ones too, at density 1).
 
     Returns:
         The `DraftAttentionState` of the (first) transformer: `.records`, `.density_by_step()`,
@@ -235,7 +241,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             )
         if scheduler is None:
             config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
-        state = DraftAttentionState(transformer, config, scheduler, on_density)
+        state = DraftAttentionState(transformer, config, scheduler, on_density, on_draft_map)
         for layer, module in enumerate(state.family.layers(transformer)):
             state.originals[module] = module.processor
             module.set_processor(state.family.processor(state, layer, module.processor))

@@ -52,9 +52,13 @@ class _DraftProcessor:
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
         state, cfg = self.state, self.state.config
         dense = not state.sparse_layer(self.layer)
+        on_draft_map = None
+        if state.on_draft_map is not None:
+            step, layer = state.step, self.layer
+            on_draft_map = lambda probs: state.on_draft_map(step, layer, probs)
         out, density = draft_attention(
             q, k, v, state.layout, sparsity=0.0 if dense else cfg.sparsity, mode=cfg.mode,
-            backend=cfg.backend, tiled=state.tiled, **kwargs,
+            backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, **kwargs,
         )
         state.record(self.layer, None if dense else density)
         return out

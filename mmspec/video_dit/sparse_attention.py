@@ -79,7 +79,8 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
 def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout, *,
                     sparsity: float, mode: str = "global", text_len: int = 0,
                     text_first: bool = False, key_valid: torch.Tensor | None = None,
-                    tiled: bool = False, scale: float | None = None, backend: str = "auto"):
+                    tiled: bool = False, scale: float | None = None, backend: str = "auto",
+                    on_draft_map=None):
     """DraftAttention over video tokens plus optional dense text tokens.
 
     Args:
@@ -88,6 +89,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         layout: the `TileLayout` of the video grid and tile.
         text_len: text tokens, after the video (HunyuanVideo) or before it (`text_first`, CogVideoX).
         key_valid: optional bool `[B, L]` (model order), False for keys to ignore (text padding).
+        on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nTiles, nTiles]`
+            (tile order) before the blocks are selected, e.g. to plot it.
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
@@ -113,7 +116,10 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     scale = d**-0.5 if scale is None else scale
 
     q_hat, k_hat = pool_tiles(videos[0], layout), pool_tiles(videos[1], layout)  # [B, H, nT, D]
-    kept = select_blocks(draft_probs(q_hat, k_hat, scale), sparsity, mode)  # [B, H, nT, nT]
+    probs = draft_probs(q_hat, k_hat, scale)  # [B, H, nT, nT]
+    if on_draft_map is not None:
+        on_draft_map(probs)
+    kept = select_blocks(probs, sparsity, mode)  # [B, H, nT, nT]
     m = nt + math.ceil(text_len / bs)
     if m > nt:  # text rows and columns stay dense
         blocks = torch.ones(b, h, m, m, dtype=torch.bool, device=q.device)

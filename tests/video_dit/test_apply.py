@@ -93,3 +93,26 @@ def test_tiny_cogvideox_pipeline_with_cfg_batch():
     by_step = state.density_by_step()
     # 8 video tiles at density 0.5 plus 2 dense text blocks: (32 + 100 - 64) / 100
     assert by_step[0] == 1.0 and by_step[1] == pytest.approx(0.68) and by_step[2] == pytest.approx(0.68)
+
+
+@torch.no_grad()
+def test_on_draft_map_hands_over_the_map_that_chose_the_blocks():
+    from mmspec.video_dit.draft_map import select_blocks
+
+    model = tiny_wan(num_layers=2)
+    maps, densities = [], []
+    apply_draft_attention(
+        model, DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=1),
+        on_density=lambda step, layer, density: densities.append((step, layer, density)),
+        on_draft_map=lambda step, layer, probs: maps.append((step, layer, probs)),
+    )
+    x, e = torch.randn(1, 4, 2, 8, 8), torch.randn(1, 3, 16)
+    for t in (900, 800, 700):
+        model(x, torch.tensor([t]), e)
+    assert [(s, l) for s, l, _ in maps] == [(1, 1), (2, 1)]  # sparse steps and layers only
+    sparse = {(s, l): d for s, l, d in densities if (s, l) in {(1, 1), (2, 1)}}
+    for step, layer, probs in maps:
+        assert probs.shape == (1, 2, 8, 8)  # 2 frames x (4 x 4 tokens / 2 x 2 tiles) = 8 tiles
+        assert torch.allclose(probs.sum(-1), torch.ones(1, 2, 8))
+        kept = select_blocks(probs, 0.5, "global")
+        assert float(kept.float().mean()) == pytest.approx(sparse[(step, layer)])

@@ -77,6 +77,10 @@ class DiffusionDrafter:
     eos_token_id: stop id(s) for CPS and ADL; default: the target's `generation_config`/`config`.
     tokenizer, target_tokenizer: when both are given, the vocabularies are compared id by id.
     proxy: a zero-argument factory of `CausalProxy` (one per sequence); default: `NgramProxy`.
+
+    After each `propose`, the round can be inspected (e.g. from `generate(on_round=...)`):
+    `lattice` (the round's `Lattice`), `paths` (per row, the candidate paths best first; `paths[b][0]`
+    is the one drafted) and `generated` (per row, ADL's L_gen); `lengths[b].k` is the next block length.
     """
 
     def __init__(self, model, mask_token_id: int, target, *, eos_token_id=None, tokenizer=None,
@@ -120,6 +124,7 @@ class DiffusionDrafter:
         self.generated = [generated_length(raw[b][:k], self.eos_ids) for b, k in enumerate(ks)]
         depth = [min(k, state.max_tokens) for k in ks]  # deeper nodes could not be committed
         paths = [self._row_paths(lattice.logprobs[b, :d], b) for b, d in enumerate(depth)]
+        self.lattice, self.paths = lattice, paths
         return self._to_draft(paths, lattice)
 
     def update(self, result: VerifyResult) -> None:
