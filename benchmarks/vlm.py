@@ -36,6 +36,7 @@ from benchmarks.report import markdown_table, write_section
 from benchmarks.text import CallCounter, RoundLog, first_difference
 from mmspec import zoo
 from mmspec.decoding import generate
+from mmspec.zoo.registry import ZOO_TREE
 from mmspec.zoo.vlm_processor import vlm_inputs
 
 PLOTS = Path(__file__).resolve().parent / "plots"
@@ -43,6 +44,7 @@ TAU_RATIO_BAR = 1.3  # issue 7: ViSpec tau >= 1.3x the text-only drafter's
 SPEEDUP_BAR = 1.5  # issue 7: ViSpec >= 1.5x over target-only
 REF, HF_ASSIST, TEXT_ONLY, VISPEC = ("target-only greedy", "HF assisted generation",
                                      "text-only drafter", "ViSpec")
+VISPEC_GPU_TREE = "ViSpec, GPU tree (30 tokens)"
 
 
 @dataclass
@@ -69,7 +71,7 @@ def heldout_inputs(processor, n: int, prompt: str) -> list[dict]:
     return [vlm_inputs(processor, render(HELDOUT_START + 20_000 + i), prompt) for i in range(n)]
 
 
-def build_methods(target, assistant, vispec, text_only, eos):
+def build_methods(target, assistant, vispec, text_only, vispec_gpu_tree, eos):
     kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": eos}
 
     def hf(**extra):
@@ -84,7 +86,7 @@ def build_methods(target, assistant, vispec, text_only, eos):
         return run
 
     return {REF: hf(), HF_ASSIST: hf(assistant_model=assistant), TEXT_ONLY: mm(text_only),
-            VISPEC: mm(vispec)}
+            VISPEC: mm(vispec), VISPEC_GPU_TREE: mm(vispec_gpu_tree)}
 
 
 def plot(totals: dict, out_dir: Path) -> list[Path]:
@@ -96,7 +98,7 @@ def plot(totals: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     ref = totals[REF].seconds
     names = list(totals)
-    colors = ["#888888", "#888888", "#ff7f0e", "#1f77b4"]
+    colors = ["#888888", "#888888", "#ff7f0e", "#1f77b4", "#aec7e8"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     axes[0].barh(names, [ref / totals[n].seconds for n in names], color=colors)
     axes[0].axvline(SPEEDUP_BAR, color="red", lw=0.8, ls="--", label=f"bar {SPEEDUP_BAR}x")
@@ -154,9 +156,12 @@ def main():
     assistant = zoo.load("vlm-assistant").model
     vispec = zoo.load("vlm-vispec", target=target).model
     text_only = zoo.load("vlm-text-drafter", target=target).model
+    from mmspec.vision import ViSpecDrafter
+
+    gpu_tree = ViSpecDrafter.from_pretrained(zoo_target.path.parent / "vlm-vispec", target).eval()
     prompt = zoo_target.card.get("sample_prompt", "Describe the image.")
     samples = heldout_inputs(processor, args.prompts, prompt)
-    methods = build_methods(target, assistant, vispec, text_only, eos)
+    methods = build_methods(target, assistant, vispec, text_only, gpu_tree, eos)
     counter = CallCounter(target)
     n_image = int((samples[0]["input_ids"] == target.config.image_token_id).sum())
     print(f"{len(samples)} scenes, {samples[0]['input_ids'].shape[1]} prompt tokens "
@@ -238,7 +243,11 @@ def main():
         (f"Zoo VLM `vlm-target` (tiny LLaVA, {params:.1f}M parameters), drafters `vlm-vispec` and "
          f"`vlm-text-drafter` (trained with `mmspec.vision.train`), HF assistant `vlm-assistant`; "
          f"fp32, batch 1, greedy, {args.threads} thread(s). {len(samples)} held-out scenes, "
-         f"question {prompt!r}, {args.new_tokens} new tokens at most, best of {args.repeats}."),
+         f"question {prompt!r}, {args.new_tokens} new tokens at most, best of {args.repeats}. "
+         f"The zoo drafters draft a {ZOO_TREE['total_tokens'] - 1}-token tree of depth "
+         f"{ZOO_TREE['depth']}, top-{ZOO_TREE['top_k']} (`mmspec.zoo.registry.ZOO_TREE`, chosen "
+         f"for the CPU); the last row is the same ViSpec drafter with ViSpec's own tree "
+         f"(30 tokens, top-8, 4 levels), sized for a GPU where verification is memory-bound."),
         "",
         ("τ counts target forwards with a forward hook for every method (HF's included): (new "
          "tokens − 1) / (target calls − 1). Speedup = target-only wall time / the method's, summed "

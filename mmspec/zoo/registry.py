@@ -109,13 +109,20 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
     return ZooModel(name, model.eval(), load_tokenizer(directory), card, path=directory)
 
 
+# The zoo drafters' tree on a CPU: a 10-token chain. Verifying ViSpec's GPU tree (30 tokens, top-8,
+# 4 levels) costs ~3 decode steps on one core (compute-bound), and the zoo's formulaic scene
+# descriptions reward depth over width. Sweep on held-out scenes, 1 thread (BENCHMARKS.md `vlm`):
+# 30-token tree tau 4.9 / 0.9x; 14 tokens depth 8 top-2 tau 7.3 / 1.6-1.8x; 11-token chain tau 8.2 / 2.1x.
+ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
+
+
 def _load_vispec(name: str, directory: Path, card: dict,
                  target: Optional[torch.nn.Module] = None) -> ZooModel:
     from mmspec.vision import ViSpecDrafter  # the text zoo loads without the vision stack
 
     if target is None:
         target = load(card["target"], directory.parent).model
-    drafter = ViSpecDrafter.from_pretrained(directory, target).eval()
+    drafter = ViSpecDrafter.from_pretrained(directory, target, **ZOO_TREE).eval()
     return ZooModel(name, drafter, load_processor(directory.parent / card["target"]), card,
                     path=directory)
 
