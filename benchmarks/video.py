@@ -169,13 +169,17 @@ def quality(pipe, prompts, size, steps, tile, sparsities, capture_steps):
 # ----------------------------------------------------------------------------------- 2. speed
 
 
-def speed(pipe, prompt, size, steps, tile, sparsities):
+def speed(pipe, prompt, size, steps, tile, sparsities, capture_steps):
+    """Timing rows, sparse and total call counts, and q, k, v captured in the dense run's last
+    step after it was timed (a separate run, so the capture does not count in the timing)."""
     dense_steps, dense_layers = 1, 1
     n_layers = len(pipe.transformer.blocks)
     # warm-up: the first sparse call may build the fused CPU kernel; the first dense call allocates
     generate(pipe, prompt, 0, size, 2, 1.0, DraftAttentionConfig(
         sparsity=0.9, tile=tile, dense_steps=dense_steps, dense_layers=dense_layers))
     dense = generate(pipe, prompt, 0, size, steps, 1.0, timer=True)
+    captured = []
+    generate(pipe, prompt, 0, size, max(capture_steps) + 1, 1.0, capture=(capture_steps, captured))
     sparse_pos = [i for i in range(len(dense["attn"]))
                   if i // n_layers >= dense_steps and i % n_layers >= dense_layers]
     rows = []
@@ -196,19 +200,19 @@ def speed(pipe, prompt, size, steps, tile, sparsities):
                      "psnr": psnr(dense["video"], run["video"]),
                      "ssim": ssim(dense["video"], run["video"])})
         print(rows[-1], flush=True)
-    return rows, len(sparse_pos), len(dense["attn"])
+    return rows, len(sparse_pos), len(dense["attn"]), captured
 
 
 # ----------------------------------------------------------------------- 3. real-map fidelity
 
 
-def real_fidelity(captured, grid, tile, sparsities):
+def real_fidelity(captured, grid, tile, sparsities, query_tiles=None):
     layout = tile_layout(grid, tile)
     acc = {}
     for step, layer, q, k, v in captured:
         for b in range(q.shape[0]):
             rows, _, nt = fidelity_of(q[b:b + 1], k[b:b + 1], v[b:b + 1], layout, sparsities,
-                                      query_tiles=layout.num_tiles)
+                                      query_tiles=query_tiles or layout.num_tiles)
             for r in rows:
                 a = acc.setdefault((r["sparsity"], r["method"]), {"recall": [], "error": [],
                                                                    "density": [], "by_layer": {}})
@@ -292,6 +296,7 @@ def main() -> None:
         prompts, steps, sparsities, big, big_steps = PROMPTS[:4], 20, (0.5, 0.75, 0.9, 0.95), (16, 64, 64), 5
         capture_steps = (6, 10, 15, 19)  # the sparse steps (0-5 are the 30% dense warm-up)
     tile, big_tile = (4, 4), (8, 16)
+    bn = big[0] * (big[1] // 2) * (big[2] // 2)
     load0 = os.getloadavg()
 
     t0 = time.time()
@@ -301,7 +306,11 @@ def main() -> None:
     srows = []
     if not args.skip_speed:
         load1 = os.getloadavg()
-        srows, n_sparse, n_calls = speed(pipe, prompts[0], big, big_steps, big_tile, (0.75, 0.9))
+        srows, n_sparse, n_calls, big_captured = speed(pipe, prompts[0], big, big_steps, big_tile,
+                                                       (0.75, 0.9), (1, big_steps - 1))
+        big_grid = (big[0], big[1] // 2, big[2] // 2)
+        big_fid, big_tiles = real_fidelity(big_captured, big_grid, big_tile, (0.75, 0.9, 0.95),
+                                           query_tiles=32)
 
     q_table = markdown_table(
         ["mode", "sparsity", "kept-block density (sparse layers)", "computed share (whole run)",
@@ -327,12 +336,12 @@ def main() -> None:
         + q_table
         + f"\n\nControl (no DraftAttention): dense with its initial noise nudged by 1% "
           f"(+ 0.01·N(0, 1)) against dense: PSNR {control['psnr']:.2f} dB, SSIM "
-          f"{control['ssim']:.4f}. This small model's sampler amplifies small changes (its "
-          f"samples keep a noise grain and blob-like shapes), so PSNR to the dense video is a "
-          f"harsh measure on it.\n\nBar at 90% sparsity, PSNR ≥ 25 dB: {bar_q}.\n"
+          f"{control['ssim']:.4f}: the sampler itself is stable, so the PSNR drop above comes "
+          f"from the attention the sparse layers drop (see `draft_attention_real`: at this grid "
+          f"the model's heads are diffuse and 10% of the blocks hold about a quarter of the "
+          f"mass).\n\nBar at 90% sparsity, PSNR ≥ 25 dB: {bar_q}.\n"
     )
     if srows:
-        bn = big[0] * (big[1] // 2) * (big[2] // 2)
         s_table = markdown_table(
             ["sparsity", "kept-block density", "attn call ms dense → sparse",
              "attention (sparse calls) dense/sparse", "attention (all calls) dense/sparse",
@@ -359,17 +368,29 @@ def main() -> None:
             + f"\n\nBar at 90%, attention ≥ 5x faster: sparse calls "
               f"{r90['attn_sparse_ratio']:.2f}x → **{'met' if r90['attn_sparse_ratio'] >= 5 else 'missed'}**.\n"
         )
-    fid_rows = [[f"{int(r['sparsity'] * 100)}%", r["method"], f"{r['density']:.3f}",
-                 f"{r['recall']:.3f}", f"{r['recall_min']:.3f}",
-                 " / ".join(f"{x:.2f}" for x in r["by_layer"].values()), f"{r['error']:.3f}"]
-                for r in fid]
-    f90 = {r["method"]: r for r in fid if r["sparsity"] == 0.9}
-    base = max(f90["local window"]["recall"], f90["random"]["recall"])
-    base_err = min(f90["local window"]["error"], f90["random"]["error"])
-    verdict = "; ".join(
-        f"{m}: recall {f90[m]['recall']:.3f}, error {f90[m]['error']:.3f} → **"
-        + ("met" if f90[m]["recall"] >= 0.9 and f90[m]["recall"] > base and f90[m]["error"] < base_err
-           else "missed") + "**" for m in ("draft-global", "draft-row"))
+    def fid_table(fid):
+        return markdown_table(
+            ["sparsity", "method", "density", "recall", "recall (worst call)", "recall per layer",
+             "rel. error"],
+            [[f"{int(r['sparsity'] * 100)}%", r["method"], f"{r['density']:.3f}",
+              f"{r['recall']:.3f}", f"{r['recall_min']:.3f}",
+              " / ".join(f"{x:.2f}" for x in r["by_layer"].values()), f"{r['error']:.3f}"]
+             for r in fid])
+
+    def oracle90(fid):
+        return next(r["recall"] for r in fid if r["sparsity"] == 0.9 and r["method"] == "oracle")
+
+    def fid_verdict(fid):
+        f90 = {r["method"]: r for r in fid if r["sparsity"] == 0.9}
+        base = max(f90["local window"]["recall"], f90["random"]["recall"])
+        base_err = min(f90["local window"]["error"], f90["random"]["error"])
+        return "; ".join(
+            f"{m}: recall {f90[m]['recall']:.3f}, error {f90[m]['error']:.3f} → **"
+            + ("met" if f90[m]["recall"] >= 0.9 and f90[m]["recall"] > base
+               and f90[m]["error"] < base_err else "missed") + "**"
+            for m in ("draft-global", "draft-row")) + (
+            f". Oracle recall at 90%: {f90['oracle']['recall']:.3f}")
+
     n_calls_cap = sum(c[2].shape[0] for c in captured)
     real = (
         f"Real attention maps: q, k, v (after RMS norm and RoPE) of every self-attention layer of "
@@ -381,11 +402,28 @@ def main() -> None:
         f"as the synthetic table above (`fidelity_of`), exact over all query tiles, averaged over "
         f"calls (min = worst call); recall per layer in layer order (layer 0 is the dense layer in "
         f"generation but is scored here too).\n\n"
-        + markdown_table(["sparsity", "method", "density", "recall", "recall (worst call)",
-                          "recall per layer", "rel. error"], fid_rows)
-        + f"\n\nBar at 90% (recall ≥ 0.9, beats window and random in recall and error): {verdict}. "
-          f"Oracle recall at 90%: {f90['oracle']['recall']:.3f}.\n"
+        + fid_table(fid)
+        + f"\n\nBar at 90% (recall ≥ 0.9, beats window and random in recall and error): "
+          f"{fid_verdict(fid)}.\n"
+        + f"\nReading: no block mask with this budget can reach 0.9 here: the oracle, which "
+          f"picks each query tile's heaviest key tiles from the true map, keeps "
+          f"{oracle90(fid):.3f} of the mass at 90%, against 0.883 on the synthetic workload "
+          f"(section `draft_attention`). This 450-step model's heads spread their mass "
+          f"{'far more' if oracle90(fid) < 0.8 else 'about as'} evenly than the synthetic heads, so "
+          f"the real maps give no ground to make the synthetic workload more concentrated: it "
+          f"stays as it was, and the issue-3 bar stays missed on both. What the real maps do "
+          f"show is the ordering: draft-global ≥ draft-row > local window > random in recall, "
+          f"i.e. the draft map finds the heavy blocks about as well as the oracle does.\n"
     )
+    if srows:
+        real += (
+            f"\nAt the generation grid of section 2 ({big_grid[0]}x{big_grid[1]}x{big_grid[2]} = "
+            f"{bn:,} tokens, {big_tile[0]}x{big_tile[1]} tiles = {big_tiles} draft tokens; dense "
+            f"run, no CFG, steps 1 and {big_steps - 1} of {big_steps}, {len(big_captured)} calls; "
+            f"exact on 32 random query tiles per call):\n\n"
+            + fid_table(big_fid)
+            + f"\n\nAt 90%: {fid_verdict(big_fid)}.\n"
+        )
     print(body)
     print(real)
     print(f"quality + capture + fidelity took {quality_s:.0f} s")
