@@ -38,6 +38,9 @@ from mmspec.decoding import generate
 from .drafter import ViSpecDrafter
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
 
+# a sample is one unpadded row: its attention mask (if a processor returned one) is all ones and is
+# rebuilt for every longer sequence, so it is never passed on as an extra
+NOT_EXTRAS = ("input_ids", "attention_mask")
 LONG_ANSWER = "Please answer with at least 1000 words."  # vispec.md §1.6, stage-2 data
 
 
@@ -84,7 +87,7 @@ def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path 
         key = _key(i, s["input_ids"])
         if key not in cache:
             ids = s["input_ids"]
-            extras = {k: v for k, v in s.items() if k != "input_ids"}
+            extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
             with torch.no_grad():
                 out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       do_sample=False, max_new_tokens=max_new_tokens, **extras)
@@ -102,7 +105,7 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
     prompt = sample["input_ids"]
     device = drafter.embed_weight.device
     ids = torch.cat([prompt, answer[None].to(prompt)], 1).to(device)  # [1, T]
-    extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k != "input_ids"},
+    extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k not in NOT_EXTRAS},
                             ids.shape[1])
     mask = torch.ones_like(ids)
     with torch.no_grad():
@@ -158,7 +161,7 @@ def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
     """Mean tokens per target forward (bonus included) over `samples`, greedy."""
     accepted = rounds = 0
     for s in samples:
-        extras = {k: v for k, v in s.items() if k != "input_ids"}
+        extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
         stats = generate(target, drafter, s["input_ids"], max_new_tokens=max_new_tokens,
                          **extras).stats
         accepted += stats.accepted + stats.row_rounds

@@ -24,7 +24,7 @@ def app():
 
     from demos.vlm_chat import TEXT_ONLY, VISPEC, Chat, build_app
     from mmspec.vision import ViSpecDrafter
-    from mmspec.zoo.presets import vlm_inputs
+    from mmspec.zoo import vlm_inputs
 
     target, processor = no_eos(tiny_llava()), tiny_llava_processor()
     samples = []  # a few seconds of training on the page's prompt, so that drafts get accepted
