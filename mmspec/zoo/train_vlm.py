@@ -91,9 +91,36 @@ def cmd_tokenizer(args) -> None:
 # --- target and assistant ---
 
 def build_model(spec: VLMSpec, tokenizer):
-    if spec.vision_layers:
-        return LlavaForConditionalGeneration(spec.llava_config(tokenizer))
-    return LlamaForCausalLM(spec.text_config(tokenizer))
+    if not spec.vision_layers:
+        return LlamaForCausalLM(spec.text_config(tokenizer))
+    config = spec.llava_config(tokenizer)
+    if spec.init_from:
+        model = committed_model(spec.init_from, config)
+    else:
+        model = LlavaForConditionalGeneration(config)
+    with torch.no_grad():  # bring the projected image features into the text-embedding range
+        model.model.multi_modal_projector.linear_2.weight.mul_(spec.projector_gain)
+        model.model.multi_modal_projector.linear_2.bias.mul_(spec.projector_gain)
+    return model
+
+
+def committed_model(ref: str, config):
+    """`<git rev>:<entry dir>`'s weights in fp32 (read with `git show`, so a fine-tune starts from
+    the same weights after the entry has been overwritten)."""
+    import subprocess
+    import tempfile
+
+    rev, entry = ref.split(":", 1)
+    blob = subprocess.run(["git", "show", f"{rev}:{entry}/model.safetensors"], check=True,
+                          capture_output=True, cwd=Path(__file__).resolve().parents[2]).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        (Path(tmp) / "model.safetensors").write_bytes(blob)
+        return LlavaForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32)
+
+
+def _is_vision(name: str) -> bool:
+    return "vision_tower" in name or "multi_modal_projector" in name
 
 
 def lr_at(spec: VLMSpec, step: int) -> float:
@@ -148,10 +175,14 @@ def cmd_train(args) -> None:
     processor = load_processor(args.processor)
     with_images = spec.vision_layers > 0
     model = build_model(spec, processor.tokenizer)
+    named = list(model.named_parameters())
     opt = torch.optim.AdamW([
-        {"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": 0.1},
-        {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}],
-        lr=spec.lr, betas=(0.9, 0.95))
+        {"params": [p for n, p in named if p.ndim >= 2 and _is_vision(n) == vision],
+         "weight_decay": 0.1, "lr_mult": spec.vision_lr_mult if vision else 1.0}
+        for vision in (False, True)] + [
+        {"params": [p for n, p in named if p.ndim < 2 and _is_vision(n) == vision],
+         "weight_decay": 0.0, "lr_mult": spec.vision_lr_mult if vision else 1.0}
+        for vision in (False, True)], lr=spec.lr, betas=(0.9, 0.95))
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
     start, elapsed, losses = 0, 0.0, []
     if args.resume and ckpt_path.exists():
@@ -178,7 +209,7 @@ def cmd_train(args) -> None:
         batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
                             spec.describe_share)
         for group in opt.param_groups:
-            group["lr"] = lr_at(spec, step)
+            group["lr"] = lr_at(spec, step) * group["lr_mult"]
         loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
