@@ -25,9 +25,11 @@ it near 5-6x at density 0.1; the fused kernel reaches about 9x (BENCHMARKS.md).
 """
 
 import functools
+import hashlib
 import logging
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -63,12 +65,29 @@ def _cpu_kernel():
         return None
     from torch.utils.cpp_extension import get_default_build_root, load
 
-    source = Path(__file__).parent / "csrc" / "block_sparse_cpu.cpp"
-    built = Path(get_default_build_root()).glob("*/mmspec_block_sparse_cpu/*.so")
-    if next(built, None) is None:
+    # Content-addressed build: torch's ninja file records the source *path*, so building every
+    # checkout (CI clone, worktree, site-packages) from its own path made them rebuild each other's
+    # kernel (~30 s each time). A copy named after its hash gives one build per kernel version.
+    code = (Path(__file__).parent / "csrc" / "block_sparse_cpu.cpp").read_bytes()
+    digest = hashlib.sha1(code).hexdigest()[:12]
+    name = f"mmspec_block_sparse_cpu_{digest}"
+    root = Path(get_default_build_root())
+    source = root / "mmspec_sources" / f"{name}.cpp"
+    if not source.is_file():
+        source.parent.mkdir(parents=True, exist_ok=True)
+        partial = source.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(code)
+        partial.replace(source)  # atomic: concurrent first builds never see half a file
+    for lock in root.glob(f"*/{name}/lock"):
+        # torch waits forever on a build lock; one left by a killed build (~30 s normally) hangs
+        # every later import, so a lock older than 10 minutes is taken as stale and removed
+        if time.time() - lock.stat().st_mtime > 600:
+            _log.warning("mmspec: removing a stale kernel build lock %s", lock)
+            lock.unlink(missing_ok=True)
+    if next(root.glob(f"*/{name}/*.so"), None) is None:
         _log.warning("mmspec: building the fused CPU attention kernel (once per machine, ~30 s)")
     try:
-        load(name="mmspec_block_sparse_cpu", sources=[str(source)], is_python_module=False,
+        load(name=name, sources=[str(source)], is_python_module=False,
              extra_cflags=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2",
                            "-DCPU_CAPABILITY_AVX2", "-fopenmp"],
              extra_ldflags=["-fopenmp"])
