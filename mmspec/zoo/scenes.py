@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 IMAGE_SIZE = 64
@@ -106,21 +107,11 @@ def _polygon(kind: str, cx: float, cy: float, r: float) -> list:
 
 def render_scene(scene: Scene) -> Image.Image:
     """The scene as a 64x64 RGB image; small position jitter comes from the scene's seed."""
-    rng = random.Random(scene.seed * 7 + 1)
     big = IMAGE_SIZE * SUPERSAMPLE
-    cell = big / 3
     image = Image.new("RGB", (big, big), BACKGROUNDS[scene.background])
     draw = ImageDraw.Draw(image)
-    for shape in scene.shapes:
-        row, col = shape.cell
-        cx = (col + 0.5) * cell + rng.uniform(-0.08, 0.08) * cell
-        cy = (row + 0.5) * cell + rng.uniform(-0.08, 0.08) * cell
-        r = SIZES[shape.size] * cell
-        fill = COLOURS[shape.colour]
-        if shape.kind == "circle":
-            draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
-        else:
-            draw.polygon(_polygon(shape.kind, cx, cy, r), fill=fill)
+    for shape, cx, cy, r in _geometry(scene):
+        _draw(draw, shape.kind, cx, cy, r, fill=COLOURS[shape.colour])
     image = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS)
     if scene.text is not None:  # drawn at the final size: a supersampled word would blur away
         draw = ImageDraw.Draw(image)
@@ -130,6 +121,56 @@ def render_scene(scene: Scene) -> Image.Image:
         draw.text(((col + 0.5) * c, (row + 0.5) * c), scene.text, font=font, anchor="mm",
                   fill=COLOURS[scene.text_colour])
     return image
+
+
+def _geometry(scene: Scene):
+    """(shape, cx, cy, r) in supersampled pixels; the position jitter comes from the seed."""
+    rng = random.Random(scene.seed * 7 + 1)
+    cell = IMAGE_SIZE * SUPERSAMPLE / 3
+    for shape in scene.shapes:
+        row, col = shape.cell
+        cx = (col + 0.5) * cell + rng.uniform(-0.08, 0.08) * cell
+        cy = (row + 0.5) * cell + rng.uniform(-0.08, 0.08) * cell
+        yield shape, cx, cy, SIZES[shape.size] * cell
+
+
+def _draw(draw, kind: str, cx: float, cy: float, r: float, fill) -> None:
+    if kind == "circle":
+        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
+    else:
+        draw.polygon(_polygon(kind, cx, cy, r), fill=fill)
+
+
+# what each vision patch shows (mmspec.zoo.train_vlm's vision pre-training labels)
+PATCH_COLOURS = tuple(dict.fromkeys((*COLOURS, *BACKGROUNDS)))  # 8 shape + 2 background-only
+NO_SHAPE = len(SHAPES)  # the kind label of a patch that shows no shape
+
+
+def patch_labels(scene: Scene, patch: int) -> tuple[list[int], list[int]]:
+    """Per `patch`x`patch` patch of the image, row-major: (colour index into `PATCH_COLOURS`, kind
+    index into `SHAPES` or `NO_SHAPE`). A patch shows a shape when that shape covers at least 20%
+    of it; otherwise it shows the background. The word (if any) is not labelled."""
+    if IMAGE_SIZE % patch:
+        raise ValueError(f"patch: expected a divisor of the image size {IMAGE_SIZE}, got {patch}")
+    big = IMAGE_SIZE * SUPERSAMPLE
+    index = Image.new("L", (big, big), 0)
+    draw = ImageDraw.Draw(index)
+    for i, (shape, cx, cy, r) in enumerate(_geometry(scene)):
+        _draw(draw, shape.kind, cx, cy, r, fill=i + 1)
+    n, side = IMAGE_SIZE // patch, patch * SUPERSAMPLE
+    blocks = np.asarray(index).reshape(n, side, n, side).transpose(0, 2, 1, 3).reshape(n * n, -1)
+    colours, kinds = [], []
+    for block in blocks:
+        counts = np.bincount(block, minlength=len(scene.shapes) + 1)
+        best = int(counts[1:].argmax()) + 1 if len(counts) > 1 else 0
+        if best and counts[best] >= 0.2 * block.size:
+            shape = scene.shapes[best - 1]
+            colours.append(PATCH_COLOURS.index(shape.colour))
+            kinds.append(SHAPES.index(shape.kind))
+        else:
+            colours.append(PATCH_COLOURS.index(scene.background))
+            kinds.append(NO_SHAPE)
+    return colours, kinds
 
 
 def render(seed: int) -> Image.Image:

@@ -38,6 +38,8 @@ class VLMSpec:
     projector_gain: float = 1.0  # scales the projector's linear_2 (weight and bias) at init
     vision_lr_mult: float = 1.0  # LR multiplier of the vision tower and projector
     init_from: str = ""  # "<git rev>:<entry dir>": start from those committed weights
+    vision_pretrain_steps: int = 0  # stage 0: the CLIP tower alone on patch colour / kind labels
+    vision_pretrain_lr: float = 2e-3
     drafters: tuple[str, ...] = ()
 
     def text_config(self, tokenizer) -> LlamaConfig:

@@ -13,7 +13,17 @@ import mmspec.zoo
 from mmspec.vision import ViSpecDrafter
 from mmspec.zoo import train_vlm
 from mmspec.zoo.paths import ZOO_DIR
-from mmspec.zoo.scenes import HELDOUT_START, colour_question, describe, make_scene, render
+from mmspec.zoo.scenes import (
+    HELDOUT_START,
+    NO_SHAPE,
+    PATCH_COLOURS,
+    SHAPES,
+    colour_question,
+    describe,
+    make_scene,
+    patch_labels,
+    render,
+)
 from mmspec.zoo.vlm_data import train_seeds
 from mmspec.zoo.vlm_specs import SPECS, VLMSpec
 
@@ -133,3 +143,43 @@ def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch):
     assert card["kind"] == "vlm" and card["results"]["heldout_loss"] > 0
     assert card["results"]["wall_time_s"] > 0 and card["sample_prompt"]
     assert all(v.dtype == torch.float16 for v in straight.values())
+
+
+def test_patch_labels_mark_the_patches_that_show_each_shape():
+    seed = next(s for s in range(1000) if len(make_scene(s).shapes) == 1)
+    scene = make_scene(seed)
+    shape = scene.shapes[0]
+    colours, kinds = patch_labels(scene, 8)
+    assert len(colours) == len(kinds) == 64
+    on = [i for i, k in enumerate(kinds) if k != NO_SHAPE]
+    assert on and all(kinds[i] == SHAPES.index(shape.kind) for i in on)
+    assert all(colours[i] == PATCH_COLOURS.index(shape.colour) for i in on)
+    assert all(colours[i] == PATCH_COLOURS.index(scene.background)
+               for i in range(64) if kinds[i] == NO_SHAPE)
+    row, col = shape.cell  # the shape's patches lie in (or next to) its grid cell: 8/3 patches wide
+    assert all(abs(i // 8 * 3 / 8 + 3 / 16 - (row + 0.5)) < 1 and
+               abs(i % 8 * 3 / 8 + 3 / 16 - (col + 0.5)) < 1 for i in on)
+    with pytest.raises(ValueError, match="patch: expected a divisor"):
+        patch_labels(scene, 7)
+
+
+def test_the_vision_pretraining_stage_trains_the_tower_and_is_recorded(tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, vision_pretrain_steps=3))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    seen = {}
+    real = train_vlm.pretrain_vision
+
+    def spy(model, *args):
+        before = {k: v.clone() for k, v in model.model.vision_tower.state_dict().items()}
+        out = real(model, *args)
+        after = model.model.vision_tower.state_dict()
+        seen["changed"] = any(not torch.equal(before[k], after[k]) for k in before)
+        return out
+
+    monkeypatch.setattr(train_vlm, "pretrain_vision", spy)
+    _run(tmp_path, "a")
+    assert seen["changed"] and (tmp_path / "a" / "vlm-micro" / "vision.pt").is_file()
+    card = json.loads((tmp_path / "zoo" / "vlm-micro" / "card.json").read_text())
+    stage = card["results"]["vision_pretrain"]
+    assert 0 <= stage["patch_colour"] <= 1 and 0 <= stage["shape_patch_kind"] <= 1
