@@ -122,10 +122,14 @@ def committed_model(ref: str, config):
 def pretrain_vision(model, spec: VLMSpec, processor, ckpt_dir: Path, resume: bool) -> dict:
     """Stage 0: train the CLIP tower alone to say, for every patch, which colour it shows and which
     kind of shape (or none), from the scene graph (`scenes.patch_labels`), with two linear heads
-    that are thrown away afterwards. Trained end to end from scratch, the tower did not learn shape
-    kinds in 400 steps and the target could not bind colours to shapes (guessing colours at chance,
-    card `attempts`); with this stage its patch features already carry both. Returns held-out
-    patch accuracies; the tower is cached in `ckpt_dir/vision.pt` (a resumed run reuses it)."""
+    that are thrown away afterwards. Returns held-out patch accuracies; the tower is cached in
+    `ckpt_dir/vision.pt` (a resumed run reuses it).
+
+    Measured (22 Nov, 2 threads, 1500 steps of 32 scenes, 6 min): patch colour 0.997, shape kind
+    on shape patches 0.805 (rising from 0.26 at step 400: shape kinds are what the end-to-end
+    tower fails to learn). Not yet shown to help the target: in a 300-step colour-question pilot
+    the LM on top of this tower learned no faster than on a fresh one (vlm-target card
+    `attempts`). No shipped spec uses it yet."""
     tower = model.model.vision_tower
     path = ckpt_dir / "vision.pt"
     patch = tower.config.patch_size
