@@ -91,7 +91,7 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small)
 
 # ----------------------------------------------------------------------- 4: Wan step, on a GPU
 
-WAN_1_3B = dict(num_layers=30, num_attention_heads=12, attention_head_dim=128, ffn_dim=8960)
+WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960}
 
 
 def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, text_tokens=512,
@@ -102,7 +102,11 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
     times are medians of `reps` after a warm-up, with the device synchronised."""
     from diffusers import WanTransformer3DModel
 
-    from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
+    from mmspec.video_dit import (
+        DraftAttentionConfig,
+        apply_draft_attention,
+        remove_draft_attention,
+    )
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16,
@@ -371,7 +375,7 @@ def main() -> None:
     )
     if torch.cuda.is_available():
         wan_grid = big_grid
-        arch = dict(num_layers=2) if args.quick else {}
+        arch = {"num_layers": 2} if args.quick else {}
         wrows, wan_dense = wan_step("cuda", torch.bfloat16, wan_grid, (0.75, 0.9), **arch)
         layers = arch.get("num_layers", WAN_1_3B["num_layers"])
         speed += (

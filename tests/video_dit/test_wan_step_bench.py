@@ -8,10 +8,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.draft_attention import wan_step  # noqa: E402
+from benchmarks.draft_attention import wan_step
 
-TINY = dict(num_layers=2, num_attention_heads=2, attention_head_dim=32, ffn_dim=64, text_dim=32,
-            freq_dim=32)
+TINY = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32, "ffn_dim": 64, "text_dim": 32,
+            "freq_dim": 32}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
