@@ -97,6 +97,10 @@ SPECS = {
         # (beats the blind assistant's 0.514), colour accuracy 0.05, but training grew the image
         # features back to norm ~5300 (no constraint keeps them small), and drafters retrained
         # on it gave ViSpec tau 4.33 vs text-only 4.70 (ViSpec behind its ablation): not shipped.
+        # Colour-question pilots of 22 Nov (card `attempts`): fresh weights learn to copy the noun
+        # by ~300 steps but colour stays at chance on multi-shape scenes; 2500 colour-only steps
+        # reach 0.70 on one-shape scenes only. Image-norm caps, per-patch heads on the tower and an
+        # image-token-names-its-patch loss through the LM head did not help.
         VLMSpec("vlm-target", hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
                 intermediate_size=576, steps=500, lr=1.5e-3,
                 drafters=("vlm-vispec", "vlm-text-drafter", "vlm-assistant")),
