@@ -240,14 +240,6 @@ def cmd_train(args) -> None:
     processor = load_processor(args.processor)
     with_images = spec.vision_layers > 0
     model = build_model(spec, processor.tokenizer)
-    named = list(model.named_parameters())
-    opt = torch.optim.AdamW([
-        {"params": [p for n, p in named if p.ndim >= 2 and _is_vision(n) == vision],
-         "weight_decay": 0.1, "lr_mult": spec.vision_lr_mult if vision else 1.0}
-        for vision in (False, True)] + [
-        {"params": [p for n, p in named if p.ndim < 2 and _is_vision(n) == vision],
-         "weight_decay": 0.0, "lr_mult": spec.vision_lr_mult if vision else 1.0}
-        for vision in (False, True)], lr=spec.lr, betas=(0.9, 0.95))
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
     start, elapsed, losses = 0, 0.0, []
     vision_pretrain = {}
@@ -255,6 +247,16 @@ def cmd_train(args) -> None:
         t_vision = time.time()
         vision_pretrain = pretrain_vision(model, spec, processor, ckpt_path.parent, args.resume)
         vision_pretrain["wall_time_s"] = round(time.time() - t_vision, 1)
+    if spec.freeze_vision:  # pre-trained above, then fixed: not in the optimizer
+        model.model.vision_tower.requires_grad_(False)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([
+        {"params": [p for n, p in named if p.ndim >= 2 and _is_vision(n) == vision],
+         "weight_decay": 0.1, "lr_mult": spec.vision_lr_mult if vision else 1.0}
+        for vision in (False, True)] + [
+        {"params": [p for n, p in named if p.ndim < 2 and _is_vision(n) == vision],
+         "weight_decay": 0.0, "lr_mult": spec.vision_lr_mult if vision else 1.0}
+        for vision in (False, True)], lr=spec.lr, betas=(0.9, 0.95))
     if args.resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(ckpt["model"])
@@ -274,6 +276,8 @@ def cmd_train(args) -> None:
         tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
 
     model.train()
+    if spec.freeze_vision:
+        model.model.vision_tower.eval()
     t0 = last_save = time.time()
     bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
                mininterval=10, file=sys.stdout)

@@ -183,3 +183,33 @@ def test_the_vision_pretraining_stage_trains_the_tower_and_is_recorded(tmp_path,
     card = json.loads((tmp_path / "zoo" / "vlm-micro" / "card.json").read_text())
     stage = card["results"]["vision_pretrain"]
     assert 0 <= stage["patch_colour"] <= 1 and 0 <= stage["shape_patch_kind"] <= 1
+
+
+def test_a_frozen_tower_ships_exactly_as_pre_trained(tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, vision_pretrain_steps=3,
+                                                    freeze_vision=True))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    at_stage_end = {}
+    real = train_vlm.pretrain_vision
+
+    def spy(model, *args):
+        out = real(model, *args)
+        at_stage_end.update({k: v.clone() for k, v in model.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(train_vlm, "pretrain_vision", spy)
+    shipped = _run(tmp_path, "a")
+    # saved as the LLaVA checkpoint layout: "vision_tower.*" is the module's "model.vision_tower.*"
+    tower = [k for k in shipped if k.startswith("vision_tower.")]
+    projector = [k for k in shipped if k.startswith("multi_modal_projector.")]
+    assert tower and projector
+    for k in tower:  # the fp16 export of the pre-trained tower, bit for bit
+        assert torch.equal(shipped[k], at_stage_end[f"model.{k}"].half()), k
+    # the projector still learns after the stage
+    assert not all(torch.equal(shipped[k], at_stage_end[f"model.{k}"].half()) for k in projector)
+
+
+def test_freezing_a_tower_that_was_never_pre_trained_is_refused():
+    with pytest.raises(ValueError, match="freeze_vision: expected vision_pretrain_steps > 0"):
+        VLMSpec("vlm-micro", **MICRO, freeze_vision=True)
