@@ -21,6 +21,7 @@ cache that `train` reads: the same greedy answers, an order of magnitude faster 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import platform
@@ -36,7 +37,7 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import TrainConfig, _key, held_out_tau, train
-from mmspec.zoo.cards import read_card, write_card
+from mmspec.zoo.cards import write_card
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
 from mmspec.zoo.scenes import (HELDOUT_START, NO_SHAPE, PATCH_COLOURS, SHAPES, colour_question,
                                 corpus, make_scene, patch_labels, question_answer, render_scene)
@@ -399,6 +400,13 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
     torch.save(cache, cache_path)
 
 
+def answers_cache_path(out: Path, spec: DrafterSpec, target_dir: Path) -> Path:
+    """Where the target's greedy answers to the drafters' training prompts are cached. Keyed by
+    the target's weights, so a retrained target never feeds a drafter stale answers."""
+    digest = hashlib.sha256((target_dir / "model.safetensors").read_bytes()).hexdigest()[:12]
+    return out / f"vlm-drafter-answers-{spec.samples}x{spec.answer_tokens}-{digest}.pt"
+
+
 def cmd_drafter(args) -> None:
     from mmspec.zoo.registry import load
 
@@ -414,7 +422,7 @@ def cmd_drafter(args) -> None:
     torch.save(samples, out_dir / "samples.pt")  # the `--data` file of `mmspec.vision.train`
     t0 = time.time()
     # both drafters train on the same prompts: the target answers them once
-    shared = Path(args.out) / f"vlm-drafter-answers-{spec.samples}x{spec.answer_tokens}.pt"
+    shared = answers_cache_path(Path(args.out), spec, Path(args.zoo) / "vlm-target")
     precompute_answers(target, samples, spec.answer_tokens, shared)
     shutil.copyfile(shared, out_dir / "answers.pt")
     answers_s = time.time() - t0

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration, LlavaProcessor
 
 import mmspec
@@ -213,3 +213,16 @@ def test_a_frozen_tower_ships_exactly_as_pre_trained(tmp_path, monkeypatch):
 def test_freezing_a_tower_that_was_never_pre_trained_is_refused():
     with pytest.raises(ValueError, match="freeze_vision: expected vision_pretrain_steps > 0"):
         VLMSpec("vlm-micro", **MICRO, freeze_vision=True)
+
+
+def test_the_drafters_answer_cache_follows_the_target_weights(tmp_path):
+    """Retraining the target must not let a drafter train on the old target's cached answers."""
+    spec = SPECS["vlm-vispec"]
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder, value in ((old, 0.0), (new, 1.0)):
+        folder.mkdir()
+        save_file({"w": torch.full((4,), value)}, folder / "model.safetensors")
+    assert train_vlm.answers_cache_path(tmp_path, spec, old) == train_vlm.answers_cache_path(
+        tmp_path, spec, old)
+    assert train_vlm.answers_cache_path(tmp_path, spec, old) != train_vlm.answers_cache_path(
+        tmp_path, spec, new)
