@@ -226,3 +226,37 @@ def test_the_drafters_answer_cache_follows_the_target_weights(tmp_path):
         tmp_path, spec, old)
     assert train_vlm.answers_cache_path(tmp_path, spec, old) != train_vlm.answers_cache_path(
         tmp_path, spec, new)
+
+
+def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, vision_pretrain_steps=4,
+                                                    freeze_vision=True))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    straight = _run(tmp_path, "a")
+
+    real_seeds = train_vlm.train_seeds
+
+    def dies_at_stage_step_2(step, batch_size, seed=0):
+        if seed == 1 and step == 2:  # the stage draws its scenes with seed=1
+            raise KeyboardInterrupt
+        return real_seeds(step, batch_size, seed)
+
+    monkeypatch.setattr(train_vlm, "train_seeds", dies_at_stage_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "b")
+    stage = tmp_path / "b" / "vlm-micro"
+    assert not (stage / "vision.pt").exists()
+    assert torch.load(stage / "vision-partial.pt", weights_only=True)["step"] == 2
+    stage_steps = []
+
+    def records(step, batch_size, seed=0):
+        if seed == 1:
+            stage_steps.append(step)
+        return real_seeds(step, batch_size, seed)
+
+    monkeypatch.setattr(train_vlm, "train_seeds", records)
+    resumed = _run(tmp_path, "b", "--resume")
+    assert stage_steps == [2, 3]  # picked up where it was cut, not from scratch
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert (stage / "vision.pt").is_file() and not (stage / "vision-partial.pt").exists()
