@@ -20,7 +20,14 @@ def _render(card: dict, depth: int = 0) -> list[str]:
 
 
 def write_card(directory: str | Path, card: dict) -> None:
+    """Write `card.json` and `README.md`. A retrained model's card keeps the `attempts` (recipes
+    tried and not shipped) of the card it replaces, unless it brings its own."""
     directory = Path(directory)
+    old = directory / "card.json"
+    if "attempts" not in card and old.is_file():
+        attempts = json.loads(old.read_text()).get("attempts")
+        if attempts:
+            card = {**card, "attempts": attempts}
     (directory / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     title = f"# {card['name']}\n\n{card.get('summary', '')}\n\n"
     body = {k: v for k, v in card.items() if k not in ("name", "summary")}
