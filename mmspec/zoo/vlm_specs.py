@@ -1,9 +1,10 @@
 """The VLM zoo's model specs: one frozen dataclass per shipped model.
 
-Sizes were measured on the project's shared 2-core machines, one thread: the target (~4.3M params)
-takes ~2.5-5 s per step of 16 scenes (load-dependent): 500 steps took 29 min. It is deep rather
-than wide because a tiny model's decode step is dominated by per-layer overhead, and the ViSpec head is one
-layer: depth buys the drafter its speed-up ratio.
+Sizes were measured on the project's shared 2-core machines: the target (~4.3M params) took
+~2.5-5 s per step of 16 scenes trained end to end on one thread (500 steps, 29 min); with its
+tower frozen, 1.3 s per step on two threads (500 steps, 11 min, after a 15-min tower stage). It is
+deep rather than wide because a tiny model's decode step is dominated by per-layer overhead, and
+the ViSpec head is one layer: depth buys the drafter its speed-up ratio.
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ class VLMSpec:
     init_from: str = ""  # "<git rev>:<entry dir>": start from those committed weights
     vision_pretrain_steps: int = 0  # stage 0: the CLIP tower alone on patch colour / kind labels
     vision_pretrain_lr: float = 2e-3
-    # keep the pre-trained tower fixed while the projector and LM learn (needs the stage above).
-    # Pilot (22 Nov, colour questions only, 1500 steps, one thread): one-shape colour accuracy
-    # 0.93 on the frozen tower vs 0.33 with end-to-end training (vlm-target card `attempts`)
+    # keep the pre-trained tower fixed while the projector and LM learn (needs the stage above);
+    # the shipped vlm-target's recipe (its card has the pilots that led to it)
     freeze_vision: bool = False
     drafters: tuple[str, ...] = ()
 
@@ -92,31 +92,22 @@ class DrafterSpec:
 SPECS = {
     s.name: s
     for s in (
-        # shipped: learns backgrounds and counts, not which colour goes with which shape (its
-        # card). Its projected image features have norm ~190 vs ~1 for text embeddings. Tried and
-        # NOT shipped (22 Nov): a 200-step fine-tune of these weights (init_from=
-        # "4b976f5:assets/zoo/vlm-target", projector_gain=0.01 -> image norm ~1.8, warmup=20,
-        # lr=1e-3, vision_lr_mult=3, describe_share=0.2, per_answer_loss=True; 7.5 min on one
-        # thread): colour accuracy 0.025 (1/40), held-out loss 0.5305 (worse than 0.5201). It
-        # answers "The diamond is purple." whatever the question: it does not even copy the shape
-        # named in the question, and neither does the blind vlm-assistant ("The circle is orange."
-        # to every colour question), so the text path never learned to copy the question's noun
-        # and scaling the image features alone cannot fix the colour answers in a short run.
-        # Resumed to 450 steps (`--steps 450 --resume`, 16 min in all): held-out loss 0.4955
-        # (beats the blind assistant's 0.514), colour accuracy 0.05, but training grew the image
-        # features back to norm ~5300 (no constraint keeps them small), and drafters retrained
-        # on it gave ViSpec tau 4.33 vs text-only 4.70 (ViSpec behind its ablation): not shipped.
-        # Colour-question pilots of 22 Nov (card `attempts`): fresh weights learn to copy the noun
-        # by ~300 steps but colour stays at chance on multi-shape scenes; 2500 colour-only steps
-        # reach 0.70 on one-shape scenes only. Image-norm caps, per-patch heads on the tower and an
-        # image-token-names-its-patch loss through the LM head did not help.
+        # shipped (22 Nov): the CLIP tower is pre-trained alone on patch colour / shape-kind labels
+        # (4000 steps, held-out patch colour 0.9996, shape kind 0.984), then frozen while the
+        # projector and LM train 500 steps: held-out loss 0.296, against 0.520 for the same spec
+        # trained end to end (the target it replaced) and 0.514 for the blind vlm-assistant. It
+        # names shape kinds, counts, positions and the background, but still gives shapes the
+        # wrong colours (colour accuracy 3/40). Everything tried on colour binding, and why it was
+        # not shipped, is in the card's `attempts`.
         VLMSpec("vlm-target", hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
-                intermediate_size=576, steps=500, lr=1.5e-3,
+                intermediate_size=576, steps=500, lr=1.5e-3, vision_pretrain_steps=4000,
+                freeze_vision=True,
                 drafters=("vlm-vispec", "vlm-text-drafter", "vlm-assistant")),
         # HF assisted-generation baseline: same tokenizer, sees the prompt's <image> tokens as text
         VLMSpec("vlm-assistant", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                 intermediate_size=384, steps=500, vision_layers=0),
-        # ~1-2 steps/s on one shared thread: 1000 steps of one scene each in ~10-15 min
+        # one thread: the target's answers to the 600 prompts take ~2 min (cached, shared by
+        # both), then 1000 steps of one scene each ~2 min (8-12 steps/s)
         DrafterSpec("vlm-vispec", text_only=False, steps=1000),
         DrafterSpec("vlm-text-drafter", text_only=True, steps=1000),
     )

@@ -76,8 +76,8 @@ def test_the_target_names_the_background_colour_of_fresh_held_out_images(target)
 
 
 @pytest.mark.xfail(strict=True, reason="the shipped vlm-target has not learned to bind shapes to "
-                                       "colours (card: heldout_colour_accuracy 0.0); remove this "
-                                       "mark once a retrained target passes")
+                                       "colours (card: heldout_colour_accuracy 0.075); remove "
+                                       "this mark once a retrained target passes")
 def test_the_target_names_colours_in_fresh_held_out_images(target):
     right = 0
     for seed in FRESH:
