@@ -14,8 +14,10 @@ Deliberate differences from the paper:
   search rather than sampling them from q (ACL version, App. H.3).
 - `return_tree=True` hands all B beams to the engine as one tree.
 - Batches: every row has its own ADL controller and n-gram proxy; rows may draft different lengths.
-- The prompt's KV is not reused: Dream/LLaDA attend bidirectionally to the prefix, so its KV
-  changes with the block (block-causal DLMs could reuse it; not implemented).
+- By default the prompt's KV is not reused: Dream/LLaDA attend bidirectionally to the prefix, so
+  its KV changes with the block. `prefix_cache=True` reuses it anyway (Fast-dLLM's approximate
+  prefix cache, `lattice.PrefixCache`): each round the DLM runs over the newly committed tokens
+  and the block only. Still lossless; the lattice, and so the acceptance rate, can differ slightly.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from ..draft import Draft, DraftState, VerifyResult
 from .adl import AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length
 from .cps import CausalProxy, CPSConfig, search
-from .lattice import Lattice, build_lattice
+from .lattice import Lattice, PrefixCache, build_lattice, build_lattice_cached
 from .ngram_proxy import NgramProxy
 from .path_tree import paths_to_tree
 from .vocab import check_mask_token, drafter_only_ids, logits_width, suppressed_ids, target_width
@@ -46,6 +48,9 @@ class DiffusionDrafterConfig:
     return_tree: bool = False  # beyond the paper: verify the B beams as one tree
     proposal: str = "point_mass"  # exact; "approximate_l2r" is the paper's rule, approximate
     max_context: int | None = None  # most tokens the DLM sees, block included (Dream: 2048)
+    # beyond the paper: reuse the prefix KV between rounds (approximate for a bidirectional DLM,
+    # lossless all the same). Rounds whose prefix + block exceed max_context run uncached.
+    prefix_cache: bool = False
 
     def __post_init__(self):
         if self.fixed_k is not None and self.fixed_k <= 0:
@@ -98,6 +103,7 @@ class DiffusionDrafter:
             extra = drafter_only_ids(tokenizer, target_tokenizer, width)
         self.suppressed = suppressed_ids(mask_token_id, extra)
         self.proxy_factory = proxy or (lambda: NgramProxy(self.vocab_size, config.ngram_order))
+        self.prefix = PrefixCache()
 
     # -- state per sequence ------------------------------------------------------------------
     def _start(self, n: int) -> None:
@@ -114,12 +120,21 @@ class DiffusionDrafter:
     def propose(self, state: DraftState) -> Draft:
         valid = state.attention_mask.bool()  # 0 on left padding and on the engine's holes
         self.histories = [row[m] for row, m in zip(state.input_ids, valid)]
-        if state.round == 0:  # a new generate call: fresh ADL controllers and proxies
+        if state.round == 0:  # a new generate call: fresh ADL controllers, proxies and cache
             self._start(len(self.histories))
+            self.prefix.reset()
         ks = [length.k for length in self.lengths]
-        lattice = build_lattice(self.model, state.input_ids, self._context_mask(state, ks), ks,
-                                self.mask_token_id, self.vocab_size, self.config.shift,
-                                self.suppressed.to(state.input_ids.device))
+        lattice = None
+        suppressed = self.suppressed.to(state.input_ids.device)
+        if self.config.prefix_cache and self._fits_context(state, ks):
+            lattice = build_lattice_cached(self.model, self.prefix, state.input_ids,
+                                           state.attention_mask, ks, self.mask_token_id,
+                                           self.vocab_size, self.config.shift, suppressed)
+        if lattice is None:
+            self.prefix.reset()
+            lattice = build_lattice(self.model, state.input_ids, self._context_mask(state, ks),
+                                    ks, self.mask_token_id, self.vocab_size, self.config.shift,
+                                    suppressed)
         raw = lattice.argmax().tolist()  # [B, K]
         self.generated = [generated_length(raw[b][:k], self.eos_ids) for b, k in enumerate(ks)]
         depth = [min(k, state.max_tokens) for k in ks]  # deeper nodes could not be committed
@@ -130,6 +145,10 @@ class DiffusionDrafter:
     def update(self, result: VerifyResult) -> None:
         for length, gen, acc in zip(self.lengths, self.generated, result.num_accepted.tolist()):
             length.update(gen, acc)
+
+    def _fits_context(self, state: DraftState, ks: list[int]) -> bool:
+        limit = self.config.max_context
+        return limit is None or int(state.attention_mask.sum(-1).max()) + max(ks) <= limit
 
     def _context_mask(self, state: DraftState, ks: list[int]) -> torch.Tensor:
         """Hide the oldest prefix tokens so prefix + block fits `max_context`."""

@@ -120,3 +120,85 @@ def build_lattice(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         rows.append(torch.cat([block, pad]))
     lengths = torch.tensor(ks, device=ids.device)
     return Lattice(torch.stack(rows), lengths)
+
+
+class PrefixCache:
+    """The DLM's prefix KV kept between rounds (`DiffusionDrafterConfig.prefix_cache`).
+
+    An approximation, Fast-dLLM's prefix cache (Wu et al. 2025, arXiv 2505.22618): a bidirectional
+    DLM's prefix keys and values depend on the block after it, so reusing them from an earlier round
+    gives a slightly different lattice than a fresh forward. Drafting stays lossless (the target
+    verifies every token); only the acceptance rate can move. `columns` and `valid` are the
+    `[B, P]` token ids and 0/1 mask the cache holds keys and values for.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.kv, self.columns, self.valid = None, None, None
+
+    def length(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+        """How many leading columns of `input_ids` the cache holds (0 when it cannot be reused)."""
+        if self.kv is None or self.columns.shape[0] != input_ids.shape[0]:
+            return 0
+        p = self.columns.shape[1]
+        if input_ids.shape[1] <= p or not (torch.equal(input_ids[:, :p], self.columns)
+                                           and torch.equal(attention_mask[:, :p], self.valid)):
+            return 0
+        return p
+
+
+@torch.no_grad()
+def build_lattice_cached(model, cache: PrefixCache, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor, ks: list[int], mask_token_id: int,
+                         target_vocab_size: int, shift: bool,
+                         suppressed_ids: torch.Tensor | None = None) -> Lattice | None:
+    """`build_lattice`, running the DLM only over the columns the cache does not hold plus the
+    blocks, and keeping the prefix KV for the next round. Layout: `[input_ids, MASK x max(ks)]`
+    with row b's masks past `ks[b]` hidden, so the engine's holes and left padding stay where they
+    are and the cached columns keep their meaning.
+
+    Returns None where this layout cannot give the lattice: with `shift`, a row whose last column
+    is not a token (its first mask reads that column's logits). The caller then runs
+    `build_lattice`.
+    """
+    from transformers import DynamicCache
+
+    if any(k <= 0 for k in ks):
+        raise ValueError(f"draft length k must be > 0, got {ks}")
+    if shift and not bool(attention_mask[:, -1].all()):
+        cache.reset()
+        return None
+    p = cache.length(input_ids, attention_mask)
+    if p == 0:
+        cache.reset()
+        cache.kv = DynamicCache()
+    batch, k_max = input_ids.shape[0], max(ks)
+    device = input_ids.device
+    block_valid = (torch.arange(k_max, device=device)[None, :]
+                   < torch.tensor(ks, device=device)[:, None]).long()  # [B, k_max]
+    ids = torch.cat([input_ids[:, p:], torch.full((batch, k_max), mask_token_id,
+                                                  dtype=torch.long, device=device)], dim=1)
+    valid = torch.cat([attention_mask.long(), block_valid], dim=1)  # every column so far
+    position_ids = (valid.cumsum(-1) - 1).clamp(min=0)[:, p:]
+    dtype = next(model.parameters()).dtype
+    keys = valid.bool()[:, None, None, :]  # [B, 1, 1, P + q]
+    mask = torch.zeros(batch, 1, ids.shape[1], valid.shape[1], dtype=dtype, device=device)
+    mask = mask.masked_fill(~keys, torch.finfo(dtype).min)
+    keep = k_max + int(shift)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                   past_key_values=cache.kv, use_cache=True, logits_to_keep=keep).logits
+    if logits.shape[1] != keep:
+        raise TypeError(f"{type(model).__name__} ignored logits_to_keep={keep} (returned "
+                        f"{logits.shape[1]} positions); the lattice needs a transformers causal LM")
+    cache.kv.crop(-k_max)  # the masks' keys and values are not part of any later prefix
+    cache.columns, cache.valid = input_ids.clone(), attention_mask.clone()
+    if suppressed_ids is None:
+        suppressed_ids = torch.tensor([mask_token_id])
+    rows = []
+    for b, k in enumerate(ks):  # logits column j: with shift the last token, then the masks
+        block = restrict_vocab(logits[b, :k], target_vocab_size, suppressed_ids.to(device))
+        pad = block.new_full((k_max - k, target_vocab_size), float("-inf"))
+        rows.append(torch.cat([block, pad]))
+    return Lattice(torch.stack(rows), torch.tensor(ks, device=device))

@@ -172,6 +172,29 @@ def test_max_context_hides_the_oldest_tokens(dlm, target):
     assert torch.equal(capped.tokens, short.tokens)
 
 
+def test_prefix_cache_past_max_context_runs_the_capped_forward(dlm, target):
+    ids = torch.randint(2, 60, (1, 20))
+    capped = DiffusionDrafterConfig(fixed_k=4, cps=None, max_context=12)
+    cached = DiffusionDrafterConfig(fixed_k=4, cps=None, max_context=12, prefix_cache=True)
+    expected = DiffusionDrafter(dlm, MASK, target, config=capped).propose(state(ids))
+    drafter = DiffusionDrafter(dlm, MASK, target, config=cached)
+    assert torch.equal(drafter.propose(state(ids)).tokens, expected.tokens)
+    assert drafter.prefix.kv is None  # nothing cached from a capped round
+
+
+def test_a_new_generate_call_starts_with_an_empty_prefix_cache(dlm, target):
+    drafter = DiffusionDrafter(dlm, MASK, target,
+                               config=DiffusionDrafterConfig(fixed_k=4, prefix_cache=True))
+    ids = torch.randint(2, 60, (1, 8))
+    drafter.propose(state(ids))
+    assert drafter.prefix.kv.get_seq_length() == 8
+    other = torch.randint(2, 60, (1, 5))
+    first = drafter.propose(state(other))  # round 0 again
+    fresh = DiffusionDrafter(dlm, MASK, target, config=DiffusionDrafterConfig(fixed_k=4))
+    assert torch.equal(first.tokens, fresh.propose(state(other)).tokens)
+    assert drafter.prefix.kv.get_seq_length() == 5
+
+
 def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
     drafter = NaiveDiffusionDrafter(dlm, MASK, 72, k=4, eos_token_id=EOS)
     assert drafter.vocab_size == 72  # the engine checks this against the target's logits

@@ -37,6 +37,8 @@ DRAFTERS = {
     "cps_lm_proxy": lambda m, t: DiffusionDrafter(
         m, MASK, t, proxy=lambda: CausalLMProxy(tiny_qwen2(3, layers=1)),
         config=DiffusionDrafterConfig(fixed_k=10)),
+    "cps_adl_prefix_cache": lambda m, t: DiffusionDrafter(
+        m, MASK, t, config=DiffusionDrafterConfig(prefix_cache=True)),
     "llada_style_no_shift": lambda m, t: DiffusionDrafter(
         m, MASK, t, config=DiffusionDrafterConfig(shift=False, cps=CPSConfig(beam_width=2))),
 }
@@ -52,15 +54,27 @@ def test_greedy_equals_target_greedy(target, shared_dlm, prompts, name):
     assert 0 < out.stats.accepted < out.stats.drafted
 
 
-def test_greedy_left_padded_batch_equals_each_row_alone(target, shared_dlm):
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_greedy_left_padded_batch_equals_each_row_alone(target, shared_dlm, prefix_cache):
     rows = [torch.randint(2, 60, (n,), generator=torch.Generator().manual_seed(n))
             for n in (4, 9, 7)]
     ids = torch.zeros(3, 9, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for b, row in enumerate(rows):
         ids[b, 9 - row.numel():], mask[b, 9 - row.numel():] = row, 1
-    out = generate(target, DiffusionDrafter(shared_dlm, MASK, target), ids, attention_mask=mask,
-                   max_new_tokens=16, pad_token_id=0)
+    widths = []
+    hook = shared_dlm.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+        with_kwargs=True)
+    drafter = DiffusionDrafter(shared_dlm, MASK, target,
+                               config=DiffusionDrafterConfig(prefix_cache=prefix_cache))
+    try:
+        out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=16,
+                       pad_token_id=0)
+    finally:
+        hook.remove()
+    if prefix_cache:  # later rounds read the cache: the DLM sees fewer columns than the sequence
+        assert min(widths[1:]) < 9 + 20, widths
     for b, row in enumerate(rows):
         alone = target.generate(row[None], max_new_tokens=16, do_sample=False, pad_token_id=0,
                                 eos_token_id=EOS)[0, row.numel():]

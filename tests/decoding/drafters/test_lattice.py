@@ -2,8 +2,10 @@ import pytest
 import torch
 
 from mmspec.decoding.drafters.lattice import (
+    PrefixCache,
     bidirectional_attention_mask,
     build_lattice,
+    build_lattice_cached,
     restrict_vocab,
 )
 
@@ -99,3 +101,76 @@ def test_block_length_must_be_positive(dlm):
     ids = torch.randint(2, 60, (1, 5))
     with pytest.raises(ValueError, match="k must be > 0"):
         build_lattice(dlm, ids, torch.ones_like(ids), [0], MASK, VOCAB, True)
+
+
+def _with_hole(rows):
+    """Left-padded rows, then a hole (masked column) in row 0 before its last two tokens."""
+    ids, attn = left_padded(rows)
+    ids = torch.cat([ids[:, :-2], torch.zeros(len(rows), 1, dtype=torch.long), ids[:, -2:]], 1)
+    attn = torch.cat([attn[:, :-2], torch.zeros(len(rows), 1, dtype=torch.long), attn[:, -2:]], 1)
+    attn[1, -3] = 1  # row 1 has no hole: the column holds a token
+    return ids, attn
+
+
+class Widths:
+    """Records the width of every forward of a model."""
+
+    def __init__(self, model):
+        self.seen = []
+        model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        self.seen.append(kwargs["input_ids"].shape[1])
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_a_fresh_prefix_cache_gives_the_full_lattice(dlm, shift):
+    """Left padding, a hole and ragged blocks: the cached layout keeps them in place and must give
+    what `build_lattice` gives on compacted rows."""
+    torch.manual_seed(1)
+    ids, attn = _with_hole([torch.randint(2, 60, (7,)), torch.randint(2, 60, (4,))])
+    ks = [3, 5]
+    full = build_lattice(dlm, ids, attn, ks, MASK, VOCAB, shift)
+    cached = build_lattice_cached(dlm, PrefixCache(), ids, attn, ks, MASK, VOCAB, shift)
+    torch.testing.assert_close(cached.logprobs, full.logprobs, atol=1e-4, rtol=1e-4)
+    assert cached.lengths.tolist() == ks
+
+
+def test_the_prefix_cache_runs_only_the_new_columns_and_the_block():
+    dlm = tiny_qwen2(1)
+    widths = Widths(dlm)
+    cache = PrefixCache()
+    ids = torch.randint(2, 60, (2, 9))
+    attn = torch.ones_like(ids)
+    build_lattice_cached(dlm, cache, ids, attn, [4, 6], MASK, VOCAB, True)
+    longer = torch.cat([ids, torch.randint(2, 60, (2, 3))], 1)
+    reused = build_lattice_cached(dlm, cache, longer, torch.ones_like(longer), [5, 5], MASK,
+                                  VOCAB, True)
+    assert widths.seen == [9 + 6, 3 + 5]
+    assert cache.kv.get_seq_length() == 12 and torch.equal(cache.columns, longer)
+    assert torch.isfinite(reused.logprobs.max(-1).values).all()
+    # approximate, not arbitrary: the argmax agrees with a fresh forward almost everywhere
+    fresh = build_lattice(dlm, longer, torch.ones_like(longer), [5, 5], MASK, VOCAB, True)
+    agree = (reused.argmax() == fresh.argmax()).float().mean()
+    assert agree >= 0.5, agree
+
+
+def test_a_changed_prefix_is_not_served_from_the_cache(dlm):
+    cache = PrefixCache()
+    ids = torch.randint(2, 60, (1, 9))
+    attn = torch.ones_like(ids)
+    build_lattice_cached(dlm, cache, ids, attn, [4], MASK, VOCAB, True)
+    edited = torch.cat([ids, torch.randint(2, 60, (1, 2))], 1)
+    edited[0, 3] = (edited[0, 3] + 1) % 60 + 2  # an earlier token changed: the cache is stale
+    got = build_lattice_cached(dlm, cache, edited, torch.ones_like(edited), [4], MASK, VOCAB,
+                               True)
+    fresh = build_lattice(dlm, edited, torch.ones_like(edited), [4], MASK, VOCAB, True)
+    torch.testing.assert_close(got.logprobs, fresh.logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_cached_lattice_declines_a_last_column_that_is_not_a_token(dlm):
+    """With shift the first mask reads the last column's logits: a hole there cannot be used."""
+    ids = torch.randint(2, 60, (2, 6))
+    attn = torch.ones_like(ids)
+    attn[1, -1] = 0
+    assert build_lattice_cached(dlm, PrefixCache(), ids, attn, [3, 3], MASK, VOCAB, True) is None
