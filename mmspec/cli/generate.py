@@ -4,7 +4,8 @@
     mmspec generate                                  zoo VLM + ViSpec drafter on the sample scene
     mmspec generate --drafter text-only              ... with the text-only drafter (the ablation)
     mmspec generate --image scene.png --prompt "What colour is the circle?"
-    mmspec generate --target text                    zoo text pair, diffusion drafter (CPS + ADL)
+    mmspec generate --target text                    zoo text pair, diffusion drafter (CPS + ADL,
+                                                     prefix KV cache)
     mmspec generate --target builtin --drafter self  built-in random Llama (noise; engine check)
     mmspec generate --target PATH --drafter model:PATH --prompt "..."
     mmspec generate --target PATH --image cat.jpg --drafter vispec:PATH --prompt "Describe it."
@@ -13,8 +14,9 @@
 Drafters: zoo targets name theirs (`vlm`: vispec, text-only; `text`: diffusion, model,
 prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
-drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary), `self` (the
-target drafts for itself: every token is accepted, a check of the engine).
+drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary; CPS + ADL
+with the prefix KV cache), `self` (the target drafts for itself: every token is accepted, a check
+of the engine).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def _path_drafter(args, target):
         if mask_id is None:
             raise SystemExit(f"--drafter {kind}: the model's config has no mask_token_id")
         return DiffusionDrafter(dlm.to(args.device), mask_id, target, config=DiffusionDrafterConfig(
-            shift=getattr(dlm.config, "diffusion_shift", True)))
+            shift=getattr(dlm.config, "diffusion_shift", True), prefix_cache=True))
     if kind == "self":
         model = target
     elif kind == "builtin":

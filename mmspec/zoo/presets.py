@@ -96,10 +96,12 @@ def text_preset(prompt: str | None = None) -> Preset:
         drafters={
             "diffusion": lambda: DiffusionDrafter(dlm.model, dlm.mask_token_id, target,
                                                   eos_token_id=eos,
-                                                  config=DiffusionDrafterConfig(shift=dlm.shift)),
+                                                  config=DiffusionDrafterConfig(
+                                                      shift=dlm.shift, prefix_cache=True)),
             "model": lambda: ModelDrafter(drafter_model, 5),
             "prompt-lookup": lambda: PromptLookupDrafter(),
         },
         default_drafter="diffusion", eos_token_id=eos,
-        description="zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL)",
+        description="zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL, "
+                    "prefix KV cache)",
         extras={"dlm": dlm})
