@@ -111,6 +111,7 @@ def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
     use_proxy = cfg.lam < 1.0
     if use_proxy and proxy is None:
         raise ValueError(f"lam={cfg.lam} < 1 needs a causal proxy")
+    fast_score = getattr(proxy, "score_lists", None)  # NgramProxy: lists in, lists out
     live = [Beam([], 0.0, False)]
     finished: list[Beam] = []
     eos = set(eos_ids)
@@ -119,7 +120,9 @@ def beam_search(sets, cfg: CPSConfig, eos_ids: list[int],
             dlm = [cfg.lam * lp for lp in dlm]
         else:
             dlm = [0.0] * len(tokens)
-        if use_proxy:
+        if use_proxy and fast_score is not None:
+            causal = fast_score([b.tokens for b in live], tokens)  # [n][C], plain lists
+        elif use_proxy:
             paths = torch.tensor([b.tokens for b in live], dtype=torch.long).reshape(len(live), -1)
             causal = proxy.score(paths, torch.tensor(tokens)).tolist()  # [n][C]
         extensions = []  # (score, beam index, candidate index)

@@ -123,3 +123,23 @@ def test_ids_the_lattice_rules_out_are_never_candidates():
     assert all(sorted(tokens) == [10, 11, 12, 13] for tokens, _ in sets)
     beams = search(lattice, CPSConfig(lam=0.0, tau=1.0), [EOS], NgramProxy(V))
     assert all(math.isfinite(b.score) for b in beams)
+
+
+class TensorOnly:
+    """The `CausalProxy` protocol alone: no list fast path."""
+
+    def __init__(self, proxy):
+        self.proxy = proxy
+
+    def score(self, paths, candidates):
+        return self.proxy.score(paths, candidates)
+
+
+def test_the_list_fast_path_scores_like_the_tensor_protocol():
+    torch.manual_seed(3)
+    proxy = fitted_ngram([10, 11, 20, 10, 11, 21, 10, 11, 20, 5, 6, 7])
+    lattice = torch.log_softmax(torch.randn(8, V), -1)
+    fast = search(lattice, CPSConfig(tau=1.0), [EOS], proxy)
+    slow = search(lattice, CPSConfig(tau=1.0), [EOS], TensorOnly(proxy))
+    assert [b.tokens for b in fast] == [b.tokens for b in slow]
+    assert [b.score for b in fast] == pytest.approx([b.score for b in slow], rel=1e-12)
