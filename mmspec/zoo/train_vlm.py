@@ -265,6 +265,7 @@ def cmd_train(args) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     processor = load_processor(args.processor)
+    processor.patch_size = spec.patch_size  # <image> expands to this spec's number of patches
     with_images = spec.vision_layers > 0
     model = build_model(spec, processor.tokenizer)
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"

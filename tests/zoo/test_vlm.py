@@ -260,3 +260,21 @@ def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_pa
     assert stage_steps == [2, 3]  # picked up where it was cut, not from scratch
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     assert (stage / "vision.pt").is_file() and not (stage / "vision-partial.pt").exists()
+
+
+def test_a_spec_patch_size_sets_the_image_tokens_of_model_and_processor(tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, patch_size=16))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    _run(tmp_path, "a")
+    entry = tmp_path / "zoo" / "vlm-micro"
+    config = json.loads((entry / "config.json").read_text())
+    assert config["vision_config"]["patch_size"] == 16 and config["image_seq_length"] == 16
+    processor = LlavaProcessor.from_pretrained(str(entry))
+    inputs = mmspec.zoo.vlm_inputs(processor, render(FRESH[0]), "Describe the image.")
+    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert int((inputs["input_ids"] == image_id).sum()) == 16
+    model = LlavaForConditionalGeneration.from_pretrained(str(entry))
+    model.generate(**inputs, max_new_tokens=2, do_sample=False)  # image features fit the prompt
+    with pytest.raises(ValueError, match="patch_size: expected a divisor of the image size 64"):
+        VLMSpec("vlm-micro", **MICRO, patch_size=6)
