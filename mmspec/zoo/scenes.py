@@ -256,9 +256,19 @@ def colour_question(scene: Scene, index: int = 0) -> tuple[str, str]:
     return f"What colour is the {kind}?", f"There are {NUMBERS[len(same)]} {_plural(kind, 2)}: {each}."
 
 
-def question_answer(scene: Scene, describe_share: float = 0.6) -> tuple[str, str]:
-    """One (question, answer) pair for the scene, chosen by its seed; most are descriptions."""
+def question_answer(scene: Scene, describe_share: float = 0.6,
+                    colour_share: float = 0.0) -> tuple[str, str]:
+    """One (question, answer) pair for the scene, chosen by its seed; most are descriptions.
+
+    With `colour_share` > 0 that share of scenes is first set aside for a colour question about a
+    random shape; `describe_share` then applies to the rest (colour_share 0 draws exactly as
+    before, so earlier runs' data is unchanged)."""
+    for name, share in (("describe_share", describe_share), ("colour_share", colour_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name}: expected a share in [0, 1], got {share}")
     rng = random.Random(scene.seed * 31 + 11)
+    if colour_share and rng.random() < colour_share:
+        return colour_question(scene, rng.randrange(len(scene.shapes)))
     if rng.random() < describe_share:
         return rng.choice(DESCRIBE_PROMPTS), describe(scene)
     kind = rng.choice(("colour", "colour", "shapes", "count", "text", "background"))

@@ -39,9 +39,26 @@ from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import TrainConfig, _key, held_out_tau, train
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
-from mmspec.zoo.scenes import (HELDOUT_START, NO_SHAPE, PATCH_COLOURS, SHAPES, colour_question,
-                                corpus, make_scene, patch_labels, question_answer, render_scene)
-from mmspec.zoo.vlm_data import answer_loss, heldout_seeds, scene_batch, train_seeds
+from mmspec.zoo.scenes import (
+    HELDOUT_START,
+    NO_SHAPE,
+    PATCH_COLOURS,
+    SHAPES,
+    colour_question,
+    corpus,
+    make_scene,
+    patch_labels,
+    question_answer,
+    render_scene,
+)
+from mmspec.zoo.vlm_data import (
+    answer_loss,
+    heldout_seeds,
+    image_word_loss,
+    scene_batch,
+    train_seeds,
+    word_ids,
+)
 from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
 from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
 
@@ -49,6 +66,7 @@ PROCESSOR_DIR = ZOO_DIR / "vlm-processor"
 TOKENIZER_SEEDS = range(20_000)
 HELDOUT_SCENES = 64  # the held-out slice the target's card reports and tests/zoo re-measures
 COLOUR_SCENES = 40  # held-out scenes asked "What colour is the <first shape>?"
+ONE_SHAPE_SCENES = 30  # held-out one-shape scenes asked the same
 DRAFTER_SEEDS = 5_000_000  # the drafters' training prompts: a training-split range the target
 #                            sampled from like any other (no held-out scene)
 DATA_CARD = {
@@ -105,15 +123,29 @@ def build_model(spec: VLMSpec, tokenizer):
     return model
 
 
+def _git_show(ref: str, name: str) -> bytes:
+    import subprocess
+
+    rev, entry = ref.split(":", 1)
+    return subprocess.run(["git", "show", f"{rev}:{entry}/{name}"], check=True,
+                          capture_output=True, cwd=Path(__file__).resolve().parents[2]).stdout
+
+
+def committed_card(ref: str) -> dict:
+    """`<git rev>:<entry dir>`'s card, without its `attempts` (the new card carries those)."""
+    import json
+
+    card = json.loads(_git_show(ref, "card.json"))
+    card.pop("attempts", None)
+    return card
+
+
 def committed_model(ref: str, config):
     """`<git rev>:<entry dir>`'s weights in fp32 (read with `git show`, so a fine-tune starts from
     the same weights after the entry has been overwritten)."""
-    import subprocess
     import tempfile
 
-    rev, entry = ref.split(":", 1)
-    blob = subprocess.run(["git", "show", f"{rev}:{entry}/model.safetensors"], check=True,
-                          capture_output=True, cwd=Path(__file__).resolve().parents[2]).stdout
+    blob = _git_show(ref, "model.safetensors")
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         (Path(tmp) / "model.safetensors").write_bytes(blob)
@@ -241,13 +273,25 @@ def colour_seeds(n: int) -> range:
     return range(HELDOUT_START + 10_000, HELDOUT_START + 10_000 + n)
 
 
+def one_shape_seeds(n: int) -> list[int]:
+    """The first `n` scenes of `colour_seeds`' range that show exactly one shape."""
+    seeds, seed = [], HELDOUT_START + 10_000
+    while len(seeds) < n:
+        if len(make_scene(seed).shapes) == 1:
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
 @torch.no_grad()
-def colour_accuracy(model, processor, n: int) -> float:
-    """Share of held-out scenes where the greedy answer to "What colour is the <first shape>?"
-    is exactly the reference answer."""
+def colour_accuracy(model, processor, n: int, seeds=None) -> float:
+    """Share of held-out scenes (`colour_seeds(n)` unless `seeds` are given) where the greedy
+    answer to "What colour is the <first shape>?" is exactly the reference answer."""
     model.eval()
     right = 0
-    for seed in colour_seeds(n):
+    seeds = colour_seeds(n) if seeds is None else seeds
+    n = len(seeds)
+    for seed in seeds:
         scene = make_scene(seed)
         question, reference = colour_question(scene)
         inputs = vlm_inputs(processor, render_scene(scene), question)
@@ -304,6 +348,12 @@ def cmd_train(args) -> None:
                     "vision_pretrain": vision_pretrain}, tmp)
         tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
 
+    aux = None
+    if spec.image_word_loss:  # the projector's output is caught in the forward, not recomputed
+        aux = {"colours": word_ids(processor.tokenizer, PATCH_COLOURS),
+               "kinds": word_ids(processor.tokenizer, SHAPES)}
+        model.model.multi_modal_projector.register_forward_hook(
+            lambda module, inputs, output: aux.__setitem__("features", output))
     model.train()
     if spec.freeze_vision:
         model.model.vision_tower.eval()
@@ -312,10 +362,14 @@ def cmd_train(args) -> None:
                mininterval=10, file=sys.stdout)
     for step in bar:
         batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
-                            spec.describe_share)
+                            spec.describe_share, spec.colour_share,
+                            patch=spec.patch_size if aux else None)
         for group in opt.param_groups:
             group["lr"] = lr_at(spec, step) * group["lr_mult"]
         loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
+        if aux:
+            loss = loss + spec.image_word_loss * image_word_loss(
+                model.lm_head, aux.pop("features"), batch, aux["colours"], aux["kinds"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -343,6 +397,8 @@ def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_param
                                                   HELDOUT_SCENES), 4)}
     if with_images:
         results["heldout_colour_accuracy"] = colour_accuracy(shipped, processor, COLOUR_SCENES)
+        results["heldout_one_shape_colour_accuracy"] = round(colour_accuracy(
+            shipped, processor, 0, one_shape_seeds(ONE_SHAPE_SCENES)), 4)
     tail = losses[-50:]
     size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     card = {
@@ -372,11 +428,16 @@ def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_param
                              "weights as shipped",
             "colour_accuracy_slice": f"seeds {HELDOUT_START + 10_000}-"
                                      f"{HELDOUT_START + 10_000 + COLOUR_SCENES - 1}, exact match",
+            "one_shape_colour_accuracy_slice": f"train_vlm.one_shape_seeds({ONE_SHAPE_SCENES}): "
+                                               "the first one-shape scenes from seed "
+                                               f"{HELDOUT_START + 10_000}, exact match",
             "wall_time_s": round(elapsed, 1),
             **_machine(args),
         },
         "command": _command(args.argv),
     }
+    if spec.init_from:  # a fine-tune: say what it started from, with that model's own card
+        card["init_from"] = {"ref": spec.init_from, "card": committed_card(spec.init_from)}
     if vision_pretrain:
         card["results"]["vision_pretrain"] = {
             **vision_pretrain, "slice": "heldout_seeds(128), every patch; shape_patch_kind on "

@@ -48,15 +48,24 @@ class VLMSpec:
     # keep the pre-trained tower fixed while the projector and LM learn (needs the stage above);
     # the shipped vlm-target's recipe (its card has the pilots that led to it)
     freeze_vision: bool = False
+    colour_share: float = 0.0  # share of training scenes asked a colour question (scenes.question_answer)
+    image_word_loss: float = 0.0  # weight of vlm_data.image_word_loss (image tokens name their words)
     drafters: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.patch_size < 1 or IMAGE_SIZE % self.patch_size:
             raise ValueError(f"patch_size: expected a divisor of the image size {IMAGE_SIZE}, "
                              f"got {self.patch_size}")
-        if self.freeze_vision and not self.vision_pretrain_steps:
-            raise ValueError("freeze_vision: expected vision_pretrain_steps > 0 (a frozen tower "
-                             f"must be pre-trained first), got {self.vision_pretrain_steps}")
+        if self.freeze_vision and not (self.vision_pretrain_steps or self.init_from):
+            raise ValueError("freeze_vision: expected vision_pretrain_steps > 0 or init_from (a "
+                             "frozen tower must be pre-trained first), got vision_pretrain_steps "
+                             f"{self.vision_pretrain_steps} and no init_from")
+        if not 0.0 <= self.colour_share <= 1.0:
+            raise ValueError(f"colour_share: expected a share in [0, 1], got {self.colour_share}")
+        if self.image_word_loss < 0 or (self.image_word_loss and not self.vision_layers):
+            raise ValueError("image_word_loss: expected a weight >= 0, and 0 for a text-only "
+                             f"model, got {self.image_word_loss} with {self.vision_layers} "
+                             "vision layers")
 
     def text_config(self, tokenizer) -> LlamaConfig:
         return LlamaConfig(

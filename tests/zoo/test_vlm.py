@@ -2,6 +2,7 @@
 ViSpec is lossless on it, scenes are deterministic, and the training script resumes."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -22,9 +23,11 @@ from mmspec.zoo.scenes import (
     describe,
     make_scene,
     patch_labels,
+    question_answer,
     render,
 )
-from mmspec.zoo.vlm_data import train_seeds
+from mmspec.zoo.vlm_data import image_word_loss, scene_batch, train_seeds, word_ids
+from mmspec.zoo.vlm_processor import load_processor
 from mmspec.zoo.vlm_specs import SPECS, VLMSpec
 
 VLM = ("vlm-assistant", "vlm-target", "vlm-text-drafter", "vlm-vispec")
@@ -122,6 +125,7 @@ def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch):
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     straight = _run(tmp_path, "a")
 
     real_loss, calls = train_vlm.answer_loss, []
@@ -167,6 +171,7 @@ def test_the_vision_pretraining_stage_trains_the_tower_and_is_recorded(tmp_path,
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, vision_pretrain_steps=3))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     seen = {}
     real = train_vlm.pretrain_vision
 
@@ -190,6 +195,7 @@ def test_a_frozen_tower_ships_exactly_as_pre_trained(tmp_path, monkeypatch):
                                                     freeze_vision=True))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     at_stage_end = {}
     real = train_vlm.pretrain_vision
 
@@ -213,6 +219,76 @@ def test_a_frozen_tower_ships_exactly_as_pre_trained(tmp_path, monkeypatch):
 def test_freezing_a_tower_that_was_never_pre_trained_is_refused():
     with pytest.raises(ValueError, match="freeze_vision: expected vision_pretrain_steps > 0"):
         VLMSpec("vlm-micro", **MICRO, freeze_vision=True)
+    # a fine-tune of committed weights keeps the tower those weights were trained with
+    assert VLMSpec("vlm-micro", **MICRO, freeze_vision=True, init_from="HEAD:x").freeze_vision
+    with pytest.raises(ValueError, match="colour_share: expected a share in \\[0, 1\\], got 1.5"):
+        VLMSpec("vlm-micro", **MICRO, colour_share=1.5)
+    with pytest.raises(ValueError, match="image_word_loss: .* 0 for a text-only model"):
+        VLMSpec("vlm-micro", **{**MICRO, "vision_layers": 0}, image_word_loss=1.0)
+
+
+def test_colour_share_sets_scenes_aside_for_colour_questions():
+    scenes = [make_scene(seed) for seed in range(600)]
+    assert all(question_answer(s, 0.6, 1.0)[0].startswith("What colour is the") for s in scenes)
+    # 0 draws exactly as before the knob existed (earlier runs' data is unchanged)
+    assert [question_answer(s, 0.6, 0.0) for s in scenes] == [question_answer(s) for s in scenes]
+    half = [question_answer(s, 0.6, 0.5) for s in scenes]
+    colour = sum(q.startswith("What colour is the") and "background" not in q for q, _ in half)
+    described = sum(a == describe(s) for s, (_, a) in zip(scenes, half))
+    # 0.5 set aside + the rest's own colour questions (0.4 x 2/6 of it); 0.6 of the rest described
+    assert abs(colour / 600 - (0.5 + 0.5 * 0.4 * 2 / 6)) < 0.06, colour
+    assert abs(described / 600 - 0.3) < 0.06, described
+    with pytest.raises(ValueError, match="colour_share: expected a share in \\[0, 1\\], got -0.1"):
+        question_answer(scenes[0], 0.6, -0.1)
+
+
+def test_image_word_loss_is_low_when_image_tokens_read_as_their_patch_words():
+    tokenizer = load_processor(train_vlm.PROCESSOR_DIR).tokenizer
+    colour_ids, kind_ids = word_ids(tokenizer, PATCH_COLOURS), word_ids(tokenizer, SHAPES)
+    assert len(set(colour_ids.tolist()) | set(kind_ids.tolist())) == len(PATCH_COLOURS) + len(SHAPES)
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(48, len(tokenizer), bias=False)
+    batch = scene_batch(load_processor(train_vlm.PROCESSOR_DIR), [1, 2, 3], patch=8)
+    colours, kinds = batch["patch_colours"], batch["patch_kinds"]
+    assert colours.shape == kinds.shape == (3, 64)
+    assert (kinds != NO_SHAPE).any() and (kinds == NO_SHAPE).any()
+    words = lm_head.weight.detach()  # a token's output row: the direction that names it
+    shape_word = torch.where((kinds != NO_SHAPE)[..., None],
+                             words[kind_ids[kinds.clamp(max=len(SHAPES) - 1)]], 0)
+    named = 20 * (words[colour_ids[colours]] + shape_word)
+    right = image_word_loss(lm_head, named, batch, colour_ids, kind_ids)
+    wrong = image_word_loss(lm_head, named.roll(1, dims=1), batch, colour_ids, kind_ids)
+    blank = image_word_loss(lm_head, torch.zeros_like(named), batch, colour_ids, kind_ids)
+    assert right < 0.5 * blank < wrong  # blank: 2 x log(vocab) on shape patches
+    assert blank.item() == pytest.approx(
+        math.log(len(tokenizer)) * (1 + (kinds != NO_SHAPE).any().item()), rel=1e-5)
+    with pytest.raises(ValueError, match=r"image_features: expected \[B, P, H\] with \[B, P\] = "
+                                         r"\[3, 64\].*got \[3, 16, 48\]"):
+        image_word_loss(lm_head, named[:, :16], batch, colour_ids, kind_ids)
+    with pytest.raises(ValueError, match="words: expected 'circles and squares' to be one token"):
+        word_ids(tokenizer, ["circles and squares"])
+
+
+def test_the_image_word_loss_trains_the_projector_on_the_image_tokens_of_the_batch(
+        tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, colour_share=0.5,
+                                                    image_word_loss=1.0))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
+    seen = []
+    real = train_vlm.image_word_loss
+
+    def spy(lm_head, features, batch, *ids):
+        seen.append((tuple(features.shape), features.requires_grad, tuple(batch["patch_kinds"].shape)))
+        return real(lm_head, features, batch, *ids)
+
+    monkeypatch.setattr(train_vlm, "image_word_loss", spy)
+    _run(tmp_path, "a")
+    assert seen == [((2, 64, 32), True, (2, 64))] * MICRO["steps"]
+    card = json.loads((tmp_path / "zoo" / "vlm-micro" / "card.json").read_text())
+    assert card["config"]["image_word_loss"] == 1.0 and card["config"]["colour_share"] == 0.5
+    assert 0 <= card["results"]["heldout_one_shape_colour_accuracy"] <= 1
 
 
 def test_the_drafters_answer_cache_follows_the_target_weights(tmp_path):
@@ -233,6 +309,7 @@ def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_pa
                                                     freeze_vision=True))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     straight = _run(tmp_path, "a")
 
     real_seeds = train_vlm.train_seeds
@@ -266,6 +343,7 @@ def test_a_spec_patch_size_sets_the_image_tokens_of_model_and_processor(tmp_path
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, patch_size=16))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     _run(tmp_path, "a")
     entry = tmp_path / "zoo" / "vlm-micro"
     config = json.loads((entry / "config.json").read_text())
