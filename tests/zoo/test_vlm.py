@@ -78,15 +78,34 @@ def test_the_target_names_the_background_colour_of_fresh_held_out_images(target)
     assert right >= len(FRESH) - 2, f"{right}/{len(FRESH)} backgrounds right"
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped vlm-target has not learned to bind shapes to "
-                                       "colours (card: heldout_colour_accuracy 0.075); remove "
-                                       "this mark once a retrained target passes")
-def test_the_target_names_colours_in_fresh_held_out_images(target):
+ONE_SHAPE = [s for s in range(HELDOUT_START + 20_000, HELDOUT_START + 20_100)
+             if len(make_scene(s).shapes) == 1][:6]  # fresh: in no card's slice
+
+
+def test_the_target_names_the_colour_of_the_shape_in_fresh_one_shape_images(target):
+    assert len(ONE_SHAPE) == 6
+    answers = [(_answer(target, seed, colour_question(make_scene(seed))[0]),
+                colour_question(make_scene(seed))[1]) for seed in ONE_SHAPE]
+    right = sum(got == reference for got, reference in answers)
+    assert right >= len(ONE_SHAPE) - 1, f"{right}/{len(ONE_SHAPE)} colour answers right: {answers}"
+
+
+MULTI = [s for s in range(HELDOUT_START + 30_000, HELDOUT_START + 30_100)
+         if len(make_scene(s).shapes) > 1][:40]  # fresh too; 22 of them ask a kind seen once
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped vlm-target names colours where the scene has "
+                                       "one shape or only shapes of the asked kind, but not which "
+                                       "of several kinds is asked: 11/40 here, 3/22 where the "
+                                       "asked kind is unique (card: heldout_colour_accuracy "
+                                       "0.375); remove this mark once a retrained target passes")
+def test_the_target_names_colours_in_fresh_multi_shape_images(target):
+    assert len(MULTI) == 40
     right = 0
-    for seed in FRESH:
+    for seed in MULTI:
         question, reference = colour_question(make_scene(seed))
         right += _answer(target, seed, question) == reference
-    assert right >= len(FRESH) - 1, f"{right}/{len(FRESH)} colour answers right"
+    assert right >= 0.9 * len(MULTI), f"{right}/{len(MULTI)} colour answers right"
 
 
 def test_held_out_loss_matches_the_card(target):
