@@ -3,7 +3,7 @@ target, a text-only assistant (HF assisted generation's baseline), and the ViSpe
 text-only ablation.
 
     python -m mmspec.zoo.train_vlm tokenizer
-    python -m mmspec.zoo.train_vlm vlm-target          # ~35 min on one thread
+    python -m mmspec.zoo.train_vlm vlm-target          # a 1000-step fine-tune: ~35 min, 1 thread
     python -m mmspec.zoo.train_vlm vlm-assistant       # ~5 min
     python -m mmspec.zoo.train_vlm vlm-vispec          # then vlm-text-drafter; need vlm-target
 

@@ -2,7 +2,9 @@
 
 Sizes were measured on the project's shared 2-core machines: the target (~4.3M params) took
 ~2.5-5 s per step of 16 scenes trained end to end on one thread (500 steps, 29 min); with its
-tower frozen, 1.3 s per step on two threads (500 steps, 11 min, after a 15-min tower stage). It is
+tower frozen, 1.3 s per step on two threads (500 steps, 11 min, after a 15-min tower stage); the
+shipped fine-tune of that model with the image-word loss, ~2.1 s per step on one thread of a
+loaded machine (1000 steps, 35 min). It is
 deep rather than wide because a tiny model's decode step is dominated by per-layer overhead, and
 the ViSpec head is one layer: depth buys the drafter its speed-up ratio.
 """
