@@ -60,7 +60,7 @@ SPECS = {
     for s in (
         # 8.3M parameters (16.6 MB as fp16), the largest round size the 40 MB zoo leaves room for
         # beside the VLM and video models; ~1.2 s per step on 2 threads: 3000 steps x 8 x 256 =
-        # 6.1M tokens in ~65 min. (Sessions 1-6 shipped a 192x4 target of 2.5M parameters.)
+        # 6.1M tokens in 59 min. (Sessions 1-6 shipped a 192x4 target of 2.5M parameters.)
         TextModelSpec("text-target", "causal", hidden_size=320, num_layers=6, num_heads=5,
                       num_kv_heads=1, intermediate_size=960, steps=3000, lr=1.5e-3, warmup=100,
                       drafters=("text-drafter", "text-dlm")),

@@ -84,8 +84,10 @@ ONE_SHAPE = [s for s in range(HELDOUT_START + 20_000, HELDOUT_START + 20_100)
 
 def test_the_target_names_the_colour_of_the_shape_in_fresh_one_shape_images(target):
     assert len(ONE_SHAPE) == 6
-    answers = [(_answer(target, seed, colour_question(make_scene(seed))[0]),
-                colour_question(make_scene(seed))[1]) for seed in ONE_SHAPE]
+    answers = []
+    for seed in ONE_SHAPE:
+        question, reference = colour_question(make_scene(seed))
+        answers.append((_answer(target, seed, question), reference))
     right = sum(got == reference for got, reference in answers)
     assert right >= len(ONE_SHAPE) - 1, f"{right}/{len(ONE_SHAPE)} colour answers right: {answers}"
 
