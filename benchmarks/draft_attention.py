@@ -43,14 +43,16 @@ from mmspec.video_dit import draft_attention, tile_layout
 from mmspec.video_dit.draft_map import block_budget, draft_probs, pool_tiles, select_blocks
 
 
-def timed(fn, reps: int) -> float:
+def timed(fn, reps: int, sync=lambda: None) -> float:
     """Fastest of `reps` calls after one warm-up call (the machine's CPU is shared, so the
-    minimum is the least noisy estimate)."""
+    minimum is the least noisy estimate); `sync` waits for a GPU's queued work."""
     fn()
+    sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return min(times)
 
@@ -58,13 +60,19 @@ def timed(fn, reps: int) -> float:
 # ------------------------------------------------------------------------------ 1 and 3: timing
 
 
-def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small):
-    layout = tile_layout(grid, tile)
+def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small, device="cpu",
+                       dtype=torch.float32):
+    layout = tile_layout(grid, tile, device=device)
     n = layout.num_tokens
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, heads, n, dim, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, heads, n, dim, generator=g).to(device, dtype) for _ in range(3))
     scale = dim**-0.5
-    dense = timed(lambda: F.scaled_dot_product_attention(q, k, v), reps_dense)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def clock(fn, reps):
+        return timed(fn, reps, sync)
+
+    dense = clock(lambda: F.scaled_dot_product_attention(q, k, v), reps_dense)
 
     qt, kt, vt = (layout.to_tiles(x) for x in (q, k, v))
     q_hat, k_hat = pool_tiles(qt, layout), pool_tiles(kt, layout)
@@ -82,9 +90,9 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small)
         "BlockSparseMask from the block map": lambda: BlockSparseMask.from_dense(
             kept, layout.tile_tokens, n, n),
     }
-    costs = {name: timed(fn, reps_small) for name, fn in parts.items()}
-    sparse_call = timed(lambda: block_sparse_attention(qt, kt, vt, mask), reps_small)
-    whole = timed(lambda: draft_attention(q, k, v, layout, sparsity=sparsity), reps_small)
+    costs = {name: clock(fn, reps_small) for name, fn in parts.items()}
+    sparse_call = clock(lambda: block_sparse_attention(qt, kt, vt, mask), reps_small)
+    whole = clock(lambda: draft_attention(q, k, v, layout, sparsity=sparsity), reps_small)
     return {"n": n, "layout": layout, "dense": dense, "costs": costs,
             "sparse_call": sparse_call, "whole": whole, "density": mask.density()}
 
@@ -289,6 +297,61 @@ def fidelity_of(q, k, v, layout, sparsities, query_tiles=32, rows_per_pass=1024)
     return result, len(sample), nt
 
 
+def wan_section(device, wan_grid, tile, quick):
+    arch = {"num_layers": 2} if quick else {}
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    wrows, wan_dense = wan_step(device, dtype, wan_grid, (0.75, 0.9), tile=tile, **arch)
+    layers = arch.get("num_layers", WAN_1_3B["num_layers"])
+    return (
+        f"### 4. GPU end to end: one denoising step of a Wan-sized layer stack "
+        f"({device_name(device)})\n\n"
+        f"`WanTransformer3DModel`, {layers} layers, 12 heads of 128, FFN 8960 (Wan2.1-T2V-1.3B "
+        f"sizes, random weights), {str(dtype)[6:]}, CFG batch 2, 512 text tokens, latent grid "
+        f"{wan_grid[0]}x{wan_grid[1]}x{wan_grid[2]} = {math.prod(wan_grid):,} tokens, "
+        f"{tile[0]}x{tile[1]} tiles; one transformer forward, median of 3 after a warm-up; "
+        f"layer 0 dense under DraftAttention.\n\n"
+        + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
+                          "speedup vs dense"],
+                         [["dense (SDPA)", "1.000", f"{wan_dense:.0f}", "1.00x"]]
+                         + [[f"DraftAttention {int(r['sparsity'] * 100)}%",
+                             f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x"]
+                            for r in wrows]) + "\n")
+
+
+def device_name(device):
+    return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "CPU"
+
+
+def gpu_report(device, big_grid, tile, quick):
+    """Sections 1/3 (overhead and kernel speed) at Wan's 12 heads in bf16, and section 4, on
+    `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine."""
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    heads = 12
+    t = overhead_and_speed(big_grid, tile, heads=heads, dim=128, sparsity=0.9, reps_dense=5,
+                           reps_small=10, device=device, dtype=dtype)
+    name = device_name(device)
+    rows = [[part, f"{c * 1e3:.3f}", f"{100 * c / t['dense']:.2f}%"]
+            for part, c in t["costs"].items()]
+    per_layer = sum(c for part, c in t["costs"].items() if part != "block selection (row)")
+    rows.append(["**total, reorder per layer**", f"{per_layer * 1e3:.3f}",
+                 f"**{100 * per_layer / t['dense']:.2f}%**"])
+    rows += [
+        ["dense SDPA (flash)", f"{t['dense'] * 1e3:.3f}", "100%"],
+        [f"block_sparse_attention, draft mask (density {t['density']:.3f})",
+         f"{t['sparse_call'] * 1e3:.3f}", f"{t['dense'] / t['sparse_call']:.2f}x faster"],
+        ["draft_attention (reorder + draft + mask + sparse call)", f"{t['whole'] * 1e3:.3f}",
+         f"{t['dense'] / t['whole']:.2f}x faster"],
+    ]
+    return (
+        f"### 1 and 3 on {name}: overhead and speed at {t['n']:,} tokens, {heads} heads, D=128, "
+        f"{str(dtype)[6:]}, sparsity 0.9\n\n"
+        f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs (5 for "
+        f"dense) after a warm-up, the device synchronised around each.\n\n"
+        + markdown_table(["part", "ms", "% of dense"], rows) + "\n\n"
+        + wan_section(device, big_grid, tile, quick)
+    )
+
+
 # --------------------------------------------------------------------------------------- main
 
 
@@ -298,6 +361,11 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 is steadier on a shared machine")
+    p.add_argument("--gpu-only", action="store_true",
+                   help="only the device sections (overhead and speed at 12 heads in bf16, Wan "
+                        "step), into section draft_attention_gpu; the CPU sections stay")
+    p.add_argument("--device", default="cuda",
+                   help="device of --gpu-only (cpu runs its code path in fp32, as a smoke test)")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -306,6 +374,15 @@ def main() -> None:
     else:  # Wan2.1 at 512x768, 81 frames, for all three sections
         big_grid, fid_grid, reps_dense, reps_small = (21, 32, 48), (21, 32, 48), 2, 3
     tile, sparsities = (8, 16), (0.75, 0.9, 0.95)
+    if args.gpu_only:
+        if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+            p.error("--gpu-only on cuda needs a CUDA device; none is visible")
+        body = gpu_report(args.device, big_grid, tile, args.quick)
+        print(body)
+        if args.write:
+            write_section("draft_attention_gpu", "DraftAttention on a GPU "
+                          "(`benchmarks/draft_attention.py --gpu-only`)", body)
+        return
 
     load = os.getloadavg()
     t = overhead_and_speed(big_grid, tile, heads=1, dim=128, sparsity=0.9,
@@ -374,24 +451,7 @@ def main() -> None:
         + markdown_table(["call", "ms", "speedup vs dense"], speed_rows) + "\n"
     )
     if torch.cuda.is_available():
-        wan_grid = big_grid
-        arch = {"num_layers": 2} if args.quick else {}
-        wrows, wan_dense = wan_step("cuda", torch.bfloat16, wan_grid, (0.75, 0.9), **arch)
-        layers = arch.get("num_layers", WAN_1_3B["num_layers"])
-        speed += (
-            f"\n### 4. GPU end to end: one denoising step of a Wan-sized layer stack "
-            f"({torch.cuda.get_device_name()})\n\n"
-            f"`WanTransformer3DModel`, {layers} layers, 12 heads of 128, FFN 8960 (Wan2.1-T2V-1.3B "
-            f"sizes, random weights), bf16, CFG batch 2, 512 text tokens, latent grid "
-            f"{wan_grid[0]}x{wan_grid[1]}x{wan_grid[2]} = {math.prod(wan_grid):,} tokens, "
-            f"{tile[0]}x{tile[1]} tiles; one transformer forward, median of 3 after a warm-up; "
-            f"layer 0 dense under DraftAttention.\n\n"
-            + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
-                              "speedup vs dense"],
-                             [["dense (SDPA)", "1.000", f"{wan_dense:.0f}", "1.00x"]]
-                             + [[f"DraftAttention {int(r['sparsity'] * 100)}%",
-                                 f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x"]
-                                for r in wrows]) + "\n")
+        speed += "\n" + wan_section("cuda", big_grid, tile, args.quick)
     else:
         speed += ("\nGPU end to end (one denoising step of a Wan-sized layer stack, section 4 of "
                   "the script): not run: no CUDA device on this machine.\n")
