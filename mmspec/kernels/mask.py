@@ -177,18 +177,19 @@ class BlockSparseMask:
                 f"block_bool has {tuple(block_bool.shape[2:])} blocks but q_len={q_len}, "
                 f"kv_len={kv_len} with block_size {(bq, bk)} need {(mq, nk)}"
             )
+        if not (isinstance(q_len, int) and isinstance(kv_len, int) and q_len > 0 and kv_len > 0):
+            raise ValueError(f"q_len and kv_len must be positive ints, got {q_len!r}, {kv_len!r}")
         full_num, full_idx = _dense_to_ordered(block_bool)
         b, h = block_bool.shape[:2]
         dev = block_bool.device
-        return cls(
-            kv_num_blocks=torch.zeros(b, h, mq, dtype=torch.int32, device=dev),
-            kv_indices=torch.zeros(b, h, mq, 0, dtype=torch.int32, device=dev),
-            full_kv_num_blocks=full_num,
-            full_kv_indices=full_idx,
-            partial_masks=torch.zeros(b, h, mq, 0, bq, bk, dtype=torch.bool, device=dev),
-            block_size=(bq, bk),
-            q_len=q_len,
-            kv_len=kv_len,
+        # valid by construction, so the index checks of __post_init__ (a handful of device
+        # syncs, ~1 ms per call on a GPU, once per layer and step under DraftAttention) are skipped
+        return cls._unchecked(
+            torch.zeros(b, h, mq, dtype=torch.int32, device=dev),
+            torch.zeros(b, h, mq, 0, dtype=torch.int32, device=dev),
+            full_num, full_idx,
+            torch.zeros(b, h, mq, 0, bq, bk, dtype=torch.bool, device=dev),
+            (bq, bk), q_len, kv_len,
         )
 
     @classmethod

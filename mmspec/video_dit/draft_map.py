@@ -48,7 +48,8 @@ def block_budget(num_tiles: int, sparsity: float) -> int:
 def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     """Mean of the real tokens of each tile: `[B, H, Np, D]` (tile order) -> fp32 `[B, H, nT, D]`."""
     b, h, _, d = x_tiled.shape
-    sums = x_tiled.view(b, h, layout.num_tiles, layout.tile_tokens, d).float().sum(3)
+    # accumulate in fp32 without an fp32 copy of x (bf16 in, ~2x less memory traffic)
+    sums = x_tiled.view(b, h, layout.num_tiles, layout.tile_tokens, d).sum(3, dtype=torch.float32)
     return sums / layout.counts[:, None]  # padding slots are zeros, so only real tokens count
 
 

@@ -224,3 +224,42 @@ def test_rejects_unknown_or_unfit_backend(case):
     odd = BlockSparseMask.from_dense(torch.ones(1, 1, 4, 4, dtype=torch.bool), 8, 32, 32)
     with pytest.raises(ValueError, match="powers of two"):
         block_sparse_attention(q, k, v, odd, backend="triton")
+
+
+@pytest.mark.parametrize("bq,bk", [(16, 16), (32, 128), (128, 128), (256, 64)])
+@pytest.mark.parametrize("block_d", [16, 64, 128, 256])
+def test_triton_launch_configs_tile_the_blocks(bq, bk, block_d):
+    from mmspec.kernels.backends import triton_kernel
+
+    for block_m, block_n, warps, stages in triton_kernel.launch_configs(bq, bk, block_d):
+        assert bq % block_m == 0 and bk % block_n == 0 and block_m >= 16 and block_n >= 16
+        assert warps in (4, 8) and stages in (2, 3)
+
+
+def test_triton_falls_back_when_a_config_is_out_of_resources(run_backend, monkeypatch):
+    """A GPU with less shared memory than the fast config needs gets the smaller one, remembered
+    for later calls; when every config fails the error reaches the caller."""
+    from mmspec.kernels.backends import triton_kernel
+
+    q, k, v, mask = make_case(4, 1, 2, 2, 128, 128, 128, (128, 128), torch.float32, kind="blocks")
+    fast, safe = triton_kernel.launch_configs(128, 128, 128)
+    real, tried = triton_kernel._launch, []
+
+    def launch(config, *args):
+        tried.append(config)
+        if config == fast:
+            raise triton_kernel._OUT_OF_RESOURCES(262144, 232448, "shared memory")
+        return real(config, *args)
+
+    monkeypatch.setattr(triton_kernel, "_launch", launch)
+    monkeypatch.setattr(triton_kernel, "_CHOSEN", {})
+    out = run_backend("triton", q, k, v, mask)
+    assert tried == [fast, safe]
+    torch.testing.assert_close(out, run_backend("torch", q, k, v, mask), atol=1e-5, rtol=1e-5)
+    run_backend("triton", q, k, v, mask)
+    assert tried == [fast, safe, safe]  # the working config is remembered
+
+    monkeypatch.setattr(triton_kernel, "_CHOSEN", {})
+    monkeypatch.setattr(triton_kernel, "launch_configs", lambda *_: [fast])
+    with pytest.raises(triton_kernel._OUT_OF_RESOURCES):
+        run_backend("triton", q, k, v, mask)
