@@ -69,6 +69,7 @@ CASES = [
     (1, 2, 4, 2, 50, 90, 64, (16, 32), 1, None, "token"),  # GQA, ragged tails, batch broadcast
     (2, 1, 2, 1, 40, 70, 128, (16, 16), 1, 1, "blocks"),  # MQA, full broadcast, D=128
     (3, 2, 2, 2, 33, 33, 40, (16, 16), None, 1, "token"),  # odd head dim, head broadcast
+    (5, 1, 2, 2, 200, 256, 128, (128, 128), None, None, "blocks"),  # video DiT blocks and D
 ]
 
 
@@ -233,7 +234,7 @@ def test_triton_launch_configs_tile_the_blocks(bq, bk, block_d):
 
     for block_m, block_n, warps, stages in triton_kernel.launch_configs(bq, bk, block_d):
         assert bq % block_m == 0 and bk % block_n == 0 and block_m >= 16 and block_n >= 16
-        assert warps in (4, 8) and stages in (2, 3)
+        assert warps in (4, 8) and stages in (1, 2, 3)
 
 
 def test_triton_falls_back_when_a_config_is_out_of_resources(run_backend, monkeypatch):
@@ -241,8 +242,8 @@ def test_triton_falls_back_when_a_config_is_out_of_resources(run_backend, monkey
     for later calls; when every config fails the error reaches the caller."""
     from mmspec.kernels.backends import triton_kernel
 
-    q, k, v, mask = make_case(4, 1, 2, 2, 128, 128, 128, (128, 128), torch.float32, kind="blocks")
-    fast, safe = triton_kernel.launch_configs(128, 128, 128)
+    q, k, v, mask = make_case(4, 1, 2, 2, 128, 128, 128, (128, 128), torch.bfloat16, kind="blocks")
+    fast, safe = triton_kernel.launch_configs(128, 128, 128)[:2]
     real, tried = triton_kernel._launch, []
 
     def launch(config, *args):
@@ -255,7 +256,7 @@ def test_triton_falls_back_when_a_config_is_out_of_resources(run_backend, monkey
     monkeypatch.setattr(triton_kernel, "_CHOSEN", {})
     out = run_backend("triton", q, k, v, mask)
     assert tried == [fast, safe]
-    torch.testing.assert_close(out, run_backend("torch", q, k, v, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, run_backend("torch", q, k, v, mask), atol=2e-2, rtol=2e-2)
     run_backend("triton", q, k, v, mask)
     assert tried == [fast, safe, safe]  # the working config is remembered
 

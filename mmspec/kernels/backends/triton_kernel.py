@@ -147,12 +147,15 @@ def launch_configs(bq: int, bk: int, block_d: int) -> list[tuple[int, int, int, 
     Fixed rather than autotuned (see the module docstring). The first is the fastest of
     `benchmarks/kernel_configs.py` on an H100 (bf16, 128x128 blocks, 32k tokens: 1.35x faster than
     the second at density 0.1 for D=128); it needs more shared memory than smaller GPUs have,
-    where the launch raises OutOfResources and the second, smaller one is used.
+    where the launch raises OutOfResources and the next, smaller one is used. The last fits any
+    case (fp32 at D=128 with 128-token blocks needs 320 KB of shared memory with the second, more
+    than an H100's 227 KB).
     """
     bm, bn = min(bq, 128), min(bk, 128 if block_d <= 64 else 64)
     fast = (bm, bn, 8 if bm * max(bn, block_d) >= 128 * 128 else 4, 3 if block_d <= 64 else 2)
     safe = (min(bq, 128 if block_d <= 64 else 64), min(bk, 64), 4, 3)
-    return [fast] if fast == safe else [fast, safe]
+    small = (min(bq, 32), min(bk, 32), 4, 1)
+    return list(dict.fromkeys([fast, safe, small]))
 
 
 _CHOSEN: dict = {}  # (device, bq, bk, block_d, dtype) -> the config that launched there
