@@ -336,7 +336,7 @@ def gpu_report(device, big_grid, tile, quick):
     rows.append(["**total, reorder per layer**", f"{per_layer * 1e3:.3f}",
                  f"**{100 * per_layer / t['dense']:.2f}%**"])
     rows += [
-        ["dense SDPA (flash)", f"{t['dense'] * 1e3:.3f}", "100%"],
+        ["dense SDPA (default backend)", f"{t['dense'] * 1e3:.3f}", "100%"],
         [f"block_sparse_attention, draft mask (density {t['density']:.3f})",
          f"{t['sparse_call'] * 1e3:.3f}", f"{t['dense'] / t['sparse_call']:.2f}x faster"],
         ["draft_attention (reorder + draft + mask + sparse call)", f"{t['whole'] * 1e3:.3f}",
@@ -454,7 +454,8 @@ def main() -> None:
         speed += "\n" + wan_section("cuda", big_grid, tile, args.quick)
     else:
         speed += ("\nGPU end to end (one denoising step of a Wan-sized layer stack, section 4 of "
-                  "the script): not run: no CUDA device on this machine.\n")
+                  "the script): no CUDA device on this machine; see the section written by "
+                  "`--gpu-only` on a GPU machine.\n")
     body = overhead + "\n" + fidelity_md + "\n" + speed
     print(body)
     if args.write:
