@@ -303,8 +303,8 @@ def wan_section(device, wan_grid, tile, quick):
     wrows, wan_dense = wan_step(device, dtype, wan_grid, (0.75, 0.9), tile=tile, **arch)
     layers = arch.get("num_layers", WAN_1_3B["num_layers"])
     return (
-        f"### 4. GPU end to end: one denoising step of a Wan-sized layer stack "
-        f"({device_name(device)})\n\n"
+        f"### 4. GPU end to end: one denoising step of a Wan-sized layer stack, "
+        f"{math.prod(wan_grid):,} tokens ({device_name(device)})\n\n"
         f"`WanTransformer3DModel`, {layers} layers, 12 heads of 128, FFN 8960 (Wan2.1-T2V-1.3B "
         f"sizes, random weights), {str(dtype)[6:]}, CFG batch 2, 512 text tokens, latent grid "
         f"{wan_grid[0]}x{wan_grid[1]}x{wan_grid[2]} = {math.prod(wan_grid):,} tokens, "
@@ -322,7 +322,7 @@ def device_name(device):
     return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "CPU"
 
 
-def gpu_report(device, big_grid, tile, quick):
+def gpu_report(device, big_grid, tile, quick, extra_grids=()):
     """Sections 1/3 (overhead and kernel speed) at Wan's 12 heads in bf16, and section 4, on
     `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine."""
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -348,7 +348,7 @@ def gpu_report(device, big_grid, tile, quick):
         f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs (5 for "
         f"dense) after a warm-up, the device synchronised around each.\n\n"
         + markdown_table(["part", "ms", "% of dense"], rows) + "\n\n"
-        + wan_section(device, big_grid, tile, quick)
+        + "\n".join(wan_section(device, g, tile, quick) for g in (big_grid, *extra_grids))
     )
 
 
@@ -364,6 +364,10 @@ def main() -> None:
     p.add_argument("--gpu-only", action="store_true",
                    help="only the device sections (overhead and speed at 12 heads in bf16, Wan "
                         "step), into section draft_attention_gpu; the CPU sections stay")
+    p.add_argument("--extra-grids", default="",
+                   help="more latent token grids for the --gpu-only Wan step, e.g. 21x30x52 "
+                        "(Wan2.1 at 480x832, 81 frames: frames not a multiple of the tile, so "
+                        "padded) or 21x45x80 (720x1280)")
     p.add_argument("--device", default="cuda",
                    help="device of --gpu-only (cpu runs its code path in fp32, as a smoke test)")
     args = p.parse_args()
@@ -377,7 +381,10 @@ def main() -> None:
     if args.gpu_only:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             p.error("--gpu-only on cuda needs a CUDA device; none is visible")
-        body = gpu_report(args.device, big_grid, tile, args.quick)
+        extra = [tuple(int(x) for x in g.split("x")) for g in args.extra_grids.split(",") if g]
+        if any(len(g) != 3 for g in extra):
+            p.error(f"--extra-grids takes TxHxW grids separated by commas, got {args.extra_grids!r}")
+        body = gpu_report(args.device, big_grid, tile, args.quick, extra)
         print(body)
         if args.write:
             write_section("draft_attention_gpu", "DraftAttention on a GPU "
