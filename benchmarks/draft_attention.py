@@ -103,7 +103,7 @@ WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 1
 
 
 def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, text_tokens=512,
-             **arch):
+             config_kw=None, **arch):
     """Time one forward of a `WanTransformer3DModel` (`arch` overrides `WAN_1_3B`) on latents of
     token grid `grid` (T, H, W): dense, then under `apply_draft_attention` at each sparsity (step
     0 sparse, layer 0 dense). Returns rows {sparsity, density, ms, speedup} and the dense ms;
@@ -151,8 +151,8 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
     dense_ms = median_ms()
     rows = []
     for s in sparsities:
-        state = apply_draft_attention(model, DraftAttentionConfig(sparsity=s, tile=tile,
-                                                                  dense_steps=0, dense_layers=1))
+        state = apply_draft_attention(model, DraftAttentionConfig(
+            sparsity=s, tile=tile, dense_steps=0, dense_layers=1, **(config_kw or {})))
         ms = median_ms()
         sparse = [r.density for r in state.records if r.density < 1.0]
         remove_draft_attention(model)

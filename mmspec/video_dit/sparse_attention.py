@@ -45,7 +45,8 @@ def _kernel_key_valid(layout: TileLayout, key_valid, text_len: int, text_first: 
     return torch.cat([video, text], dim=1)
 
 
-def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, scale, backend):
+def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, scale, backend,
+                                 zeroed=False):
     """Block-sparse attention over `blocks` that ignores the keys where `valid` is False, exactly.
 
     Invalid keys get k = v = 0, so each adds exp(0) to the softmax denominator of the rows that
@@ -54,12 +55,14 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
     every kept block that holds padding (tens of thousands of 128x128 masks per layer for Wan at
     480p). Where invalid keys dominate a row's denominator (real logits far below 0) the
     correction would lose precision, and the call is redone with element masks instead.
+    `zeroed`: k and v are already 0 at the invalid keys (padding slots made by `to_tiles`).
     """
     length, m = q.shape[2], blocks.shape[-1]
     keep = valid[:, None, :, None]  # [B|1, 1, L, 1]
     mask = BlockSparseMask.from_dense(blocks, bs, length, length)
-    out, lse = block_sparse_attention(q, k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0),
-                                      mask, scale=scale, return_lse=True, backend=backend)
+    if not zeroed:
+        k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
+    out, lse = block_sparse_attention(q, k, v, mask, scale=scale, return_lse=True, backend=backend)
     invalid = torch.nn.functional.pad(~valid, (0, m * bs - length)).view(-1, m, bs).sum(-1)
     per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
     n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
@@ -140,8 +143,10 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
     else:
         query_is_padding = torch.cat([~layout.valid, layout.valid.new_zeros(text_len)])
+        # without key_valid, the invalid keys are the padding slots, zero-filled by to_tiles
+        # (or by the masked_fill above when tiled)
         out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, bs, scale,
-                                           backend)
+                                           backend, zeroed=key_valid is None)
     out_video, out_text = out[:, :, : layout.padded_tokens], out[:, :, layout.padded_tokens :]
     if not tiled:
         out_video = layout.from_tiles(out_video)
