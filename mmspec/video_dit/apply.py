@@ -9,7 +9,8 @@ layers only (cross-attention stays dense) and registers hooks:
   tile order once per forward and restore the order once before unpatchify (`reorder.py`), so no
   layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
   variant does not allow it (Wan 2.2 TI2V, HunyuanVideo token-replace I2V) or with
-  `permute_once=False`, each sparse layer reorders with cached index tensors.
+  `permute_once=False`, or where frames are not whole tiles (padding slots would travel through
+  every block), each sparse layer reorders with cached index tensors.
 
 Deliberate differences from the official code: no patched model code; the step comes from a hook,
 not from a `current_timestep` argument threaded through the model; the achieved density is
@@ -123,13 +124,6 @@ class DraftAttentionState:
     def sparse_layer(self, layer: int) -> bool:
         return self.sparse_step() and layer >= self.config.dense_layers
 
-    @property
-    def padding_mask(self):
-        """bool `[1, 1, 1, Np]` over tiled tokens when the forward reordered them with padding."""
-        if not (self.tiled and self.layout.has_padding):
-            return None
-        return self.layout.valid.view(1, 1, 1, -1)
-
     # ------------------------------------------------------------------------------------ hooks
 
     def pre_forward(self, module, args, kwargs):
@@ -139,7 +133,11 @@ class DraftAttentionState:
         self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
                                   latents.device)
         family = self.family
+        # frames that are not whole tiles reorder in each sparse layer instead: padding slots
+        # carried through the blocks cost every FFN and projection (Wan at 480x832: 31% more
+        # tokens; on an H100 1.10x vs 1.40x at 90%, BENCHMARKS.md `draft_attention_gpu`)
         self.tiled = (self.config.permute_once and self.sparse_step()
+                      and not self.layout.has_padding
                       and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
         if self.tiled and family.tile_inputs is not None:
             family.tile_inputs(self, bound.arguments)
@@ -217,8 +215,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
         on_density: optional `callback(step, layer, density)` after every self-attention call.
         on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
             `[B, H, nTiles, nTiles]` (tile order, before block selection) of every call that goes
-            through DraftAttention (sparse layers and steps; for HunyuanVideo and CogVideoX, and
-            when tokens were reordered with padding, dense ones too, at density 1).
+            through DraftAttention (the sparse layers of sparse steps).
 
     Returns:
         The `DraftAttentionState` of the (first) transformer: `.records`, `.density_by_step()`,

@@ -27,7 +27,8 @@ class DraftAttentionConfig:
     dense_steps: int | float = 0.3
     # official code: Wan block 0 dense (HunyuanVideo: the first 2 double-stream blocks)
     dense_layers: int = 1
-    # Wan: reorder tokens and RoPE once per transformer forward instead of in every layer
+    # reorder tokens and RoPE once per transformer forward instead of in every layer, where the
+    # model allows it and frames are whole tiles
     permute_once: bool = True
     # mmspec.kernels backend: "auto" = Triton on CUDA, torch on CPU
     backend: str = "auto"

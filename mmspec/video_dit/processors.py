@@ -3,8 +3,8 @@
 One processor per model family, each a copy of the model's own processor in diffusers 0.42
 (`WanAttnProcessor`, `HunyuanVideoAttnProcessor2_0`, `CogVideoXAttnProcessor2_0`) with the attention
 call replaced by `draft_attention`. Cross-attention and dense layers/steps go to the original
-processor untouched (when a once-per-forward reorder added padding slots, dense layers instead keep
-every block on the DraftAttention path, or, for Wan, get a mask over the padding). They read the
+processor untouched (tokens reordered once per forward are whole tiles, with no padding slots for
+it to see, and RoPE permuted alike). They read the
 step, the video grid and the tile layout from a shared `DraftAttentionState` (see `apply.py`) and
 report the density of every call to it.
 
@@ -39,14 +39,8 @@ class _DraftProcessor:
         self.original = original
 
     def _dense_through_original(self) -> bool:
-        """True when this call can go to the model's own processor (a dense layer or step).
-
-        Not when the tokens were reordered once per forward with padding slots: the original
-        processor would attend them, so dense layers then take the DraftAttention path with
-        every block kept, which ignores padded keys.
-        """
-        state = self.state
-        return not state.sparse_layer(self.layer) and state.padding_mask is None
+        """True when this call goes to the model's own processor (a dense layer or step)."""
+        return not self.state.sparse_layer(self.layer)
 
     def _attend(self, q, k, v, **kwargs):
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
@@ -73,9 +67,6 @@ class WanDraftAttnProcessor(_DraftProcessor):
         if encoder_hidden_states is not None or not state.sparse_layer(self.layer):
             if encoder_hidden_states is None:
                 state.record(self.layer, None)
-                if attention_mask is None:
-                    # tokens reordered once per forward: mask the padding slots in dense layers too
-                    attention_mask = state.padding_mask
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  rotary_emb)
         if attention_mask is not None:

@@ -80,25 +80,26 @@ def test_permute_once_matches_per_layer_permutation(name):
     build, inputs = MODELS[name]
     model = build()
     args, kwargs = inputs()
-    seen = []  # video tokens reaching the first self-attention
-    FIRST_ATTENTION[name](model).register_forward_pre_hook(
-        lambda module, a, kw: seen.append(kw["hidden_states"].shape[1] if "hidden_states" in kw
-                                          else a[0].shape[1]), with_kwargs=True)
-    outs = []
-    for once in (True, False):
-        apply_draft_attention(model, _cfg(0.6, permute_once=once))
-        outs.append(model(*args, **kwargs).sample)
-        remove_draft_attention(model)
-    frames = seen[1] // 60  # 6 x 10 tokens per frame, 8 x 12 with the padding of 4 x 4 tiles
-    assert seen == [frames * 96, frames * 60]
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
-    # with a dense first layer the reordered forward ignores the padding slots there too
     dense = model(*args, **kwargs).sample
-    for once in (True, False):
-        apply_draft_attention(model, DraftAttentionConfig(sparsity=0.0, tile=(4, 4), dense_steps=0,
-                                                          dense_layers=1, permute_once=once))
-        torch.testing.assert_close(model(*args, **kwargs).sample, dense, atol=1e-5, rtol=1e-5)
-        remove_draft_attention(model)
+    # 6 x 10 tokens per frame: whole 2 x 2 tiles, padded 4 x 4 tiles
+    for tile, reordered_once in (((2, 2), True), ((4, 4), False)):
+        seen, outs = [], []  # whether the tokens reaching the first self-attention are in tile order
+        for once in (True, False):
+            state = apply_draft_attention(model, DraftAttentionConfig(
+                sparsity=0.6, tile=tile, dense_steps=0, dense_layers=0, permute_once=once))
+            hook = FIRST_ATTENTION[name](model).register_forward_pre_hook(
+                lambda *_, state=state: seen.append(state.tiled))
+            outs.append(model(*args, **kwargs).sample)
+            hook.remove()
+            remove_draft_attention(model)
+        # padded frames reorder in each layer: padding slots would pass through every FFN
+        assert seen == [reordered_once, False]
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    # a dense first layer runs the model's own processor on the reordered tokens and RoPE
+    apply_draft_attention(model, DraftAttentionConfig(sparsity=0.0, tile=(2, 2), dense_steps=0,
+                                                      dense_layers=1))
+    torch.testing.assert_close(model(*args, **kwargs).sample, dense, atol=1e-5, rtol=1e-5)
+    remove_draft_attention(model)
 
 
 def test_only_self_attention_is_replaced_and_remove_restores():
