@@ -383,7 +383,7 @@ def main() -> None:
             p.error("--gpu-only on cuda needs a CUDA device; none is visible")
         extra = [tuple(int(x) for x in g.split("x")) for g in args.extra_grids.split(",") if g]
         if any(len(g) != 3 for g in extra):
-            p.error(f"--extra-grids takes TxHxW grids separated by commas, got {args.extra_grids!r}")
+            p.error(f"--extra-grids takes TxHxW grids joined by commas, got {args.extra_grids!r}")
         body = gpu_report(args.device, big_grid, tile, args.quick, extra)
         print(body)
         if args.write:

@@ -52,9 +52,10 @@ def main() -> None:
             try:
                 out = block_sparse_attention(*small, small_mask, backend="triton")
                 err = (out.float() - ref).abs().max().item()
-                times = {dens: timed(lambda m=m: block_sparse_attention(q, k, v, m,
-                                                                        backend="triton"), 20, sync)
-                         for dens, m in masks.items()}
+                times = {}
+                for dens, m in masks.items():
+                    call = lambda m=m: block_sparse_attention(q, k, v, m, backend="triton")
+                    times[dens] = timed(call, 20, sync)
             except Exception as e:  # a config the compiler rejects (shared memory, registers)
                 print(f"  {cfg}: failed: {type(e).__name__}: {str(e)[:120]}")
                 continue

@@ -4,9 +4,8 @@ One processor per model family, each a copy of the model's own processor in diff
 (`WanAttnProcessor`, `HunyuanVideoAttnProcessor2_0`, `CogVideoXAttnProcessor2_0`) with the attention
 call replaced by `draft_attention`. Cross-attention and dense layers/steps go to the original
 processor untouched (tokens reordered once per forward are whole tiles, with no padding slots for
-it to see, and RoPE permuted alike). They read the
-step, the video grid and the tile layout from a shared `DraftAttentionState` (see `apply.py`) and
-report the density of every call to it.
+it to see, and RoPE permuted alike). They read the step, the video grid and the tile layout from a
+shared `DraftAttentionState` (see `apply.py`) and report the density of every call to it.
 
 Deliberate differences from the official code: processors instead of patched model code; text
 tokens of joint attention (HunyuanVideo after the video, CogVideoX before it) keep dense rows and

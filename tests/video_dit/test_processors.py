@@ -83,7 +83,7 @@ def test_permute_once_matches_per_layer_permutation(name):
     dense = model(*args, **kwargs).sample
     # 6 x 10 tokens per frame: whole 2 x 2 tiles, padded 4 x 4 tiles
     for tile, reordered_once in (((2, 2), True), ((4, 4), False)):
-        seen, outs = [], []  # whether the tokens reaching the first self-attention are in tile order
+        seen, outs = [], []  # whether tokens reaching the first self-attention are in tile order
         for once in (True, False):
             state = apply_draft_attention(model, DraftAttentionConfig(
                 sparsity=0.6, tile=tile, dense_steps=0, dense_layers=0, permute_once=once))
