@@ -110,32 +110,69 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
     times are medians of `reps` after a warm-up, with the device synchronised."""
     from diffusers import WanTransformer3DModel
 
+    torch.manual_seed(0)
+    model = _cast(WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16,
+                                        **{"text_dim": 4096, "freq_dim": 256, **WAN_1_3B, **arch}),
+                  device, dtype)
+    t, h, w = grid
+    g = torch.Generator().manual_seed(0)
+    inputs = {
+        "hidden_states": torch.randn(batch, 16, t, 2 * h, 2 * w, generator=g).to(device, dtype),
+        "encoder_hidden_states": torch.randn(batch, text_tokens, model.config.text_dim,
+                                             generator=g).to(device, dtype),
+        "timestep": torch.full((batch,), 500.0, device=device),
+    }
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw)
+
+
+COGVIDEOX_2B = {"num_layers": 30, "num_attention_heads": 30, "attention_head_dim": 64}
+
+
+def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, config_kw=None,
+                   **arch):
+    """`wan_step` for a `CogVideoXTransformer3DModel` (`arch` overrides `COGVIDEOX_2B`: sincos
+    positions, no RoPE) with its 226 text tokens in front of the video in joint attention."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    t, h, w = grid
+    torch.manual_seed(0)
+    model = _cast(CogVideoXTransformer3DModel(
+        in_channels=16, out_channels=16, time_embed_dim=512, text_embed_dim=4096, patch_size=2,
+        sample_width=2 * w, sample_height=2 * h, sample_frames=4 * (t - 1) + 1,
+        max_text_seq_length=226, **{**COGVIDEOX_2B, **arch}), device, dtype)
+    g = torch.Generator().manual_seed(0)
+    inputs = {
+        "hidden_states": torch.randn(batch, t, 16, 2 * h, 2 * w, generator=g).to(device, dtype),
+        "encoder_hidden_states": torch.randn(batch, 226, 4096, generator=g).to(device, dtype),
+        "timestep": torch.full((batch,), 500, device=device, dtype=torch.long),
+    }
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw)
+
+
+def _cast(model, device, dtype):
+    """Like from_pretrained(torch_dtype=...): the modules diffusers keeps in fp32 stay fp32."""
+    model = torch.nn.Module.to(model, device=device, dtype=dtype).eval()
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    for name, module in model.named_modules():
+        if keep & set(name.split(".")):
+            module.float()
+    return model
+
+
+def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None):
+    """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity."""
     from mmspec.video_dit import (
         DraftAttentionConfig,
         apply_draft_attention,
         remove_draft_attention,
     )
 
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16,
-                                  **{"text_dim": 4096, "freq_dim": 256, **WAN_1_3B, **arch})
-    # cast like from_pretrained(torch_dtype=...): the modules diffusers keeps in fp32 stay fp32
-    model = torch.nn.Module.to(model, device=device, dtype=dtype).eval()
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
-    for name, module in model.named_modules():
-        if keep & set(name.split(".")):
-            module.float()
-    t, h, w = grid
-    g = torch.Generator().manual_seed(0)
-    latents = torch.randn(batch, 16, t, 2 * h, 2 * w, generator=g).to(device, dtype)
-    text = torch.randn(batch, text_tokens, model.config.text_dim, generator=g).to(device, dtype)
-    timestep = torch.full((batch,), 500.0, device=device)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def run():
         with torch.no_grad():
-            out = model(hidden_states=latents, timestep=timestep, encoder_hidden_states=text,
-                        return_dict=False)[0]
+            out = model(**inputs, return_dict=False)[0]
         sync()
         return out
 
@@ -318,11 +355,32 @@ def wan_section(device, wan_grid, tile, quick):
                             for r in wrows]) + "\n")
 
 
+def cogvideox_section(device, grid, tile, quick):
+    arch = {"num_layers": 2} if quick else {}
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    rows, dense = cogvideox_step(device, dtype, grid, (0.75, 0.9), tile=tile, **arch)
+    layers = arch.get("num_layers", COGVIDEOX_2B["num_layers"])
+    return (
+        f"### 5. GPU end to end: one denoising step of a CogVideoX-2B-sized layer stack, "
+        f"{math.prod(grid):,} video tokens ({device_name(device)})\n\n"
+        f"`CogVideoXTransformer3DModel`, {layers} layers, 30 heads of 64 (CogVideoX-2B sizes, "
+        f"random weights, sincos positions), {str(dtype)[6:]}, CFG batch 2, 226 text tokens "
+        f"before the video in joint attention (dense rows and columns), latent grid "
+        f"{grid[0]}x{grid[1]}x{grid[2]}, {tile[0]}x{tile[1]} tiles; one transformer forward, "
+        f"median of 3 after a warm-up; layer 0 dense under DraftAttention.\n\n"
+        + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
+                          "speedup vs dense"],
+                         [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x"]]
+                         + [[f"DraftAttention {int(r['sparsity'] * 100)}%",
+                             f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x"]
+                            for r in rows]) + "\n")
+
+
 def device_name(device):
     return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "CPU"
 
 
-def gpu_report(device, big_grid, tile, quick, extra_grids=()):
+def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()):
     """Sections 1/3 (overhead and kernel speed) at Wan's 12 heads in bf16, and section 4, on
     `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine."""
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -348,7 +406,8 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=()):
         f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs (5 for "
         f"dense) after a warm-up, the device synchronised around each.\n\n"
         + markdown_table(["part", "ms", "% of dense"], rows) + "\n\n"
-        + "\n".join(wan_section(device, g, tile, quick) for g in (big_grid, *extra_grids))
+        + "\n".join([wan_section(device, g, tile, quick) for g in (big_grid, *extra_grids)]
+                    + [cogvideox_section(device, g, tile, quick) for g in cogvideox_grids])
     )
 
 
@@ -368,6 +427,9 @@ def main() -> None:
                    help="more latent token grids for the --gpu-only Wan step, e.g. 21x30x52 "
                         "(Wan2.1 at 480x832, 81 frames: frames not a multiple of the tile, so "
                         "padded) or 21x45x80 (720x1280)")
+    p.add_argument("--cogvideox-grids", default="",
+                   help="latent token grids for a --gpu-only CogVideoX-2B step, e.g. 13x30x45 "
+                        "(480x720, 49 frames)")
     p.add_argument("--device", default="cuda",
                    help="device of --gpu-only (cpu runs its code path in fp32, as a smoke test)")
     args = p.parse_args()
@@ -381,10 +443,15 @@ def main() -> None:
     if args.gpu_only:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             p.error("--gpu-only on cuda needs a CUDA device; none is visible")
-        extra = [tuple(int(x) for x in g.split("x")) for g in args.extra_grids.split(",") if g]
-        if any(len(g) != 3 for g in extra):
-            p.error(f"--extra-grids takes TxHxW grids joined by commas, got {args.extra_grids!r}")
-        body = gpu_report(args.device, big_grid, tile, args.quick, extra)
+        grids = {}
+        for flag in ("extra_grids", "cogvideox_grids"):
+            text = getattr(args, flag)
+            grids[flag] = [tuple(int(x) for x in g.split("x")) for g in text.split(",") if g]
+            if any(len(g) != 3 for g in grids[flag]):
+                p.error(f"--{flag.replace('_', '-')} takes TxHxW grids joined by commas, "
+                        f"got {text!r}")
+        body = gpu_report(args.device, big_grid, tile, args.quick, grids["extra_grids"],
+                          grids["cogvideox_grids"])
         print(body)
         if args.write:
             write_section("draft_attention_gpu", "DraftAttention on a GPU "
