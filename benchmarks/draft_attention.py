@@ -400,15 +400,20 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
         ["draft_attention (reorder + draft + mask + sparse call)", f"{t['whole'] * 1e3:.3f}",
          f"{t['dense'] / t['whole']:.2f}x faster"],
     ]
-    return (
+    parts = [
         f"### 1 and 3 on {name}: overhead and speed at {t['n']:,} tokens, {heads} heads, D=128, "
         f"{str(dtype)[6:]}, sparsity 0.9\n\n"
         f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs (5 for "
         f"dense) after a warm-up, the device synchronised around each.\n\n"
-        + markdown_table(["part", "ms", "% of dense"], rows) + "\n\n"
-        + "\n".join([wan_section(device, g, tile, quick) for g in (big_grid, *extra_grids)]
-                    + [cogvideox_section(device, g, tile, quick) for g in cogvideox_grids])
-    )
+        + markdown_table(["part", "ms", "% of dense"], rows) + "\n"
+    ]
+    print(parts[-1], flush=True)  # each part as it is measured: a long run shows progress
+    for section, grids in ((wan_section, (big_grid, *extra_grids)),
+                           (cogvideox_section, cogvideox_grids)):
+        for g in grids:
+            parts.append(section(device, g, tile, quick))
+            print(parts[-1], flush=True)
+    return "\n".join(parts)
 
 
 # --------------------------------------------------------------------------------------- main
@@ -452,7 +457,6 @@ def main() -> None:
                         f"got {text!r}")
         body = gpu_report(args.device, big_grid, tile, args.quick, grids["extra_grids"],
                           grids["cogvideox_grids"])
-        print(body)
         if args.write:
             write_section("draft_attention_gpu", "DraftAttention on a GPU "
                           "(`benchmarks/draft_attention.py --gpu-only`)", body)
