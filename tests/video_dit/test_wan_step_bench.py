@@ -1,5 +1,6 @@
-"""The GPU end-to-end benchmark (benchmarks/draft_attention.py section 4) runs on any device: run it
-here on CPU at a tiny Wan size, so the code a lent GPU runs is exercised in CI."""
+"""The GPU end-to-end benchmarks (benchmarks/draft_attention.py sections 4 and 5) run on any device:
+run them here on CPU at tiny Wan and CogVideoX sizes, so the code a lent GPU runs is exercised in
+CI. Also the fidelity measure's global oracle, which bounds every mask of its block budget."""
 
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.draft_attention import wan_step
+from benchmarks.draft_attention import cogvideox_step, fidelity, wan_step
 
 TINY = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32, "ffn_dim": 64, "text_dim": 32,
             "freq_dim": 32}
@@ -24,3 +25,24 @@ def test_wan_step_times_dense_and_sparse_at_the_requested_density(dtype):
     for r in rows:
         assert abs(r["density"] - (1 - r["sparsity"])) <= 1 / tiles + 1e-6
         assert r["ms"] > 0 and r["speedup"] == pytest.approx(dense_ms / r["ms"])
+
+
+def test_cogvideox_step_keeps_text_dense_and_times_both():
+    rows, dense_ms = cogvideox_step("cpu", torch.float32, (3, 8, 12), (0.75,), reps=1,
+                                    tile=(4, 4), num_layers=2, num_attention_heads=2,
+                                    attention_head_dim=16)
+    # 3 frames x 2 x 3 = 18 video tiles, and 226 text tokens = 15 blocks of 16 whose rows and
+    # columns stay dense: about (18^2 / 4 + 33^2 - 18^2) / 33^2 = 0.78 of the blocks
+    assert dense_ms > 0 and rows[0]["ms"] > 0
+    assert 0.25 < rows[0]["density"] < 1.0
+
+
+def test_global_oracle_bounds_every_mask_of_its_budget():
+    rows, _, sampled, tiles = fidelity((2, 8, 16), (4, 4), (0.75, 0.9), query_tiles=64)
+    assert sampled == tiles  # exact over all queries, where the bound is exact too
+    for s in (0.75, 0.9):
+        at = {r["method"]: r for r in rows if r["sparsity"] == s}
+        best = at["oracle (global)"]
+        for name, r in at.items():
+            if r["density"] <= best["density"] + 1e-6:
+                assert r["recall"] <= best["recall"] + 1e-5, name
