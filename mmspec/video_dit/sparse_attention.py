@@ -131,12 +131,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         blocks = kept
     length = layout.padded_tokens + text_len
     valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)  # [B|1, length]
-    # contiguous for the torch backend, which views its inputs (a transposed [B, H, L, D] fails);
-    # the Triton kernel takes strides, and a copy of q, k and v costs ~5% of a layer on a GPU
-    strided_ok = q.is_cuda and backend in ("auto", "triton")
-    q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len
-             else vid if strided_ok and vid.stride(-1) == 1 else vid.contiguous()
-             for vid, p in zip(videos, parts)]
+    # no .contiguous(): every backend takes strided q, k, v (a copy costs ~5% of a layer on a GPU)
+    q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len else vid for vid, p in zip(videos, parts)]
     # without key_valid or padding every key is valid: no device sync to find that out
     if (key_valid is None and not layout.has_padding) or bool(valid.all()):
         mask = BlockSparseMask.from_dense(blocks, bs, length, length)
