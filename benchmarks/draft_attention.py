@@ -356,40 +356,38 @@ def fidelity_of(q, k, v, layout, sparsities, query_tiles=32, rows_per_pass=1024)
     return result, len(sample), nt
 
 
-def wan_section(device, wan_grid, tile, quick):
-    arch = {"num_layers": 2} if quick else {}
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    wrows, wan_dense = wan_step(device, dtype, wan_grid, (0.75, 0.9), tile=tile, **arch)
-    layers = arch.get("num_layers", WAN_1_3B["num_layers"])
-    return (
+def wan_section(device, grid, tile, quick):
+    layers = 2 if quick else WAN_1_3B["num_layers"]
+    return step_section(
+        device, grid, tile, wan_step, {"num_layers": layers},
         f"### 4. GPU end to end: one denoising step of a Wan-sized layer stack, "
-        f"{math.prod(wan_grid):,} tokens ({device_name(device)})\n\n"
+        f"{math.prod(grid):,} tokens",
         f"`WanTransformer3DModel`, {layers} layers, 12 heads of 128, FFN 8960 (Wan2.1-T2V-1.3B "
-        f"sizes, random weights), {str(dtype)[6:]}, CFG batch 2, 512 text tokens, latent grid "
-        f"{wan_grid[0]}x{wan_grid[1]}x{wan_grid[2]} = {math.prod(wan_grid):,} tokens, "
-        f"{tile[0]}x{tile[1]} tiles; one transformer forward, median of 3 after a warm-up; "
-        f"layer 0 dense under DraftAttention.\n\n"
-        + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
-                          "speedup vs dense"],
-                         [["dense (SDPA)", "1.000", f"{wan_dense:.0f}", "1.00x"]]
-                         + [[f"DraftAttention {int(r['sparsity'] * 100)}%",
-                             f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x"]
-                            for r in wrows]) + "\n")
+        f"sizes, random weights), {{dtype}}, CFG batch 2, 512 text tokens, latent grid "
+        f"{grid[0]}x{grid[1]}x{grid[2]} = {math.prod(grid):,} tokens")
 
 
 def cogvideox_section(device, grid, tile, quick):
-    arch = {"num_layers": 2} if quick else {}
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    rows, dense = cogvideox_step(device, dtype, grid, (0.75, 0.9), tile=tile, **arch)
-    layers = arch.get("num_layers", COGVIDEOX_2B["num_layers"])
-    return (
+    layers = 2 if quick else COGVIDEOX_2B["num_layers"]
+    return step_section(
+        device, grid, tile, cogvideox_step, {"num_layers": layers},
         f"### 5. GPU end to end: one denoising step of a CogVideoX-2B-sized layer stack, "
-        f"{math.prod(grid):,} video tokens ({device_name(device)})\n\n"
+        f"{math.prod(grid):,} video tokens",
         f"`CogVideoXTransformer3DModel`, {layers} layers, 30 heads of 64 (CogVideoX-2B sizes, "
-        f"random weights, sincos positions), {str(dtype)[6:]}, CFG batch 2, 226 text tokens "
-        f"before the video in joint attention (dense rows and columns), latent grid "
-        f"{grid[0]}x{grid[1]}x{grid[2]}, {tile[0]}x{tile[1]} tiles; one transformer forward, "
-        f"median of 3 after a warm-up; layer 0 dense under DraftAttention.\n\n"
+        f"random weights, sincos positions), {{dtype}}, CFG batch 2, 226 text tokens before the "
+        f"video in joint attention (dense rows and columns), latent grid "
+        f"{grid[0]}x{grid[1]}x{grid[2]}")
+
+
+def step_section(device, grid, tile, step, arch, title, model_text):
+    """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`."""
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    rows, dense = step(device, dtype, grid, (0.75, 0.9), tile=tile, **arch)
+    return (
+        f"{title} ({device_name(device)})\n\n"
+        + model_text.format(dtype=str(dtype)[6:])
+        + f", {tile[0]}x{tile[1]} tiles; one transformer forward, median of 3 after a warm-up; "
+          f"layer 0 dense under DraftAttention.\n\n"
         + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
                           "speedup vs dense"],
                          [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x"]]
@@ -473,10 +471,13 @@ def main() -> None:
         grids = {}
         for flag in ("extra_grids", "cogvideox_grids"):
             text = getattr(args, flag)
-            grids[flag] = [tuple(int(x) for x in g.split("x")) for g in text.split(",") if g]
-            if any(len(g) != 3 for g in grids[flag]):
-                p.error(f"--{flag.replace('_', '-')} takes TxHxW grids joined by commas, "
-                        f"got {text!r}")
+            try:
+                grids[flag] = [tuple(int(x) for x in g.split("x")) for g in text.split(",") if g]
+            except ValueError:
+                grids[flag] = [()]
+            if any(len(g) != 3 or min(g) < 1 for g in grids[flag]):
+                p.error(f"--{flag.replace('_', '-')} takes TxHxW grids of positive ints joined "
+                        f"by commas, e.g. 21x30x52,21x45x80; got {text!r}")
         body = gpu_report(args.device, big_grid, tile, args.quick, grids["extra_grids"],
                           grids["cogvideox_grids"])
         if args.write:
