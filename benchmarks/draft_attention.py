@@ -69,7 +69,7 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small,
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=g).to(device, dtype) for _ in range(3))
     scale = dim**-0.5
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync = device_sync(device)
 
     def clock(fn, reps):
         return timed(fn, reps, sync)
@@ -170,7 +170,7 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None):
     )
 
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
 
     def run():
         with torch.no_grad():
@@ -381,7 +381,7 @@ def cogvideox_section(device, grid, tile, quick):
 
 def step_section(device, grid, tile, step, arch, title, model_text):
     """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`."""
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    dtype = gpu_dtype(device)
     rows, dense = step(device, dtype, grid, (0.75, 0.9), tile=tile, **arch)
     return (
         f"{title} ({device_name(device)})\n\n"
@@ -400,10 +400,19 @@ def device_name(device):
     return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "CPU"
 
 
+def gpu_dtype(device):
+    """bf16 on a GPU (what video DiTs run in), fp32 for the CPU smoke runs."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def device_sync(device):
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
 def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()):
     """Sections 1/3 (overhead and kernel speed) at Wan's 12 heads in bf16, and section 4, on
     `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine."""
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    dtype = gpu_dtype(device)
     heads = 12
     t = overhead_and_speed(big_grid, tile, heads=heads, dim=128, sparsity=0.9, reps_dense=5,
                            reps_small=10, device=device, dtype=dtype)
