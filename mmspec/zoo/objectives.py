@@ -26,27 +26,36 @@ def causal_lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def diffusion_noise(tokens: torch.Tensor, mask_token_id: int, generator: torch.Generator,
-                    prefix_fraction: float = 0.5, t_min: float = 1e-3):
-    """Returns (noisy `[B, L]`, masked bool `[B, L]`, t `[B]`). Position 0 is never masked."""
+                    prefix_fraction: float = 0.5, t_min: float = 1e-3, cut: int | None = None):
+    """Returns (noisy `[B, L]`, masked bool `[B, L]`, t `[B]`). Position 0 is never masked.
+    `cut` fixes every row's first maskable position (a clean prefix of `cut` tokens in all rows)."""
     b, n = tokens.shape
     t = t_min + (1 - t_min) * torch.rand(b, generator=generator)  # t ~ U(t_min, 1]
     masked = torch.rand(b, n, generator=generator) < t[:, None]
-    cut = torch.randint(1, n, (b,), generator=generator)  # first maskable position
-    use_prefix = torch.rand(b, generator=generator) < prefix_fraction
-    cut = torch.where(use_prefix, cut, torch.ones_like(cut))
+    if cut is not None:
+        if not 1 <= cut < n:
+            raise ValueError(f"cut must be in [1, {n}) for windows of {n} tokens, got {cut}")
+        cut = torch.full((b,), cut)
+    else:
+        cut = torch.randint(1, n, (b,), generator=generator)  # first maskable position
+        use_prefix = torch.rand(b, generator=generator) < prefix_fraction
+        cut = torch.where(use_prefix, cut, torch.ones_like(cut))
     masked &= torch.arange(n)[None, :] >= cut[:, None]
     noisy = torch.where(masked, torch.full_like(tokens, mask_token_id), tokens)
     return noisy, masked, t
 
 
 def masked_diffusion_loss(model, tokens: torch.Tensor, mask_token_id: int,
-                          generator: torch.Generator, prefix_fraction: float = 0.5) -> torch.Tensor:
-    """tokens: long `[B, L]`; `model` must be bidirectional. 1/t-weighted masked CE per token."""
-    noisy, masked, t = diffusion_noise(tokens, mask_token_id, generator, prefix_fraction)
+                          generator: torch.Generator, prefix_fraction: float = 0.5,
+                          cut: int | None = None) -> torch.Tensor:
+    """tokens: long `[B, L]`; `model` must be bidirectional. 1/t-weighted masked CE per token
+    (per maskable token: with a fixed `cut`, averaged over the `L - cut` tokens after it)."""
+    noisy, masked, t = diffusion_noise(tokens, mask_token_id, generator, prefix_fraction, cut=cut)
     logits = model(input_ids=noisy).logits[:, :-1]  # [B, L-1, V]; row i-1 predicts token i
     ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
     weight = masked[:, 1:].float() / t[:, None]  # [B, L-1]
-    return (ce.view_as(weight) * weight).sum() / weight.numel()
+    maskable = weight.numel() if cut is None else tokens.shape[0] * (tokens.shape[1] - cut)
+    return (ce.view_as(weight) * weight).sum() / maskable
 
 
 @torch.no_grad()

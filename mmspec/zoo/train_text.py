@@ -14,6 +14,7 @@ whose held-out figures are measured on the shipped fp16 weights.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -29,8 +30,10 @@ from transformers import Qwen2ForCausalLM
 
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
+from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.corpus import read_texts, source_files
 from mmspec.zoo.data import eval_windows, random_windows, token_stream
+from mmspec.zoo.distill import continuation_loss
 from mmspec.zoo.objectives import causal_lm_loss, masked_diffusion_loss, masked_prediction_loss
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
 from mmspec.zoo.specs import SPECS, TextModelSpec
@@ -39,6 +42,8 @@ from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
 TOKENIZER_DIR = ZOO_DIR / "text-tokenizer"
 EVAL_WINDOWS = 16  # the fixed held-out slice the card reports and tests/zoo re-measures
 DRAFT_BLOCK = 16  # masks appended for the DLM's drafting-use eval
+DISTILL_HELDOUT = 64  # held-out target continuations the card of a distilled drafter reports
+DISTILL_TARGET = "text-target"  # whose greedy continuations `--distill` trains on
 
 
 def build_model(spec: TextModelSpec, tokenizer, assets: Path = ZOO_DIR) -> Qwen2ForCausalLM:
@@ -82,10 +87,25 @@ def make_optimizer(model, spec: TextModelSpec) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: int) -> dict:
-    """Held-out figures (nats/token) on `windows` `[N, L]`, in batches of 8."""
+def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: int,
+             continuations: torch.Tensor | None = None, prefix_len: int = 0) -> dict:
+    """Held-out figures (nats/token) on `windows` `[N, L]`, in batches of 8; with
+    `continuations` `[M, P + n]` (`mmspec.zoo.distill`), also how well the model predicts the
+    target's greedy tokens after the first P: next-token CE (causal), or the CE of the first
+    DRAFT_BLOCK of them masked at once after the clean prefix (diffusion, the drafting use)."""
     model.eval()
     out = {}
+    if continuations is not None:
+        parts = continuations.split(8)
+        if spec.objective == "causal":
+            out["heldout_target_continuation_loss"] = sum(
+                continuation_loss("causal", model, b, prefix_len, mask_token_id, None).item()
+                * len(b) for b in parts) / len(continuations)
+        else:
+            out[f"heldout_target_block{DRAFT_BLOCK}_loss"] = sum(
+                masked_prediction_loss(model, b[:, :prefix_len + DRAFT_BLOCK], mask_token_id,
+                                       DRAFT_BLOCK).item() * len(b)
+                for b in parts) / len(continuations)
     batches = windows.split(8)
     if spec.objective == "causal":
         out["heldout_loss"] = sum(causal_lm_loss(model, b).item() * len(b)
@@ -100,6 +120,18 @@ def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: i
             for b in batches) / len(windows)
     model.train()
     return out
+
+
+def distill_data(args, tok, stream: torch.Tensor, split: str) -> torch.Tensor:
+    """`--distill N`: N train windows (held out: DISTILL_HELDOUT) of `--distill-prefix` corpus
+    tokens, each followed by `--distill-new` greedy tokens of the shipped DISTILL_TARGET."""
+    from mmspec.zoo.distill import target_continuations
+
+    target = Qwen2ForCausalLM.from_pretrained(str(ZOO_DIR / DISTILL_TARGET), dtype=torch.float32)
+    n = args.distill if split == "train" else DISTILL_HELDOUT
+    return target_continuations(target, stream, n, args.distill_prefix, args.distill_new,
+                                Path(args.out) / "distill", seed=args.seed,
+                                save_every_s=args.save_every_s)
 
 
 def cmd_tokenizer(args) -> None:
@@ -140,17 +172,25 @@ def _command(argv: list[str]) -> str:
 
 
 def cmd_train(args) -> None:
-    spec = SPECS[args.model]
-    if args.steps is not None:
-        spec = TextModelSpec(**{**spec.__dict__, "steps": args.steps})
+    changes = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None}
+    if args.init_from:  # the committed weights replace the spec's own initialisation
+        changes["init_from"] = None
+    spec = dataclasses.replace(SPECS[args.model], **changes)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tok = load_tokenizer(TOKENIZER_DIR)
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
     train = token_stream(tok, "train")
     held = eval_windows(token_stream(tok, "heldout"), spec.seq_len, EVAL_WINDOWS)
+    distill = None
+    if args.distill:
+        distill = distill_data(args, tok, train, "train")
+        args.distill_heldout = distill_data(args, tok, token_stream(tok, "heldout"), "heldout")
 
     model = build_model(spec, tok, ZOO_DIR)
+    if args.init_from:
+        load_committed(model, committed_state(args.init_from), args.init_from, ("lm_head.weight",))
+        model.tie_weights()
     opt = make_optimizer(model, spec)
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
     start, elapsed, losses = 0, 0.0, []
@@ -176,10 +216,15 @@ def cmd_train(args) -> None:
                mininterval=5, file=sys.stdout)
     for step in bar:
         gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        tokens = random_windows(train, spec.batch_size, spec.seq_len, gen)
         for group in opt.param_groups:
             group["lr"] = lr_at(spec, step)
-        loss = training_loss(spec, model, tokens, mask_id, gen)
+        if distill is None:
+            tokens = random_windows(train, spec.batch_size, spec.seq_len, gen)
+            loss = training_loss(spec, model, tokens, mask_id, gen)
+        else:
+            rows = torch.randint(0, len(distill), (spec.batch_size,), generator=gen)
+            loss = continuation_loss(spec.objective, model, distill[rows], args.distill_prefix,
+                                     mask_id, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -202,7 +247,8 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id) -> 
     shipped = Qwen2ForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
     if spec.objective == "diffusion":
         make_bidirectional(shipped)
-    results = evaluate(spec, shipped, held, mask_id)
+    continuations = getattr(args, "distill_heldout", None)
+    results = evaluate(spec, shipped, held, mask_id, continuations, args.distill_prefix)
     tail = losses[-50:]
     size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     conventions = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
@@ -250,8 +296,25 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id) -> 
             "seed": args.seed,
         },
         "command": _command(args.argv),
+        **_fine_tune_card(args),
     })
     print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+
+
+def _fine_tune_card(args) -> dict:
+    card = {}
+    if args.distill:
+        card["distill"] = {
+            "data": f"{args.distill} windows of {args.distill_prefix} train-split tokens, each "
+                    f"followed by {args.distill_new} greedy tokens of the shipped text-target "
+                    f"(mmspec.zoo.distill.target_continuations, seed {args.seed})",
+            "loss": "on the target's tokens only (the corpus prefix is clean context): "
+                    "next-token CE (causal) or masked diffusion with the whole prefix clean",
+            "heldout": f"{DISTILL_HELDOUT} held-out-split windows continued alike",
+        }
+    if args.init_from:
+        card["init_from"] = {"ref": args.init_from, "card": committed_card(args.init_from)}
+    return card
 
 
 def main(argv=None) -> None:
@@ -262,8 +325,18 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
     parser.add_argument("--save-every-s", type=float, default=120.0)
+    parser.add_argument("--lr", type=float, default=None, help="override the spec's peak LR")
+    parser.add_argument("--init-from", default=None, metavar="REV:DIR",
+                        help="fine-tune from a committed entry, e.g. HEAD:assets/zoo/text-dlm")
+    parser.add_argument("--distill", type=int, default=0, metavar="N",
+                        help="train on N greedy continuations of the shipped text-target "
+                             "(mmspec.zoo.distill), scoring the continuation only")
+    parser.add_argument("--distill-prefix", type=int, default=224)
+    parser.add_argument("--distill-new", type=int, default=32)
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
+    if args.distill < 0:
+        parser.error(f"--distill must be >= 0, got {args.distill}")
     if args.model == "tokenizer":
         cmd_tokenizer(args)
     else:

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from mmspec.zoo.cards import write_card
+from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
 from mmspec.zoo.video_model import (
@@ -110,6 +111,11 @@ def train(args) -> None:
     tokenizer = build_tokenizer()
     text_encoder = build_text_encoder(spec, seed=args.seed)
     transformer = build_transformer(spec)
+    if args.init_from:
+        state = committed_state(args.init_from)
+        for prefix, module in (("transformer.", transformer), ("text_encoder.", text_encoder)):
+            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            load_committed(module, part, args.init_from, ("embed_tokens.weight",))  # UMT5 ties
     opt = torch.optim.AdamW(transformer.parameters(), lr=args.lr, betas=(0.9, 0.99),
                             weight_decay=0.01)
     ckpt_path = Path(args.out) / NAME / "ckpt.pt"
@@ -225,6 +231,8 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
             "seed": args.seed,
         },
         "command": _command(args.argv),
+        **({"init_from": {"ref": args.init_from, "card": committed_card(args.init_from)}}
+           if args.init_from else {}),
     })
     print(f"exported {out_dir}: {size_mb:.2f} MB, held-out loss {held:.4f}")
 
@@ -242,6 +250,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
     parser.add_argument("--assets", default=str(ZOO_DIR), help="where the shipped entry goes")
     parser.add_argument("--save-every-s", type=float, default=120.0)
+    parser.add_argument("--init-from", default=None, metavar="REV:DIR",
+                        help="fine-tune from a committed entry, e.g. HEAD:assets/zoo/video-dit")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     train(args)

@@ -38,6 +38,7 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import TrainConfig, _key, held_out_tau, train
 from mmspec.zoo.cards import write_card
+from mmspec.zoo.committed import committed_card, git_show
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
 from mmspec.zoo.scenes import (
     HELDOUT_START,
@@ -123,29 +124,12 @@ def build_model(spec: VLMSpec, tokenizer):
     return model
 
 
-def _git_show(ref: str, name: str) -> bytes:
-    import subprocess
-
-    rev, entry = ref.split(":", 1)
-    return subprocess.run(["git", "show", f"{rev}:{entry}/{name}"], check=True,
-                          capture_output=True, cwd=Path(__file__).resolve().parents[2]).stdout
-
-
-def committed_card(ref: str) -> dict:
-    """`<git rev>:<entry dir>`'s card, without its `attempts` (the new card carries those)."""
-    import json
-
-    card = json.loads(_git_show(ref, "card.json"))
-    card.pop("attempts", None)
-    return card
-
-
 def committed_model(ref: str, config):
     """`<git rev>:<entry dir>`'s weights in fp32 (read with `git show`, so a fine-tune starts from
     the same weights after the entry has been overwritten)."""
     import tempfile
 
-    blob = _git_show(ref, "model.safetensors")
+    blob = git_show(ref, "model.safetensors")
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         (Path(tmp) / "model.safetensors").write_bytes(blob)

@@ -62,3 +62,55 @@ def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_
     ar_card = json.loads((tiny_zoo / "zoo" / "tiny-ar" / "card.json").read_text())
     assert ar_card["results"]["heldout_loss"] > 0 and ar_card["dtype"] == "float16"
     assert ar["model.embed_tokens.weight"].dtype == torch.float16
+
+
+def _committed(monkeypatch, directory):
+    """`--init-from REV:DIR` reads `git show REV:DIR/<file>`; here DIR's files on disk."""
+    from mmspec.zoo import committed
+
+    monkeypatch.setattr(committed, "git_show", lambda ref, name: (directory / name).read_bytes())
+
+
+def test_init_from_starts_from_the_committed_weights_and_the_card_says_so(tiny_zoo, monkeypatch):
+    first = _run(tiny_zoo, "tiny-ar", "a")
+    committed = tiny_zoo / "committed"
+    (tiny_zoo / "zoo" / "tiny-ar").rename(committed)
+    _committed(monkeypatch, committed)
+    train_text.main(["tiny-ar", "--init-from", "REV:tiny-ar", "--steps", "1", "--lr", "1e-12",
+                     "--out", str(tiny_zoo / "b")])
+    again = load_file(str(tiny_zoo / "zoo" / "tiny-ar" / "model.safetensors"))
+    assert all(torch.equal(first[k], again[k]) for k in first)  # 1 step at lr 1e-12: no change
+    card = json.loads((tiny_zoo / "zoo" / "tiny-ar" / "card.json").read_text())
+    assert card["init_from"]["ref"] == "REV:tiny-ar"
+    assert card["init_from"]["card"]["command"].endswith("tiny-ar --out " +
+                                                         f"{tiny_zoo / 'a'} --save-every-s 0")
+    assert card["config"]["steps"] == 1 and card["config"]["lr"] == 1e-12
+    with pytest.raises(ValueError, match="--init-from REV:tiny-ar"):  # a different size
+        monkeypatch.setitem(SPECS, "tiny-ar", TextModelSpec("tiny-ar", "causal",
+                                                            **{**TINY, "hidden_size": 48}))
+        train_text.main(["tiny-ar", "--init-from", "REV:tiny-ar", "--out", str(tiny_zoo / "c")])
+
+
+def test_distill_trains_on_the_targets_continuations(tiny_zoo, monkeypatch):
+    _run(tiny_zoo, "tiny-ar", "a")
+    monkeypatch.setattr(train_text, "DISTILL_TARGET", "tiny-ar")
+    monkeypatch.setattr(train_text, "DISTILL_HELDOUT", 4)
+    seen = []
+    real = train_text.continuation_loss
+
+    def spy(objective, model, tokens, prefix_len, *rest):
+        seen.append(tokens.clone())
+        return real(objective, model, tokens, prefix_len, *rest)
+
+    monkeypatch.setattr(train_text, "continuation_loss", spy)
+    train_text.main(["tiny-dlm", "--distill", "6", "--distill-prefix", "24", "--distill-new",
+                     "8", "--out", str(tiny_zoo / "d"), "--save-every-s", "0"])
+    cached = list((tiny_zoo / "d" / "distill").glob("continuations-*x24+8-s0.pt"))
+    assert len(cached) == 2  # train (6) and held out (4)
+    train = max((torch.load(p) for p in cached), key=len).long()
+    assert train.shape == (6, 32)
+    assert len(seen) == TINY["steps"] and all(
+        any(torch.equal(row, t) for t in train) for batch in seen for row in batch)
+    card = json.loads((tiny_zoo / "zoo" / "tiny-dlm" / "card.json").read_text())
+    assert "6 windows of 24 train-split tokens" in card["distill"]["data"]
+    assert card["results"]["heldout_target_block16_loss"] > 0

@@ -153,6 +153,24 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
     assert frames.shape == (1, 2, 16, 16, 3)
 
 
+def test_init_from_fine_tunes_the_committed_weights(tmp_path, monkeypatch):
+    from mmspec.zoo import committed
+
+    def run(out, *extra):
+        train_video.main(["--micro", "--batch", "2", "--save-every-s", "0", "--out",
+                          str(tmp_path / out), "--assets", str(tmp_path / f"zoo-{out}"), *extra])
+        return load_file(str(tmp_path / f"zoo-{out}" / "video-dit" / "model.safetensors"))
+
+    first = run("a", "--steps", "3")
+    entry = tmp_path / "zoo-a" / "video-dit"
+    monkeypatch.setattr(committed, "git_show", lambda ref, name: (entry / name).read_bytes())
+    again = run("b", "--steps", "1", "--lr", "1e-12", "--init-from", "REV:video-dit")
+    assert all(torch.equal(first[k], again[k]) for k in first)  # 1 step at lr 1e-12: no change
+    card = json.loads((tmp_path / "zoo-b" / "video-dit" / "card.json").read_text())
+    assert card["init_from"]["ref"] == "REV:video-dit"
+    assert card["init_from"]["card"]["training"]["steps"] == 3
+
+
 def test_generate_cli_runs_the_zoo_entry(entry, tmp_path):
     from mmspec.video_dit import generate
 
