@@ -89,11 +89,13 @@ def target_continuations(target, stream: torch.Tensor, n: int, prefix_len: int, 
 
 
 def continuation_loss(objective: str, model, tokens: torch.Tensor, prefix_len: int,
-                      mask_token_id: int, generator: torch.Generator) -> torch.Tensor:
+                      mask_token_id: int, generator: torch.Generator,
+                      block_share: float = 0.0) -> torch.Tensor:
     """The drafter's loss on the continuation `tokens[:, prefix_len:]` only (the prefix is the
     clean context). causal: next-token CE; diffusion: the masked-diffusion loss with every row's
-    prefix clean (`masked_diffusion_loss(cut=prefix_len)`)."""
+    prefix clean (`masked_diffusion_loss(cut=prefix_len, block_share=...)`)."""
     if objective == "causal":
         logits = model(input_ids=tokens).logits[:, prefix_len - 1:-1]  # predicts tokens[P:]
         return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, prefix_len:].flatten())
-    return masked_diffusion_loss(model, tokens, mask_token_id, generator, cut=prefix_len)
+    return masked_diffusion_loss(model, tokens, mask_token_id, generator, cut=prefix_len,
+                                 block_share=block_share)

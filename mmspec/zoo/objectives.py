@@ -26,9 +26,12 @@ def causal_lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def diffusion_noise(tokens: torch.Tensor, mask_token_id: int, generator: torch.Generator,
-                    prefix_fraction: float = 0.5, t_min: float = 1e-3, cut: int | None = None):
+                    prefix_fraction: float = 0.5, t_min: float = 1e-3, cut: int | None = None,
+                    block_share: float = 0.0):
     """Returns (noisy `[B, L]`, masked bool `[B, L]`, t `[B]`). Position 0 is never masked.
-    `cut` fixes every row's first maskable position (a clean prefix of `cut` tokens in all rows)."""
+    `cut` fixes every row's first maskable position (a clean prefix of `cut` tokens in all rows).
+    `block_share` of the rows (with `cut` only) instead mask *every* token from a random start in
+    `[cut, L)` on, with t = 1: the drafting case, a clean prefix then a block of masks only."""
     b, n = tokens.shape
     t = t_min + (1 - t_min) * torch.rand(b, generator=generator)  # t ~ U(t_min, 1]
     masked = torch.rand(b, n, generator=generator) < t[:, None]
@@ -41,16 +44,24 @@ def diffusion_noise(tokens: torch.Tensor, mask_token_id: int, generator: torch.G
         use_prefix = torch.rand(b, generator=generator) < prefix_fraction
         cut = torch.where(use_prefix, cut, torch.ones_like(cut))
     masked &= torch.arange(n)[None, :] >= cut[:, None]
+    if block_share > 0:
+        if not isinstance(cut, torch.Tensor) or cut.unique().numel() != 1:
+            raise ValueError("block_share needs a fixed cut")
+        start = torch.randint(int(cut[0]), n, (b,), generator=generator)
+        block = torch.rand(b, generator=generator) < block_share
+        masked = torch.where(block[:, None], torch.arange(n)[None, :] >= start[:, None], masked)
+        t = torch.where(block, torch.ones_like(t), t)
     noisy = torch.where(masked, torch.full_like(tokens, mask_token_id), tokens)
     return noisy, masked, t
 
 
 def masked_diffusion_loss(model, tokens: torch.Tensor, mask_token_id: int,
                           generator: torch.Generator, prefix_fraction: float = 0.5,
-                          cut: int | None = None) -> torch.Tensor:
+                          cut: int | None = None, block_share: float = 0.0) -> torch.Tensor:
     """tokens: long `[B, L]`; `model` must be bidirectional. 1/t-weighted masked CE per token
     (per maskable token: with a fixed `cut`, averaged over the `L - cut` tokens after it)."""
-    noisy, masked, t = diffusion_noise(tokens, mask_token_id, generator, prefix_fraction, cut=cut)
+    noisy, masked, t = diffusion_noise(tokens, mask_token_id, generator, prefix_fraction, cut=cut,
+                                       block_share=block_share)
     logits = model(input_ids=noisy).logits[:, :-1]  # [B, L-1, V]; row i-1 predicts token i
     ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
     weight = masked[:, 1:].float() / t[:, None]  # [B, L-1]

@@ -224,7 +224,7 @@ def cmd_train(args) -> None:
         else:
             rows = torch.randint(0, len(distill), (spec.batch_size,), generator=gen)
             loss = continuation_loss(spec.objective, model, distill[rows], args.distill_prefix,
-                                     mask_id, gen)
+                                     mask_id, gen, args.distill_block_share)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -310,6 +310,7 @@ def _fine_tune_card(args) -> dict:
                     f"(mmspec.zoo.distill.target_continuations, seed {args.seed})",
             "loss": "on the target's tokens only (the corpus prefix is clean context): "
                     "next-token CE (causal) or masked diffusion with the whole prefix clean",
+            "block_share": args.distill_block_share,
             "heldout": f"{DISTILL_HELDOUT} held-out-split windows continued alike",
         }
     if args.init_from:
@@ -333,10 +334,15 @@ def main(argv=None) -> None:
                              "(mmspec.zoo.distill), scoring the continuation only")
     parser.add_argument("--distill-prefix", type=int, default=224)
     parser.add_argument("--distill-new", type=int, default=32)
+    parser.add_argument("--distill-block-share", type=float, default=0.0,
+                        help="DLM: share of rows whose continuation is masked from a random "
+                             "start to the end (the drafting case) instead of at random")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.distill < 0:
         parser.error(f"--distill must be >= 0, got {args.distill}")
+    if not 0.0 <= args.distill_block_share <= 1.0:
+        parser.error(f"--distill-block-share must be in [0, 1], got {args.distill_block_share}")
     if args.model == "tokenizer":
         cmd_tokenizer(args)
     else:

@@ -68,3 +68,18 @@ def test_the_losses_score_the_continuation_only(tiny_target):
     assert torch.equal(noisy[:, :9], tokens[:, :9])
     with pytest.raises(ValueError, match=r"cut must be in \[1, 12\)"):
         diffusion_noise(tokens, 49, torch.Generator(), cut=12)
+
+
+def test_block_rows_mask_a_whole_suffix_like_a_draft_block():
+    tokens = torch.randint(0, 50, (64, 12), generator=torch.Generator().manual_seed(5))
+    noisy, masked, t = diffusion_noise(tokens, 49, torch.Generator().manual_seed(6), cut=9,
+                                       block_share=1.0)
+    starts = masked.int().argmax(-1)
+    assert (starts >= 9).all() and torch.equal(t, torch.ones(64))
+    assert torch.equal(masked, torch.arange(12)[None, :] >= starts[:, None])  # suffix, no holes
+    assert len(starts.unique()) == 3  # starts 9, 10 and 11 all drawn
+    _, _, t_half = diffusion_noise(tokens, 49, torch.Generator().manual_seed(6), cut=9,
+                                   block_share=0.5)
+    assert 0 < int((t_half == 1).sum()) < 64
+    with pytest.raises(ValueError, match="block_share needs a fixed cut"):
+        diffusion_noise(tokens, 49, torch.Generator(), block_share=0.5)
