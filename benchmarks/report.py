@@ -58,3 +58,13 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def check_plot_deps(plot: bool) -> None:
+    """`--plot` needs matplotlib: say so before the run, not after it (a run takes minutes)."""
+    if not plot:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]' (or drop --plot)") from e

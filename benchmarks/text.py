@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, write_section
+from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec import zoo
 from mmspec.decoding import generate, kv_cache
 from mmspec.decoding.drafters import (
@@ -406,10 +406,8 @@ def verdicts(totals: dict[str, Total], methods: list[Method], costs: dict, fixed
 
 
 def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list[Path]:
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]'") from e
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -486,6 +484,7 @@ def main():
     parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     args = parser.parse_args()
+    check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)
     import transformers
 

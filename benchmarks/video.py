@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.draft_attention import fidelity_of
-from benchmarks.report import markdown_table, write_section
+from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
 from mmspec.video_dit import tile_layout
 from mmspec.video_dit.compare import psnr, ssim
@@ -289,6 +289,7 @@ def main() -> None:
     p.add_argument("--zoo-dir", type=Path, default=ZOO_DIR)
     p.add_argument("--skip-speed", action="store_true")
     args = p.parse_args()
+    check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)
     entry = load("video-dit", args.zoo_dir)
     pipe, spec = entry.model, entry.card["spec"]

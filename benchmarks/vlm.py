@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, write_section
+from benchmarks.report import check_plot_deps, markdown_table, write_section
 from benchmarks.text import CallCounter, RoundLog, first_difference
 from mmspec import zoo
 from mmspec.decoding import generate
@@ -143,6 +143,7 @@ def main():
     parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     args = parser.parse_args()
+    check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)
     import transformers
 
