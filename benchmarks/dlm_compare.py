@@ -1,9 +1,9 @@
-"""A candidate text DLM drafter against the shipped `text-dlm`, side by side (CPS + ADL).
+"""Candidate text DLM drafters against the shipped `text-dlm`, side by side (CPS + ADL).
 
-    python benchmarks/dlm_compare.py --candidate out/zoo-try      # a folder with text-dlm/ in it
+    python benchmarks/dlm_compare.py --candidate out/zoo-try [--candidate out/zoo-try2 ...]
 
 For deciding whether a retrained diffusion drafter should replace the shipped one: the same
-held-out prompts as `benchmarks/text.py`, target-only greedy as the reference, then both drafters
+held-out prompts as `benchmarks/text.py`, target-only greedy as the reference, then every drafter
 with and without the prefix KV cache, interleaved per prompt, best of `--repeats`. Every output is
 asserted token-identical to target-only greedy. Prints a markdown table; `--write` puts it in
 BENCHMARKS.md (section `dlm_compare`).
@@ -41,22 +41,24 @@ def best_of(repeats: int, fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--candidate", type=Path, required=True,
-                        help="a zoo folder holding a text-dlm/ entry")
+    parser.add_argument("--candidate", type=Path, required=True, action="append",
+                        help="a zoo folder holding a text-dlm/ entry (repeatable)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    if not (args.candidate / "text-dlm" / "config.json").is_file():
-        parser.error(f"--candidate {args.candidate}: expected a folder with text-dlm/config.json "
-                     f"in it")
+    for folder in args.candidate:
+        if not (folder / "text-dlm" / "config.json").is_file():
+            parser.error(f"--candidate {folder}: expected a folder with text-dlm/config.json in it")
     torch.set_num_threads(args.threads)
     entry = zoo.load("text-target")
     target, tok = entry.model, entry.tokenizer
     eos = tok.eos_token_id
-    dlms = {"shipped": zoo.load("text-dlm"), "candidate": zoo.load("text-dlm", args.candidate)}
+    dlms = {"shipped": zoo.load("text-dlm")}
+    dlms.update({f"candidate {i + 1}": zoo.load("text-dlm", folder)
+                 for i, folder in enumerate(args.candidate)})
     prompts = heldout_prompts(tok, args.prompts, 256, args.new_tokens)
     kinds = [(name, cache) for name in dlms for cache in (False, True)]
     totals = {kind: [0, 0, 0.0] for kind in kinds}  # tokens committed, rounds, seconds
@@ -88,8 +90,9 @@ def main() -> None:
     rows = [[name, "yes" if cache else "no", f"{acc / rounds:.2f}", f"{reference_s / secs:.2f}x"]
             for (name, cache), (acc, rounds, secs) in totals.items()]
     body = (
-        f"Candidate card: {dlms['candidate'].card.get('command', 'n/a')}\n\n"
-        f"{len(prompts)} held-out prompts of 256 tokens (as `benchmarks/text.py`), "
+        "".join(f"Candidate {i + 1} ({folder}): `{dlms[f'candidate {i + 1}'].card['command']}`"
+                f"\n\n" for i, folder in enumerate(args.candidate))
+        + f"{len(prompts)} held-out prompts of 256 tokens (as `benchmarks/text.py`), "
         f"{args.new_tokens} new tokens, CPS + ADL defaults; τ with the bonus token; speedup = "
         f"target-only wall time / the method's, summed over prompts. All outputs token-identical "
         f"to target-only greedy. Load average {os.getloadavg()[0]:.2f} at the end.\n\n"
