@@ -51,7 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     for folder in args.candidate:
         if not (folder / "text-dlm" / "config.json").is_file():
-            parser.error(f"--candidate {folder}: expected a folder with text-dlm/config.json in it")
+            parser.error(f"--candidate {folder}: expected a folder with text-dlm/config.json "
+                         f"in it")
     torch.set_num_threads(args.threads)
     entry = zoo.load("text-target")
     target, tok = entry.model, entry.tokenizer

@@ -67,4 +67,5 @@ def check_plot_deps(plot: bool) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:
-        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]' (or drop --plot)") from e
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]' (or drop --plot)"
+                         ) from e

@@ -92,7 +92,8 @@ def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: i
     """Held-out figures (nats/token) on `windows` `[N, L]`, in batches of 8; with
     `continuations` `[M, P + n]` (`mmspec.zoo.distill`), also how well the model predicts the
     target's greedy tokens after the first P: next-token CE (causal), or the CE of the first
-    DRAFT_BLOCK of them masked at once after the clean prefix (diffusion, the drafting use)."""
+    DRAFT_BLOCK (at most n) of them masked at once after the clean prefix (diffusion, the
+    drafting use)."""
     model.eval()
     out = {}
     if continuations is not None:
@@ -101,10 +102,11 @@ def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: i
             out["heldout_target_continuation_loss"] = sum(
                 continuation_loss("causal", model, b, prefix_len, mask_token_id, None).item()
                 * len(b) for b in parts) / len(continuations)
-        else:
-            out[f"heldout_target_block{DRAFT_BLOCK}_loss"] = sum(
-                masked_prediction_loss(model, b[:, :prefix_len + DRAFT_BLOCK], mask_token_id,
-                                       DRAFT_BLOCK).item() * len(b)
+        else:  # the block must not reach into the prefix
+            block = min(DRAFT_BLOCK, continuations.shape[1] - prefix_len)
+            out[f"heldout_target_block{block}_loss"] = sum(
+                masked_prediction_loss(model, b[:, :prefix_len + block], mask_token_id,
+                                       block).item() * len(b)
                 for b in parts) / len(continuations)
     batches = windows.split(8)
     if spec.objective == "causal":

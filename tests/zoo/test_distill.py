@@ -1,4 +1,4 @@
-"""Distillation data: the target's own greedy tokens, resumable; losses on the continuation only."""
+"""Distillation data: the target's greedy tokens, resumable; losses on the continuation only."""
 
 import pytest
 import torch
