@@ -4,8 +4,8 @@
     mmspec generate                                  zoo VLM + ViSpec drafter on the sample scene
     mmspec generate --drafter text-only              ... with the text-only drafter (the ablation)
     mmspec generate --image scene.png --prompt "What colour is the circle?"
-    mmspec generate --target text                    zoo text pair, diffusion drafter (CPS + ADL,
-                                                     prefix KV cache)
+    mmspec generate --target text                    zoo text pair, diffusion drafter (CPS + ADL
+                                                     with a CPU-sized block, prefix KV cache)
     mmspec generate --target builtin --drafter self  built-in random Llama (noise; engine check)
     mmspec generate --target PATH --drafter model:PATH --prompt "..."
     mmspec generate --target PATH --image cat.jpg --drafter vispec:PATH --prompt "Describe it."

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mmspec.zoo.registry import load
+from mmspec.zoo.registry import ZOO_DLM_K, load
 from mmspec.zoo.vlm_processor import vlm_inputs
 
 
@@ -79,6 +79,7 @@ def text_preset(prompt: str | None = None) -> Preset:
     """The zoo text target; `prompt` None means a held-out stdlib window (code it never saw)."""
     from mmspec.decoding.drafters import (DiffusionDrafter, DiffusionDrafterConfig, ModelDrafter,
                                           PromptLookupDrafter)
+    from mmspec.decoding.drafters.adl import ADLConfig
 
     zoo_target = load("text-target")
     target, tokenizer = zoo_target.model, zoo_target.tokenizer
@@ -97,11 +98,12 @@ def text_preset(prompt: str | None = None) -> Preset:
             "diffusion": lambda: DiffusionDrafter(dlm.model, dlm.mask_token_id, target,
                                                   eos_token_id=eos,
                                                   config=DiffusionDrafterConfig(
-                                                      shift=dlm.shift, prefix_cache=True)),
+                                                      shift=dlm.shift, prefix_cache=True,
+                                                      adl=ADLConfig(*ZOO_DLM_K))),
             "model": lambda: ModelDrafter(drafter_model, 5),
             "prompt-lookup": lambda: PromptLookupDrafter(),
         },
         default_drafter="diffusion", eos_token_id=eos,
-        description="zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL, "
-                    "prefix KV cache)",
+        description=f"zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL "
+                    f"with k in [{ZOO_DLM_K[0]}, {ZOO_DLM_K[1]}], prefix KV cache)",
         extras={"dlm": dlm})

@@ -115,6 +115,12 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
 # 30-token tree tau 4.9 / 0.9x; 14 tokens depth 8 top-2 tau 7.3 / 1.6-1.8x; 11-token chain tau 8.2 / 2.1x.
 ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 
+# ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
+# tokens costs about one decode step). Here verifying 20 tokens costs 2.1 decode steps and the DLM
+# commits ~2.5 tokens a round, so a short block is cheaper at almost the same tau (BENCHMARKS.md
+# `text`, run at c1ed649, prefix cache both: k in [4, 10] tau 2.42 / 1.09x; [20, 30] 2.52 / 0.83x).
+ZOO_DLM_K = (4, 10)
+
 
 def _load_vispec(name: str, directory: Path, card: dict,
                  target: Optional[torch.nn.Module] = None) -> ZooModel:
