@@ -33,8 +33,14 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor) -> None:
     """Keep, per row, the entries `start + keep[b]` in order, at `[start, start + K)`.
 
     keep: long `[B, K]`, indices relative to `start`, in the tree's node order (root is 0).
+    A chain's path (every row keeps `0, 1, ..., K-1`) is in place already: only a crop, which
+    saves two gathers and two copies per layer (~0.3 ms a round for the 6-layer zoo target on a
+    CPU; on a GPU, 4 kernel launches per layer).
     """
     b, k = keep.shape
+    if torch.equal(keep, torch.arange(k, device=keep.device).expand(b, k)):
+        crop(cache, start + k)
+        return
     for layer in _layers(cache):
         h, d = layer.keys.shape[1], layer.keys.shape[3]
         idx = keep.to(layer.keys.device)[:, None, :, None].expand(b, h, k, d)  # [B, H, K, D]

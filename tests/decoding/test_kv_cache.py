@@ -27,6 +27,15 @@ def test_commit_path_gathers_rows_independently():
             assert torch.equal(layer.values[b, :, 3:], v0[b, :, 3 + keep[b]])
 
 
+def test_a_chain_path_keeps_the_first_entries():
+    cache = _cache()
+    before = [(l.keys.clone(), l.values.clone()) for l in cache.layers]
+    commit_path(cache, 3, torch.arange(3).expand(2, 3))  # both rows: root + the first 2 nodes
+    assert cache.get_seq_length() == 6
+    for (k0, v0), layer in zip(before, cache.layers):
+        assert torch.equal(layer.keys, k0[:, :, :6]) and torch.equal(layer.values, v0[:, :, :6])
+
+
 def test_crop():
     cache = _cache()
     crop(cache, 4)
