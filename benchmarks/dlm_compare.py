@@ -26,6 +26,7 @@ from benchmarks.text import heldout_prompts
 from mmspec import zoo
 from mmspec.decoding import generate
 from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
+from mmspec.decoding.drafters.adl import ADLConfig
 
 
 def best_of(repeats: int, fn):
@@ -47,13 +48,19 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--adl", type=int, nargs=2, metavar=("K_MIN", "K_MAX"), default=None,
+                        help="ADL's block range (default: the paper's 20 30; the zoo preset's "
+                             "CPU range is mmspec.zoo.registry.ZOO_DLM_K)")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--section", default="dlm_compare", help="BENCHMARKS.md section name")
+    parser.add_argument("--title", default="A retrained text DLM against the shipped one")
     args = parser.parse_args()
     for folder in args.candidate:
         if not (folder / "text-dlm" / "config.json").is_file():
             parser.error(f"--candidate {folder}: expected a folder with text-dlm/config.json "
                          f"in it")
     torch.set_num_threads(args.threads)
+    adl = ADLConfig() if args.adl is None else ADLConfig(*args.adl)  # checks the range
     entry = zoo.load("text-target")
     target, tok = entry.model, entry.tokenizer
     eos = tok.eos_token_id
@@ -76,7 +83,8 @@ def main() -> None:
                 def run():
                     drafter = DiffusionDrafter(
                         dlm.model, dlm.mask_token_id, target, eos_token_id=eos,
-                        config=DiffusionDrafterConfig(shift=dlm.shift, prefix_cache=cache))
+                        config=DiffusionDrafterConfig(shift=dlm.shift, prefix_cache=cache,
+                                                      adl=adl))
                     return generate(target, drafter, prompt.ids, max_new_tokens=args.new_tokens,
                                     do_sample=False, eos_token_id=eos)
 
@@ -94,15 +102,15 @@ def main() -> None:
         "".join(f"Candidate {i + 1} ({folder}): `{dlms[f'candidate {i + 1}'].card['command']}`"
                 f"\n\n" for i, folder in enumerate(args.candidate))
         + f"{len(prompts)} held-out prompts of 256 tokens (as `benchmarks/text.py`), "
-        f"{args.new_tokens} new tokens, CPS + ADL defaults; τ with the bonus token; speedup = "
+        f"{args.new_tokens} new tokens, CPS defaults, ADL k in [{adl.k_min}, {adl.k_max}]; τ "
+        f"with the bonus token; speedup = "
         f"target-only wall time / the method's, summed over prompts. All outputs token-identical "
         f"to target-only greedy. Load average {os.getloadavg()[0]:.2f} at the end.\n\n"
         + markdown_table(["DLM drafter", "prefix KV cache", "τ", "speedup vs target-only"], rows)
         + "\n")
     print(body)
     if args.write:
-        write_section("dlm_compare", "A retrained text DLM against the shipped one "
-                      "(`benchmarks/dlm_compare.py`)", body)
+        write_section(args.section, f"{args.title} (`benchmarks/dlm_compare.py`)", body)
 
 
 if __name__ == "__main__":
