@@ -5,7 +5,6 @@ from, and the new card records the ref and that entry's own card."""
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,8 +18,11 @@ def git_show(ref: str, name: str) -> bytes:
         raise ValueError(f"init_from must be '<git rev>:<entry dir>', e.g. "
                          f"'HEAD:assets/zoo/text-dlm', got {ref!r}")
     rev, entry = ref.split(":", 1)
-    return subprocess.run(["git", "show", f"{rev}:{entry}/{name}"], check=True,
-                          capture_output=True, cwd=REPO).stdout
+    done = subprocess.run(["git", "show", f"{rev}:{entry}/{name}"], capture_output=True, cwd=REPO)
+    if done.returncode:
+        raise ValueError(f"init_from {ref!r}: git cannot show {rev}:{entry}/{name}: "
+                         f"{done.stderr.decode().strip()}")
+    return done.stdout
 
 
 def committed_card(ref: str) -> dict:
@@ -34,12 +36,9 @@ def committed_card(ref: str) -> dict:
 
 def committed_state(ref: str) -> dict[str, torch.Tensor]:
     """`ref`'s `model.safetensors`, every tensor in fp32."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.safetensors"
-        path.write_bytes(git_show(ref, "model.safetensors"))
-        return {k: v.float() for k, v in load_file(str(path)).items()}
+    return {k: v.float() for k, v in load(git_show(ref, "model.safetensors")).items()}
 
 
 def load_committed(module: torch.nn.Module, state: dict, ref: str, may_miss=()) -> None:

@@ -39,8 +39,8 @@ def greedy_continuations(target, prefixes: torch.Tensor, new_tokens: int) -> tor
 
 def _fingerprint(target, stream: torch.Tensor) -> str:
     h = hashlib.sha1()
-    for p in target.state_dict().values():
-        h.update(p.detach().float().numpy().tobytes()[:4096])
+    for p in target.state_dict().values():  # the first 1024 values of every tensor
+        h.update(p.detach().flatten()[:1024].float().numpy().tobytes())
     h.update(stream[:100_000].numpy().tobytes())
     return h.hexdigest()[:10]
 

@@ -184,10 +184,10 @@ def cmd_train(args) -> None:
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
     train = token_stream(tok, "train")
     held = eval_windows(token_stream(tok, "heldout"), spec.seq_len, EVAL_WINDOWS)
-    distill = None
+    distill = held_continuations = None
     if args.distill:
         distill = distill_data(args, tok, train, "train")
-        args.distill_heldout = distill_data(args, tok, token_stream(tok, "heldout"), "heldout")
+        held_continuations = distill_data(args, tok, token_stream(tok, "heldout"), "heldout")
 
     model = build_model(spec, tok, ZOO_DIR)
     if args.init_from:
@@ -238,10 +238,11 @@ def cmd_train(args) -> None:
             last_save = time.time()
     save(spec.steps)
     elapsed += time.time() - t0
-    export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id)
+    export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id, held_continuations)
 
 
-def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id) -> None:
+def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id,
+           held_continuations=None) -> None:
     out_dir = ZOO_DIR / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.float16).save_pretrained(str(out_dir))
@@ -249,8 +250,7 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id) -> 
     shipped = Qwen2ForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
     if spec.objective == "diffusion":
         make_bidirectional(shipped)
-    continuations = getattr(args, "distill_heldout", None)
-    results = evaluate(spec, shipped, held, mask_id, continuations, args.distill_prefix)
+    results = evaluate(spec, shipped, held, mask_id, held_continuations, args.distill_prefix)
     tail = losses[-50:]
     size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     conventions = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
@@ -343,6 +343,8 @@ def main(argv=None) -> None:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.distill < 0:
         parser.error(f"--distill must be >= 0, got {args.distill}")
+    if args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
     if not 0.0 <= args.distill_block_share <= 1.0:
         parser.error(f"--distill-block-share must be in [0, 1], got {args.distill_block_share}")
     if args.model == "tokenizer":
