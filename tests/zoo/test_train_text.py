@@ -114,3 +114,14 @@ def test_distill_trains_on_the_targets_continuations(tiny_zoo, monkeypatch):
     card = json.loads((tiny_zoo / "zoo" / "tiny-dlm" / "card.json").read_text())
     assert "6 windows of 24 train-split tokens" in card["distill"]["data"]
     assert card["results"]["heldout_target_block8_loss"] > 0  # 8 new tokens: a block of 8
+
+
+def test_a_bad_init_from_ref_names_itself():
+    from mmspec.zoo.committed import git_show
+
+    with pytest.raises(ValueError, match="init_from 'HEAD:assets/zoo/no-such-entry': git cannot"):
+        git_show("HEAD:assets/zoo/no-such-entry", "card.json")
+    with pytest.raises(ValueError, match="must be '<git rev>:<entry dir>'"):
+        git_show("assets/zoo/text-dlm", "card.json")
+    with pytest.raises(SystemExit):
+        train_text.main(["text-dlm", "--lr", "0"])
