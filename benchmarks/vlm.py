@@ -16,6 +16,12 @@ convention). Speedup = target-only wall time / the method's, summed over prompts
 
     python benchmarks/vlm.py [--prompts 8] [--new-tokens 128] [--threads 1] [--repeats 2]
                              [--plot] [--write]
+                             [--zoo DIR --target NAME --vispec NAME --text-drafter NAME
+                              --section NAME --title TEXT]   # another zoo entry set
+
+The entry options compare models trained elsewhere (e.g. `python -m mmspec.zoo.train_vlm
+vlm-target-p4 --zoo DIR`) without touching the shipped ones; `--section` names the BENCHMARKS.md
+section (and the chart files) so that the shipped models' section stays as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from benchmarks.report import check_plot_deps, markdown_table, write_section
 from benchmarks.text import CallCounter, RoundLog, first_difference
 from mmspec import zoo
 from mmspec.decoding import generate
+from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.registry import ZOO_TREE
 from mmspec.zoo.vlm_processor import vlm_inputs
 
@@ -89,7 +96,7 @@ def build_methods(target, assistant, vispec, text_only, vispec_gpu_tree, eos):
             VISPEC: mm(vispec), VISPEC_GPU_TREE: mm(vispec_gpu_tree)}
 
 
-def plot(totals: dict, out_dir: Path) -> list[Path]:
+def plot(totals: dict, out_dir: Path, prefix: str = "vlm") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,7 +119,7 @@ def plot(totals: dict, out_dir: Path) -> list[Path]:
     axes[1].set_yticklabels([])
     fig.suptitle("Zoo VLM (tiny LLaVA), held-out scenes")
     fig.tight_layout()
-    paths = [out_dir / "vlm_speedup.png"]
+    paths = [out_dir / f"{prefix}_speedup.png"]
     fig.savefig(paths[-1], dpi=80)
     plt.close(fig)
 
@@ -127,7 +134,7 @@ def plot(totals: dict, out_dir: Path) -> list[Path]:
     ax.legend()
     ax.set_title("ViSpec vs text-only drafter: τ per round")
     fig.tight_layout()
-    paths.append(out_dir / "vlm_tau_per_round.png")
+    paths.append(out_dir / f"{prefix}_tau_per_round.png")
     fig.savefig(paths[-1], dpi=80)
     plt.close(fig)
     return paths
@@ -142,6 +149,14 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="best of R timed runs per prompt")
     parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    parser.add_argument("--zoo", type=Path, default=ZOO_DIR, help="the zoo folder to read")
+    parser.add_argument("--target", default="vlm-target", help="the target's zoo entry")
+    parser.add_argument("--vispec", default="vlm-vispec", help="the ViSpec drafter's entry")
+    parser.add_argument("--text-drafter", default="vlm-text-drafter",
+                        help="the text-only drafter's entry")
+    parser.add_argument("--assistant", default="vlm-assistant", help="HF assisted generation's")
+    parser.add_argument("--section", default="vlm", help="BENCHMARKS.md section and chart prefix")
+    parser.add_argument("--title", default="VLM: ViSpec side by side (`benchmarks/vlm.py`)")
     args = parser.parse_args()
     check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)
@@ -151,15 +166,16 @@ def main():
     transformers.utils.logging.disable_progress_bar()
     load_start = os.getloadavg()[0]
 
-    zoo_target = zoo.load("vlm-target")
+    zoo_target = zoo.load(args.target, args.zoo)
     target, processor = zoo_target.model, zoo_target.tokenizer
     eos = processor.tokenizer.eos_token_id
-    assistant = zoo.load("vlm-assistant").model
-    vispec = zoo.load("vlm-vispec", target=target).model
-    text_only = zoo.load("vlm-text-drafter", target=target).model
+    assistant_entry = zoo.load(args.assistant, args.zoo)
+    assistant = assistant_entry.model
+    vispec = zoo.load(args.vispec, args.zoo, target=target).model
+    text_only = zoo.load(args.text_drafter, args.zoo, target=target).model
     from mmspec.vision import ViSpecDrafter
 
-    gpu_tree = ViSpecDrafter.from_pretrained(zoo_target.path.parent / "vlm-vispec", target).eval()
+    gpu_tree = ViSpecDrafter.from_pretrained(args.zoo / args.vispec, target).eval()
     prompt = zoo_target.card.get("sample_prompt", "Describe the image.")
     samples = heldout_inputs(processor, args.prompts, prompt)
     methods = build_methods(target, assistant, vispec, text_only, gpu_tree, eos)
@@ -234,7 +250,7 @@ def main():
     ]
     if ratio < TAU_RATIO_BAR:
         seen = zoo_target.card["results"]
-        blind = zoo.load("vlm-assistant").card["results"]["heldout_loss"]
+        blind = assistant_entry.card["results"]["heldout_loss"]
         uses_image = seen["heldout_loss"] < blind - 0.05
         lines.append(
             f"- Why the τ ratio is small: the text-only drafter is EAGLE-2 on the VLM (ViSpec's "
@@ -243,7 +259,7 @@ def main():
             f"a few tokens and adds a global image vector. ViSpec's case is that a one-layer "
             f"drafter drowns in hundreds or thousands of image tokens; at {n_image} it does not. "
             f"The target's held-out answer loss is {seen['heldout_loss']:.3f} nats/token against "
-            f"{blind:.3f} for the blind text-only `vlm-assistant`, and its held-out colour "
+            f"{blind:.3f} for the blind text-only `{args.assistant}`, and its held-out colour "
             f"accuracy {seen.get('heldout_colour_accuracy', float('nan')):.2f} (model card): "
             + (f"it uses its image, and the text-only drafter reaches {1 / ratio:.0%} of "
                f"ViSpec's τ." if uses_image else
@@ -257,8 +273,9 @@ def main():
                  f"against {per_token:.1f} ms per token for target-only greedy.")
     params = sum(p.numel() for p in target.parameters()) / 1e6
     body = "\n".join([
-        (f"Zoo VLM `vlm-target` (tiny LLaVA, {params:.1f}M parameters), drafters `vlm-vispec` and "
-         f"`vlm-text-drafter` (trained with `mmspec.vision.train`), HF assistant `vlm-assistant`; "
+        (f"Zoo VLM `{args.target}` (tiny LLaVA, {params:.1f}M parameters, {n_image} image "
+         f"tokens per image), drafters `{args.vispec}` and `{args.text_drafter}` (trained with "
+         f"`mmspec.vision.train`), HF assistant `{args.assistant}`; "
          f"fp32, batch 1, greedy, {args.threads} thread(s). {len(samples)} held-out scenes, "
          f"question {prompt!r}, {args.new_tokens} new tokens at most, best of {args.repeats}. "
          f"The zoo drafters draft a {ZOO_TREE['total_tokens'] - 1}-token tree of depth "
@@ -282,11 +299,12 @@ def main():
     print(markdown_table(header, rows))
     print("\n".join(lines))
     if args.plot:
-        for path in plot(totals, PLOTS):
+        for path in plot(totals, PLOTS, args.section):
             print(f"wrote {path}")
-        body += "\n\nCharts: `benchmarks/plots/vlm_speedup.png`, `vlm_tau_per_round.png`."
+        body += (f"\n\nCharts: `benchmarks/plots/{args.section}_speedup.png`, "
+                 f"`{args.section}_tau_per_round.png`.")
     if args.write:
-        write_section("vlm", "VLM: ViSpec side by side (`benchmarks/vlm.py`)", body)
+        write_section(args.section, args.title, body)
 
 
 if __name__ == "__main__":

@@ -485,7 +485,7 @@ def cmd_drafter(args) -> None:
     spec: DrafterSpec = SPECS[args.model]
     steps = args.steps if args.steps is not None else spec.steps
     torch.set_num_threads(args.threads)
-    target_entry = load("vlm-target", Path(args.zoo))
+    target_entry = load(spec.target, Path(args.zoo))
     target, processor = target_entry.model, target_entry.tokenizer
     out_dir = Path(args.out) / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -494,7 +494,7 @@ def cmd_drafter(args) -> None:
     torch.save(samples, out_dir / "samples.pt")  # the `--data` file of `mmspec.vision.train`
     t0 = time.time()
     # both drafters train on the same prompts: the target answers them once
-    shared = answers_cache_path(Path(args.out), spec, Path(args.zoo) / "vlm-target")
+    shared = answers_cache_path(Path(args.out), spec, Path(args.zoo) / spec.target)
     precompute_answers(target, samples, spec.answer_tokens, shared)
     shutil.copyfile(shared, out_dir / "answers.pt")
     answers_s = time.time() - t0
@@ -525,9 +525,9 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
         "summary": ("ViSpec drafter (EAGLE-2 head + vision adaptor + global image vector)"
                     if not spec.text_only else
                     "ViSpec's text-only ablation (no adaptor, no global vector: image tokens stay "
-                    "in the draft sequence)") + " for vlm-target.",
+                    "in the draft sequence)") + f" for {spec.target}.",
         "kind": "vispec",
-        "target": "vlm-target",
+        "target": spec.target,
         "architecture": "mmspec.vision.ViSpecDrafter",
         "params": n_params,
         "size_mb": round(size_mb, 2),
@@ -537,7 +537,7 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
         "data": {**DATA_CARD,
                  "prompts": f"{spec.samples} training scenes (seeds {DRAFTER_SEEDS}-"
                             f"{DRAFTER_SEEDS + spec.samples - 1}), 80% description questions; "
-                            "answers: vlm-target's own greedy answers",
+                            f"answers: {spec.target}'s own greedy answers",
                  "held_out": f"mmspec.zoo.vlm_data.heldout_seeds({spec.held_out})"},
         "results": {
             "final_train_loss": round(sum(tail) / len(tail), 4),

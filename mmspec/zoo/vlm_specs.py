@@ -105,6 +105,7 @@ class DrafterSpec:
     warmup_steps: int = 100
     answer_tokens: int = 192  # the longest scene description is ~185 tokens
     eval_new_tokens: int = 128
+    target: str = "vlm-target"  # the zoo entry it drafts for (and whose answers it learns)
 
 
 SPECS = {
@@ -130,5 +131,18 @@ SPECS = {
         # 5.89 vs 8.23 / 8.23 here (vlm-vispec card `attempts`)
         DrafterSpec("vlm-vispec", text_only=False, steps=5000, samples=2400),
         DrafterSpec("vlm-text-drafter", text_only=True, steps=5000, samples=2400),
+        # experiment (23 Nov), not shipped: ViSpec's premise needs many image tokens per image,
+        # so the same LLaVA at patch 4 (256 image tokens instead of 64), trained in one stage
+        # (tower pre-trained then frozen, colour questions and the image-word loss from the
+        # start), and both drafters on it with the shipped drafters' recipe
+        VLMSpec("vlm-target-p4", hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
+                intermediate_size=576, steps=1000, patch_size=4, lr=1.5e-3, warmup=50,
+                vision_pretrain_steps=2000, freeze_vision=True, colour_share=0.5,
+                image_word_loss=0.3,
+                drafters=("vlm-vispec-p4", "vlm-text-drafter-p4", "vlm-assistant")),
+        DrafterSpec("vlm-vispec-p4", text_only=False, steps=5000, samples=2400,
+                    target="vlm-target-p4"),
+        DrafterSpec("vlm-text-drafter-p4", text_only=True, steps=5000, samples=2400,
+                    target="vlm-target-p4"),
     )
 }

@@ -28,7 +28,7 @@ from mmspec.zoo.scenes import (
 )
 from mmspec.zoo.vlm_data import image_word_loss, scene_batch, train_seeds, word_ids
 from mmspec.zoo.vlm_processor import load_processor
-from mmspec.zoo.vlm_specs import SPECS, VLMSpec
+from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
 
 VLM = ("vlm-assistant", "vlm-target", "vlm-text-drafter", "vlm-vispec")
 FRESH = range(HELDOUT_START + 20_000, HELDOUT_START + 20_006)  # in no card's slice
@@ -377,3 +377,28 @@ def test_a_spec_patch_size_sets_the_image_tokens_of_model_and_processor(tmp_path
     model.generate(**inputs, max_new_tokens=2, do_sample=False)  # image features fit the prompt
     with pytest.raises(ValueError, match="patch_size: expected a divisor of the image size 64"):
         VLMSpec("vlm-micro", **MICRO, patch_size=6)
+
+
+def test_a_drafter_spec_trains_for_its_own_target_entry(tmp_path, monkeypatch):
+    """A drafter spec names its target: it learns that entry's answers and its card says so, so
+    that `zoo.load` binds it to that target (the patch-4 experiment's drafters)."""
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, patch_size=16))
+    monkeypatch.setitem(SPECS, "vlm-micro-drafter", DrafterSpec(
+        "vlm-micro-drafter", text_only=False, steps=2, samples=2, held_out=1, warmup_steps=1,
+        answer_tokens=8, eval_new_tokens=4, target="vlm-micro"))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
+    _run(tmp_path, "a")
+    zoo_dir = tmp_path / "zoo"
+    train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / "a"), "--zoo", str(zoo_dir),
+                    "--eval-every", "0"])
+    card = json.loads((zoo_dir / "vlm-micro-drafter" / "card.json").read_text())
+    assert card["target"] == "vlm-micro" and card["summary"].endswith("for vlm-micro.")
+    assert "vlm-micro's own greedy answers" in card["data"]["prompts"]
+    answers = list((tmp_path / "a").glob("vlm-drafter-answers-2x8-*.pt"))
+    assert len(answers) == 1 and answers[0].name == train_vlm.answers_cache_path(
+        tmp_path / "a", SPECS["vlm-micro-drafter"], zoo_dir / "vlm-micro").name
+    drafter = mmspec.zoo.load("vlm-micro-drafter", zoo_dir)
+    assert isinstance(drafter.model, ViSpecDrafter)
+    assert drafter.model.adapter.target.config.image_seq_length == 16
