@@ -58,6 +58,15 @@ def _load_text(name: str, directory: Path, card: dict) -> ZooModel:
                     path=directory)
 
 
+def video_parts(state: dict, transformer, text_encoder):
+    """((module, its slice of `state`), ...): a `video-dit` file holds both modules' weights under
+    the prefixes `transformer.` and `text_encoder.` (UMT5 ties `embed_tokens` to `shared`, so
+    either name may be absent)."""
+    return tuple((module, {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+                 for prefix, module in (("transformer.", transformer),
+                                        ("text_encoder.", text_encoder)))
+
+
 def load_video_components(directory: Path):
     """(WanTransformer3DModel, UMT5EncoderModel, tokenizer) of a `video-dit` folder, float32, eval."""
     import json
@@ -72,14 +81,14 @@ def load_video_components(directory: Path):
     config["patch_size"] = tuple(config["patch_size"])
     transformer = WanTransformer3DModel(**config)
     text_encoder = UMT5EncoderModel(UMT5Config.from_json_file(str(directory / "text_encoder_config.json")))
-    for prefix, module in (("transformer.", transformer), ("text_encoder.", text_encoder)):
-        part = {k[len(prefix):]: v.float() for k, v in state.items() if k.startswith(prefix)}
+    for module, part in video_parts({k: v.float() for k, v in state.items()}, transformer,
+                                    text_encoder):
         missing, unexpected = module.load_state_dict(part, strict=False)
-        # UMT5 ties the encoder's embed_tokens to `shared`: either name may be absent
         missing = [k for k in missing if not k.endswith("embed_tokens.weight")]
         if missing or unexpected:
-            raise ValueError(f"{directory}/model.safetensors does not match its {prefix[:-1]} "
-                             f"config: missing {missing}, unexpected {unexpected}")
+            raise ValueError(f"{directory}/model.safetensors does not match its "
+                             f"{type(module).__name__} config: missing {missing}, unexpected "
+                             f"{unexpected}")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
     return (transformer.eval(), text_encoder.eval().requires_grad_(False), tokenizer)
 

@@ -31,6 +31,7 @@ from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
+from mmspec.zoo.registry import video_parts
 from mmspec.zoo.video_model import (
     VideoModelSpec,
     build_text_encoder,
@@ -112,9 +113,8 @@ def train(args) -> None:
     text_encoder = build_text_encoder(spec, seed=args.seed)
     transformer = build_transformer(spec)
     if args.init_from:
-        state = committed_state(args.init_from)
-        for prefix, module in (("transformer.", transformer), ("text_encoder.", text_encoder)):
-            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        for module, part in video_parts(committed_state(args.init_from), transformer,
+                                        text_encoder):
             load_committed(module, part, args.init_from, ("embed_tokens.weight",))  # UMT5 ties
     opt = torch.optim.AdamW(transformer.parameters(), lr=args.lr, betas=(0.9, 0.99),
                             weight_decay=0.01)
