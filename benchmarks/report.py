@@ -6,6 +6,7 @@ only that section, so benchmarks never overwrite each other's results.
 
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,12 @@ def machine() -> str:
 
 
 def command() -> str:
-    return "python " + " ".join([Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]])
+    """The command line as it can be pasted again: the script relative to the repository, quoted."""
+    script = Path(sys.argv[0]).resolve()
+    root = BENCHMARKS_MD.parent.resolve()
+    if script.is_relative_to(root):
+        script = script.relative_to(root)
+    return "python " + shlex.join([script.as_posix(), *sys.argv[1:]])
 
 
 def commit() -> str:

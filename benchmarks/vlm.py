@@ -261,8 +261,8 @@ def main():
             f"The target's held-out answer loss is {seen['heldout_loss']:.3f} nats/token against "
             f"{blind:.3f} for the blind text-only `{args.assistant}`, and its held-out colour "
             f"accuracy {seen.get('heldout_colour_accuracy', float('nan')):.2f} (model card): "
-            + (f"it uses its image, and the text-only drafter reaches {1 / ratio:.0%} of "
-               f"ViSpec's τ." if uses_image else
+            + (f"it uses its image, and the text-only drafter's τ (without the bonus) is "
+               f"{1 / ratio:.2f}× ViSpec's." if uses_image else
                "it hardly uses its image, so there is little for ViSpec to gain on."))
     per_token = ref_s / totals[REF].new_tokens * 1e3
     round_ms = (vis.draft_time + vis.verify_time + vis.engine_time) / vis.rounds * 1e3
