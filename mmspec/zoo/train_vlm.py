@@ -503,7 +503,8 @@ def cmd_drafter(args) -> None:
                       eval_new_tokens=spec.eval_new_tokens,
                       checkpoint_every=100, seed=args.seed)
     torch.manual_seed(args.seed)
-    drafter = ViSpecDrafter.from_target(target, text_only=spec.text_only)
+    drafter = ViSpecDrafter.from_target(target, text_only=spec.text_only,
+                                        num_queries=spec.num_queries)
     losses = train(drafter, target, samples, cfg, held_out=held, out_dir=out_dir,
                    resume=args.resume)
     elapsed = time.time() - t0

@@ -106,6 +106,7 @@ class DrafterSpec:
     answer_tokens: int = 192  # the longest scene description is ~185 tokens
     eval_new_tokens: int = 128
     target: str = "vlm-target"  # the zoo entry it drafts for (and whose answers it learns)
+    num_queries: int = 2  # the adaptor's queries: num_queries - 1 compressed tokens + 1 global
 
 
 SPECS = {
@@ -144,5 +145,8 @@ SPECS = {
                     target="vlm-target-p4"),
         DrafterSpec("vlm-text-drafter-p4", text_only=True, steps=5000, samples=2400,
                     target="vlm-target-p4"),
+        # ViSpec's own ablation point 17q (16 compressed tokens per image instead of 1)
+        DrafterSpec("vlm-vispec-p4-17q", text_only=False, steps=5000, samples=2400,
+                    target="vlm-target-p4", num_queries=17),
     )
 }

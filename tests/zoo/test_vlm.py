@@ -381,11 +381,12 @@ def test_a_spec_patch_size_sets_the_image_tokens_of_model_and_processor(tmp_path
 
 def test_a_drafter_spec_trains_for_its_own_target_entry(tmp_path, monkeypatch):
     """A drafter spec names its target: it learns that entry's answers and its card says so, so
-    that `zoo.load` binds it to that target (the patch-4 experiment's drafters)."""
+    that `zoo.load` binds it to that target (the patch-4 experiment's drafters); its adaptor size
+    reaches the drafter."""
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, patch_size=16))
     monkeypatch.setitem(SPECS, "vlm-micro-drafter", DrafterSpec(
         "vlm-micro-drafter", text_only=False, steps=2, samples=2, held_out=1, warmup_steps=1,
-        answer_tokens=8, eval_new_tokens=4, target="vlm-micro"))
+        answer_tokens=8, eval_new_tokens=4, target="vlm-micro", num_queries=3))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
     monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
@@ -402,3 +403,4 @@ def test_a_drafter_spec_trains_for_its_own_target_entry(tmp_path, monkeypatch):
     drafter = mmspec.zoo.load("vlm-micro-drafter", zoo_dir)
     assert isinstance(drafter.model, ViSpecDrafter)
     assert drafter.model.adapter.target.config.image_seq_length == 16
+    assert drafter.model.config.num_queries == 3  # the spec's adaptor size reaches the drafter
