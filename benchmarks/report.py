@@ -31,7 +31,7 @@ def machine() -> str:
 
 
 def command() -> str:
-    """The command line as it can be pasted again: the script relative to the repository, quoted."""
+    """The command line, quoted so that it can be pasted again; the script relative to the repo."""
     script = Path(sys.argv[0]).resolve()
     root = BENCHMARKS_MD.parent.resolve()
     if script.is_relative_to(root):
