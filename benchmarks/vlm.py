@@ -21,7 +21,8 @@ convention). Speedup = target-only wall time / the method's, summed over prompts
 
 The entry options compare models trained elsewhere (e.g. `python -m mmspec.zoo.train_vlm
 vlm-target-p4 --zoo DIR`) without touching the shipped ones; `--section` names the BENCHMARKS.md
-section (and the chart files) so that the shipped models' section stays as it is.
+section (and the chart files) so that the shipped models' section stays as it is. Every entry is
+read from `--zoo`: link the shipped `vlm-assistant` into that folder to keep HF's baseline.
 """
 
 from __future__ import annotations

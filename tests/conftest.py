@@ -3,6 +3,7 @@ set here, before mmspec.kernels is imported, on machines without a GPU."""
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -10,3 +11,24 @@ if not torch.cuda.is_available():
 
 # The tests run tiny models, where one thread beats two (no OpenMP barriers per small op).
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def interrupt_on_call(monkeypatch):
+    """`interrupt_on_call(module, name, n)` makes `module.name` raise KeyboardInterrupt on its
+    n-th call (a run killed mid-training) and returns the original, to be set back before the
+    resume."""
+
+    def patch(module, name: str, n: int):
+        real, calls = getattr(module, name), [0]
+
+        def dies(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, dies)
+        return real
+
+    return patch

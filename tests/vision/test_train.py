@@ -60,21 +60,12 @@ def test_loss_has_every_term_and_the_rollout(llava, samples):
     assert float(loss.detach()) == pytest.approx(sum(weights[k[:-1]] * v for k, v in parts.items()), rel=1e-5)
 
 
-def test_resume_continues_exactly(tmp_path, llava, samples, monkeypatch):
+def test_resume_continues_exactly(tmp_path, llava, samples, monkeypatch, interrupt_on_call):
     cfg = TrainConfig(**{**CFG.__dict__, "steps": 6, "checkpoint_every": 3, "noise": 0.2})
     full = _fresh(llava)
     train(full, llava, samples, cfg, out_dir=tmp_path / "full")
 
-    calls = {"n": 0}
-    original = train_mod.sample_loss
-
-    def crash_on_step_5(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(train_mod, "sample_loss", crash_on_step_5)
+    original = interrupt_on_call(train_mod, "sample_loss", 5)  # crashes on step 5
     with pytest.raises(KeyboardInterrupt):
         train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path / "cut")
     monkeypatch.setattr(train_mod, "sample_loss", original)

@@ -31,20 +31,13 @@ def test_continuations_are_the_targets_greedy_tokens(tiny_target):
     assert torch.equal(distill.greedy_continuations(tiny_target, prefixes, 5), expected)
 
 
-def test_a_killed_run_resumes_to_the_same_data(tiny_target, tmp_path, monkeypatch):
+def test_a_killed_run_resumes_to_the_same_data(tiny_target, tmp_path, monkeypatch,
+                                                interrupt_on_call):
     stream = torch.randint(0, 50, (500,), generator=torch.Generator().manual_seed(2))
     straight = distill.target_continuations(tiny_target, stream, 10, 6, 4, tmp_path / "a",
                                             batch=4)
     assert straight.shape == (10, 10)
-    real, calls = distill.greedy_continuations, []
-
-    def dies_on_the_third_batch(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(distill, "greedy_continuations", dies_on_the_third_batch)
+    real = interrupt_on_call(distill, "greedy_continuations", 3)  # dies on the third batch
     with pytest.raises(KeyboardInterrupt):
         distill.target_continuations(tiny_target, stream, 10, 6, 4, tmp_path / "b", batch=4,
                                      save_every_s=0)

@@ -29,18 +29,10 @@ def _run(tmp_path, name, out):
     return load_file(str(tmp_path / "zoo" / name / "model.safetensors"))
 
 
-def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch):
+def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch, interrupt_on_call):
     straight = _run(tiny_zoo, "tiny-ar", "a")
 
-    real_loss, calls = train_text.training_loss, []
-
-    def dies_at_step_4(*args):
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real_loss(*args)
-
-    monkeypatch.setattr(train_text, "training_loss", dies_at_step_4)
+    real_loss = interrupt_on_call(train_text, "training_loss", 4)  # dies at step 4
     with pytest.raises(KeyboardInterrupt):
         _run(tiny_zoo, "tiny-ar", "b")
     assert torch.load(tiny_zoo / "b" / "tiny-ar" / "ckpt.pt", weights_only=False)["step"] == 3

@@ -118,7 +118,7 @@ def test_draft_attention_at_90_percent_changes_less_than_the_seed(entry):
     assert np.mean((sparse - dense) ** 2) < 0.25 * np.mean((other_seed - dense) ** 2)
 
 
-def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
+def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, interrupt_on_call):
     def run(out, *extra):
         train_video.main(["--micro", "--steps", "3", "--batch", "2", "--save-every-s", "0",
                           "--out", str(tmp_path / out), "--assets", str(tmp_path / f"zoo-{out}"),
@@ -126,15 +126,7 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
         return load_file(str(tmp_path / f"zoo-{out}" / "video-dit" / "model.safetensors"))
 
     straight = run("a")
-    real_loss, calls = train_video.flow_matching_loss, [0]
-
-    def dies_at_step_2(*args):
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt
-        return real_loss(*args)
-
-    monkeypatch.setattr(train_video, "flow_matching_loss", dies_at_step_2)
+    real_loss = interrupt_on_call(train_video, "flow_matching_loss", 3)  # dies on its third call
     with pytest.raises(KeyboardInterrupt):
         run("b")
     monkeypatch.setattr(train_video, "flow_matching_loss", real_loss)

@@ -142,22 +142,15 @@ def _run(tmp_path, out, *extra):
     return load_file(str(tmp_path / "zoo" / "vlm-micro" / "model.safetensors"))
 
 
-def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch):
+def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch,
+                                                         interrupt_on_call):
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
     monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     straight = _run(tmp_path, "a")
 
-    real_loss, calls = train_vlm.answer_loss, []
-
-    def dies_at_step_3(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_loss(*args)
-
-    monkeypatch.setattr(train_vlm, "answer_loss", dies_at_step_3)
+    real_loss = interrupt_on_call(train_vlm, "answer_loss", 3)  # dies at step 3
     with pytest.raises(KeyboardInterrupt):
         _run(tmp_path, "b")
     assert torch.load(tmp_path / "b" / "vlm-micro" / "ckpt.pt", weights_only=False)["step"] == 2
