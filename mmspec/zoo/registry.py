@@ -146,15 +146,16 @@ _LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "vlm": _load_vl
             "vlm-assistant": _load_assistant, "vispec": _load_vispec, "video-dit": _load_video}
 
 
-def available(zoo_dir: Path = ZOO_DIR) -> list[str]:
-    """Names of the loadable zoo entries, sorted."""
+def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
+    """Names of the loadable zoo entries in `zoo_dir` (a folder of entries), sorted."""
+    zoo_dir = Path(zoo_dir)
     if not zoo_dir.is_dir():
         return []
     return sorted(d.name for d in zoo_dir.iterdir()
                   if (d / "card.json").is_file() and read_card(d).get("kind") in _LOADERS)
 
 
-def load(name: str, zoo_dir: Path = ZOO_DIR, *, target: Optional[torch.nn.Module] = None
+def load(name: str, zoo_dir: str | Path = ZOO_DIR, *, target: Optional[torch.nn.Module] = None
          ) -> ZooModel:
     """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`.
 
@@ -162,6 +163,7 @@ def load(name: str, zoo_dir: Path = ZOO_DIR, *, target: Optional[torch.nn.Module
     to bind the drafter to (it must be the card's target; its embedding signature is checked).
     None loads the target named in the card.
     """
+    zoo_dir = Path(zoo_dir)
     names = available(zoo_dir)
     if name not in names:
         raise ValueError(f"unknown zoo model {name!r}; available: {', '.join(names) or 'none'} "

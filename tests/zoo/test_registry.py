@@ -41,3 +41,12 @@ def test_the_whole_zoo_fits_in_40_mb():
     """The issue's budget: every file under assets/zoo/, all models together."""
     total = sum(f.stat().st_size for f in ZOO_DIR.rglob("*") if f.is_file())
     assert total <= 40e6, f"assets/zoo takes {total / 1e6:.1f} MB, budget 40 MB"
+
+
+def test_zoo_dir_may_be_a_string(tmp_path):
+    """`load(name, "some/folder")` as users write it (a str, not a Path), and an empty folder
+    lists nothing."""
+    assert mmspec.zoo.available(str(tmp_path)) == []
+    with pytest.raises(ValueError, match="unknown zoo model 'text-target'.*none"):
+        mmspec.zoo.load("text-target", str(tmp_path))
+    assert mmspec.zoo.load("text-drafter", str(ZOO_DIR)).name == "text-drafter"
