@@ -1,13 +1,19 @@
-"""Seeded synthetic video clips for the video zoo: one coloured shape moving on a plain background.
+"""Seeded synthetic video clips for the video zoo: one coloured shape moving over a panning texture.
 
     clip = make_clip(seed=3)                # Clip(video [F, 3, H, W] in [-1, 1], caption, params)
     clip.caption                            # 'a red circle moving right'
     videos, captions = clip_batch(seeds)    # [B, 3, F, H, W] (the diffusers video layout), list
 
 Every clip is a pure function of its seed (and size): the shape, colour, direction, speed, size,
-start position and background shade are drawn from a `torch.Generator` seeded by it, so training
-batches, held-out clips and tests are reproducible on any machine. The shape bounces off the frame
-edges, so longer clips stay in frame. Held-out clips use seeds from `HELDOUT_SEED` up.
+start position, background shade and texture are drawn from a `torch.Generator` seeded by it, so
+training batches, held-out clips and tests are reproducible on any machine. The shape bounces off
+the frame edges, so longer clips stay in frame. Held-out clips use seeds from `HELDOUT_SEED` up.
+
+The background is a grey level plus `TEXTURE_WAVES` plane waves of 2-5 cycles per frame that all
+move with one camera pan: denoising such a clip needs a token's neighbours and the same place of
+the scene in the other frames, the locality real video gives a video DiT's attention (on a plain
+background every background token looks alike and attention spreads evenly). Draw order: the
+shape's parameters first, so a seed's caption and shape are those of the plain-background clips.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ SHAPES = ("circle", "square", "triangle")
 DIRECTIONS = {  # name -> (dy, dx) unit step in image coordinates (y down)
     "right": (0.0, 1.0), "left": (0.0, -1.0), "up": (-1.0, 0.0), "down": (1.0, 0.0),
 }
+TEXTURE_WAVES = 4  # plane waves in the background texture
 HELDOUT_SEED = 1_000_000  # training seeds are step-derived and stay far below this
 WORDS = ("a", "moving", *COLOURS, *SHAPES, *DIRECTIONS)  # the whole caption vocabulary
 
@@ -41,6 +48,9 @@ class ClipParams:
     radius: float  # pixels
     start: tuple[float, float]  # (y, x) centre in pixels
     background: float  # grey level in [0, 1]
+    pan: tuple[float, float] = (0.0, 0.0)  # (dy, dx) of the texture per frame, pixels
+    # (ky, kx, phase, (r, g, b) amplitude) per wave, k in cycles per pixel; () = plain background
+    waves: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -66,9 +76,18 @@ def sample_params(seed: int, height: int, width: int) -> ClipParams:
     size = min(height, width)
     radius = uniform(0.15, 0.25) * size
     start = (uniform(radius, height - radius), uniform(radius, width - radius))
-    return ClipParams(colour=pick(list(COLOURS)), shape=pick(SHAPES), direction=pick(list(DIRECTIONS)),
-                      speed=uniform(0.06, 0.12) * size, radius=radius, start=start,
-                      background=uniform(0.0, 0.35))
+    colour, shape, direction = pick(list(COLOURS)), pick(SHAPES), pick(list(DIRECTIONS))
+    speed, background = uniform(0.06, 0.12) * size, uniform(0.0, 0.35)
+    pan = (uniform(-0.06, 0.06) * size, uniform(-0.06, 0.06) * size)
+    waves = []
+    for _ in range(TEXTURE_WAVES):
+        cycles_y, cycles_x, angle = uniform(2, 5), uniform(2, 5), uniform(0, 2 * math.pi)
+        phase = uniform(0, 2 * math.pi)
+        amplitude = tuple(uniform(0.06, 0.12) for _ in range(3))
+        waves.append((cycles_y * math.cos(angle) / height, cycles_x * math.sin(angle) / width,
+                      phase, amplitude))
+    return ClipParams(colour=colour, shape=shape, direction=direction, speed=speed, radius=radius,
+                      start=start, background=background, pan=pan, waves=tuple(waves))
 
 
 def _bounce(x0: float, step: float, lo: float, hi: float, frames: int) -> list[float]:
@@ -105,8 +124,18 @@ def render(p: ClipParams, frames: int, height: int, width: int) -> torch.Tensor:
     video = torch.empty(frames, 3, height, width)
     for f in range(frames):
         cover = _shape_mask(p.shape, ys[f], xs[f], p.radius, yy, xx)  # [H, W]
-        video[f] = p.background * (1 - cover) + colour * cover
+        video[f] = background(p, f, yy, xx) * (1 - cover) + colour * cover
     return video * 2 - 1
+
+
+def background(p: ClipParams, frame: int, yy, xx) -> torch.Tensor:
+    """The background of frame `frame`: `[3, H, W]` in [0, 1], the texture moved by the pan."""
+    y, x = yy - p.pan[0] * frame, xx - p.pan[1] * frame
+    out = torch.full((3, *torch.broadcast_shapes(yy.shape, xx.shape)), p.background)
+    for ky, kx, phase, amplitude in p.waves:
+        out += torch.tensor(amplitude).view(3, 1, 1) * torch.sin(2 * math.pi * (ky * y + kx * x)
+                                                                 + phase)
+    return out.clamp(0.0, 1.0)
 
 
 def make_clip(seed: int, frames: int = 4, height: int = 32, width: int = 32) -> Clip:

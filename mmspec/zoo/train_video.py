@@ -44,7 +44,11 @@ NAME = "video-dit"
 EVAL_CLIPS = 16  # held-out clips HELDOUT_SEED + i the card reports and tests/zoo re-measures
 CAPTION_DROPOUT = 0.1
 SHIFT = 3.0  # timestep shift of training and of the pipeline's FlowMatchEulerDiscreteScheduler
-SPEC = VideoModelSpec(num_layers=4, num_heads=4, head_dim=32, ffn_dim=256)
+# One head of 128, Wan 2.1's head size. Wan RMS-normalises q and k, so a head's logits are bounded
+# by about sqrt(head_dim) (gains ~1): with 4 heads of 32 the zoo DiT's attention stayed diffuse (10%
+# of the blocks held 30% of the mass at the training grid), with 1 head of 128 they held 62%
+# (session 11, 400-step pilots on the same textured clips; BENCHMARKS.md, video section).
+SPEC = VideoModelSpec(num_layers=4, num_heads=1, head_dim=128, ffn_dim=256)
 MICRO = VideoModelSpec(frames=2, height=16, width=16, num_layers=2, num_heads=2, head_dim=12,
                        ffn_dim=16, text_dim=16, freq_dim=16)
 
@@ -211,7 +215,9 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
                      "1000t, t = s*u/(1+(s-1)*u), u~sigmoid(N(0,1)), s=%s" % SHIFT,
         "data": {
             "clips": "mmspec.zoo.clips.make_clip(seed): one shape (circle/square/triangle, 5 "
-                     "colours) moving and bouncing in one of 4 directions on a grey background",
+                     "colours) moving and bouncing in one of 4 directions over a background "
+                     "texture (a grey level plus 4 plane waves) that pans with a random camera "
+                     "motion",
             "train_seeds": f"(seed*1000003 + step*batch + i) % {HELDOUT_SEED}",
             "heldout_seeds": f"{HELDOUT_SEED}..{HELDOUT_SEED + EVAL_CLIPS - 1}",
         },

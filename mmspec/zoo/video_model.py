@@ -35,8 +35,8 @@ class VideoModelSpec:
     height: int = 32
     width: int = 32
     num_layers: int = 4
-    num_heads: int = 4
-    head_dim: int = 32  # Wan RoPE splits it 12 (t) / 10 (h) / 10 (w)
+    num_heads: int = 1
+    head_dim: int = 128  # Wan 2.1's head size; its RoPE splits it 44 (t) / 42 (h) / 42 (w)
     ffn_dim: int = 384
     text_dim: int = 32
     freq_dim: int = 64

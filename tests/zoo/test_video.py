@@ -54,6 +54,32 @@ def test_clip_shape_moves_in_the_caption_direction():
     assert checked >= 30
 
 
+def test_clip_background_is_a_texture_that_pans():
+    """Around the shape, frame 1 is frame 0 moved by the pan: the shift that best aligns the two
+    backgrounds (searched over whole pixels) is the pan rounded, and the texture is not flat."""
+    checked = 0
+    for seed in range(40):
+        clip = make_clip(seed, frames=2, height=48, width=48)
+        pan = clip.params.pan
+        if max(abs(v - round(v)) for v in pan) > 0.2:
+            continue  # only near-whole-pixel pans align exactly
+        colour = torch.tensor(COLOURS[clip.params.colour]).view(3, 1, 1) * 2 - 1
+        free = [((f - colour).abs().sum(0) > 0.3) for f in clip.video]  # not the shape
+        f0, f1 = clip.video
+        assert f0[:, free[0]].std() > 0.05  # a texture, not a plain grey
+        errors = {}
+        for dy in range(-4, 5):
+            for dx in range(-4, 5):
+                moved = torch.roll(f0, (dy, dx), (1, 2))
+                ok = free[1] & torch.roll(free[0], (dy, dx), (0, 1))
+                ok[: max(dy, 0)], ok[48 + min(dy, 0):] = False, False  # rows rolled around
+                ok[:, : max(dx, 0)], ok[:, 48 + min(dx, 0):] = False, False
+                errors[(dy, dx)] = (moved - f1)[:, ok].abs().mean()
+        assert min(errors, key=errors.get) == (round(pan[0]), round(pan[1])), (seed, pan)
+        checked += 1
+    assert checked >= 3
+
+
 def test_entry_loads_offline_as_a_wan_pipeline(entry, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert isinstance(entry.model, PixelWanPipeline) and not entry.model.training
