@@ -1,4 +1,4 @@
-"""Seeded synthetic video clips for the video zoo: one coloured shape moving over a panning texture.
+"""Seeded synthetic video clips for the video zoo: a coloured shape moving over a panning texture.
 
     clip = make_clip(seed=3)                # Clip(video [F, 3, H, W] in [-1, 1], caption, params)
     clip.caption                            # 'a red circle moving right'
