@@ -2,6 +2,8 @@
 most 2x that of a same-precision PyTorch implementation (SDPA in the input dtype)."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -158,6 +160,47 @@ def test_custom_op_passes_through_torch_compile():
 def test_fused_cpu_kernel_builds_here():
     # a silent fallback to the slower batched path would go unnoticed otherwise
     assert torch_blocks._cpu_kernel() is not None
+
+
+_LOAD = ("from mmspec.kernels.backends.torch_blocks import _cpu_kernel; "
+         "assert _cpu_kernel() is not None; print('loaded')")
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")
+                    or not hasattr(__import__("os"), "fork"), reason="the fused CPU kernel, POSIX")
+def test_fused_cpu_kernel_loads_after_a_killed_build():
+    # a build killed mid-way leaves torch's `lock` file behind, which torch waits on forever (a
+    # crashed browser test hung every later process this way); the next load must not hang
+    assert torch_blocks._cpu_kernel() is not None
+    _, _, build_dir = torch_blocks._kernel_build_paths()
+    lock = build_dir / "lock"
+    lock.touch()  # fresh, as a build killed a second ago leaves it
+    run = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0 and "loaded" in run.stdout, run.stderr
+    assert not lock.exists()
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")
+                    or not hasattr(__import__("os"), "fork"), reason="the fused CPU kernel, POSIX")
+def test_fused_cpu_kernel_load_waits_for_a_live_build():
+    # the other side: while another process builds (it holds the flock), a load waits for it
+    # instead of taking its lock for a stale one
+    assert torch_blocks._cpu_kernel() is not None
+    name, _, build_dir = torch_blocks._kernel_build_paths()
+    with torch_blocks._build_lock(build_dir.parent / f"{name}.flock"):
+        proc = subprocess.Popen([sys.executable, "-c", _LOAD], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            line = ""
+            while "waiting for another process" not in line:
+                line = proc.stderr.readline()
+                assert line, "the load finished without waiting for the live build"
+            assert proc.poll() is None
+        except BaseException:
+            proc.kill()
+            raise
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and "loaded" in out, err
 
 
 def test_auto_never_picks_the_triton_interpreter_on_cpu(monkeypatch):

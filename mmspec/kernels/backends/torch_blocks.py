@@ -24,12 +24,12 @@ Measured on a 2-core CPU: the batched-matmul path's `exp` (Sleef, ~1.3 G/s) and 
 it near 5-6x at density 0.1; the fused kernel reaches about 9x (BENCHMARKS.md).
 """
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import platform
-import time
 from pathlib import Path
 
 import torch
@@ -54,6 +54,47 @@ def _no_wide_heads(q, k, v, mask):
 _log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """Hold an exclusive `flock` on `path` (a no-op where fcntl is missing). The OS drops it when
+    the holder dies, so unlike torch's own build lock a killed build never leaves it behind."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: torch's lock alone
+        yield
+        return
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log.warning("mmspec: waiting for another process to build the CPU attention kernel")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _kernel_build_paths() -> tuple[str, Path, Path]:
+    """(extension name, content-addressed source copy, torch's build directory for it)."""
+    from torch.utils import cpp_extension
+
+    code = (Path(__file__).parent / "csrc" / "block_sparse_cpu.cpp").read_bytes()
+    name = f"mmspec_block_sparse_cpu_{hashlib.sha1(code).hexdigest()[:12]}"
+    root = Path(cpp_extension.get_default_build_root())
+    if hasattr(cpp_extension, "_get_build_directory"):  # where `load` builds (py311_cpu/NAME)
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    else:
+        build_dir = next(root.glob(f"*/{name}"), root / name)
+    source = root / "mmspec_sources" / f"{name}.cpp"
+    if not source.is_file():
+        source.parent.mkdir(parents=True, exist_ok=True)
+        partial = source.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(code)
+        partial.replace(source)  # atomic: concurrent first builds never see half a file
+    return name, source, build_dir
+
+
 @functools.cache
 def _cpu_kernel():
     """The fused CPU kernel op, or None where it cannot be built (no AVX2, no compiler, ...)."""
@@ -63,37 +104,32 @@ def _cpu_kernel():
         "AVX2", "AVX512"
     ):
         return None
-    from torch.utils.cpp_extension import get_default_build_root, load
+    from torch.utils.cpp_extension import load
 
     # Content-addressed build: torch's ninja file records the source *path*, so building every
     # checkout (CI clone, worktree, site-packages) from its own path made them rebuild each other's
     # kernel (~30 s each time). A copy named after its hash gives one build per kernel version.
-    code = (Path(__file__).parent / "csrc" / "block_sparse_cpu.cpp").read_bytes()
-    digest = hashlib.sha1(code).hexdigest()[:12]
-    name = f"mmspec_block_sparse_cpu_{digest}"
-    root = Path(get_default_build_root())
-    source = root / "mmspec_sources" / f"{name}.cpp"
-    if not source.is_file():
-        source.parent.mkdir(parents=True, exist_ok=True)
-        partial = source.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(code)
-        partial.replace(source)  # atomic: concurrent first builds never see half a file
-    for lock in root.glob(f"*/{name}/lock"):
-        # torch waits forever on a build lock; one left by a killed build (~30 s normally) hangs
-        # every later import, so a lock older than 10 minutes is taken as stale and removed
-        if time.time() - lock.stat().st_mtime > 600:
-            _log.warning("mmspec: removing a stale kernel build lock %s", lock)
-            lock.unlink(missing_ok=True)
-    if next(root.glob(f"*/{name}/*.so"), None) is None:
-        _log.warning("mmspec: building the fused CPU attention kernel (once per machine, ~30 s)")
-    try:
-        load(name=name, sources=[str(source)], is_python_module=False,
-             extra_cflags=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2",
-                           "-DCPU_CAPABILITY_AVX2", "-fopenmp"],
-             extra_ldflags=["-fopenmp"])
-    except (OSError, RuntimeError, ImportError) as err:  # no compiler/ninja, or a failed build
-        _log.warning("mmspec: fused CPU kernel unavailable (%s); using the batched-matmul path", err)
-        return None
+    name, source, build_dir = _kernel_build_paths()
+    with _build_lock(build_dir.parent / f"{name}.flock"):
+        # torch's own lock (`lock` in the build directory) is a plain file that every later load
+        # waits on forever when a build is killed (a crashed test, a timeout). Every mmspec build
+        # holds the flock above, so a torch lock found here was left by a dead build.
+        stale = build_dir / "lock"
+        if stale.exists():
+            _log.warning("mmspec: removing a kernel build lock left by a killed build: %s", stale)
+            stale.unlink(missing_ok=True)
+        if next(build_dir.glob("*.so"), None) is None:
+            _log.warning("mmspec: building the fused CPU attention kernel "
+                         "(once per machine, ~30 s)")
+        try:
+            load(name=name, sources=[str(source)], is_python_module=False,
+                 extra_cflags=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2",
+                               "-DCPU_CAPABILITY_AVX2", "-fopenmp"],
+                 extra_ldflags=["-fopenmp"])
+        except (OSError, RuntimeError, ImportError) as err:  # no compiler/ninja, or a failed build
+            _log.warning("mmspec: fused CPU kernel unavailable (%s); "
+                         "using the batched-matmul path", err)
+            return None
     return torch.ops.mmspec_cpu.block_sparse_forward
 
 
