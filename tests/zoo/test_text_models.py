@@ -80,3 +80,22 @@ def test_dlm_fills_a_masked_block_far_better_than_chance(dlm, heldout_windows):
     shifted = F.cross_entropy(logits[:, -17], first).item()
     unshifted = F.cross_entropy(logits[:, -16], first).item()
     assert shifted < unshifted - 0.5
+
+
+@pytest.mark.parametrize("name", ["diffusion", "model"])
+def test_drafters_get_accepted_on_held_out_code(name):
+    # the zoo preset's drafters (`mmspec generate --target text`) on its held-out stdlib prompt:
+    # lossless, and their drafts accepted, not merely verified (measured: 2.3 accepted tokens per
+    # round for the DLM and 2.5 for the AR drafter; 0.24 for the DLM with re-initialised weights,
+    # whose CPS n-gram proxy still copies from the prompt now and then)
+    from mmspec.decoding import generate
+    from mmspec.zoo.presets import text_preset
+
+    preset = text_preset()
+    ids, eos = preset.inputs["input_ids"], preset.eos_token_id
+    ref = preset.target.generate(ids, max_new_tokens=64, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=eos)
+    out = generate(preset.target, preset.drafters[name](), ids, max_new_tokens=64,
+                   do_sample=False, eos_token_id=eos)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_accepted_no_bonus > 1.5
