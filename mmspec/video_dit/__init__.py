@@ -6,6 +6,7 @@ Public names:
     DraftAttentionConfig    sparsity, tile, mode, dense warm-up steps and layers
     apply_draft_attention   install on a diffusers pipeline or transformer (Wan, HunyuanVideo,
                             CogVideoX); returns a DraftAttentionState with the densities
+                            (DraftAttentionStates for Wan 2.2's two experts)
     remove_draft_attention  restore the original processors
 Tools: `python -m mmspec.video_dit.generate` and `python -m mmspec.video_dit.compare`.
 """
@@ -13,6 +14,7 @@ Tools: `python -m mmspec.video_dit.generate` and `python -m mmspec.video_dit.com
 from .apply import (
     DensityRecord,
     DraftAttentionState,
+    DraftAttentionStates,
     apply_draft_attention,
     remove_draft_attention,
 )
@@ -25,6 +27,7 @@ __all__ = [
     "DensityRecord",
     "DraftAttentionConfig",
     "DraftAttentionState",
+    "DraftAttentionStates",
     "TileLayout",
     "apply_draft_attention",
     "draft_attention",

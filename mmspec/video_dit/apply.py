@@ -92,7 +92,25 @@ class DensityRecord:
     density: float  # share of attention blocks computed; 1.0 for dense layers and steps
 
 
-class DraftAttentionState:
+class _DensityReport:
+    """Density read-outs over `self.records`."""
+
+    records: list[DensityRecord]
+
+    def density_by_step(self) -> dict[int, float]:
+        """Mean density over the layers (and CFG calls) of each step."""
+        sums: dict[int, list[float]] = {}
+        for r in self.records:
+            sums.setdefault(r.step, []).append(r.density)
+        return {s: sum(v) / len(v) for s, v in sums.items()}
+
+    def mean_density(self) -> float:
+        """Share of dense attention blocks computed over the whole run (1.0 = dense)."""
+        records = self.records
+        return sum(r.density for r in records) / len(records) if records else 1.0
+
+
+class DraftAttentionState(_DensityReport):
     """Per-transformer state shared by the processors and hooks; also the density report."""
 
     def __init__(self, transformer, config: DraftAttentionConfig, scheduler=None, on_density=None,
@@ -171,22 +189,33 @@ class DraftAttentionState:
         """Every self-attention call so far, in order: (step, layer, density)."""
         return [DensityRecord(s, l, 1.0 if d is None else float(d)) for s, l, d in self._pending]
 
-    def density_by_step(self) -> dict[int, float]:
-        """Mean density over the layers (and CFG calls) of each step."""
-        sums: dict[int, list[float]] = {}
-        for r in self.records:
-            sums.setdefault(r.step, []).append(r.density)
-        return {s: sum(v) / len(v) for s, v in sums.items()}
-
-    def mean_density(self) -> float:
-        """Share of dense attention blocks computed over the whole run (1.0 = dense)."""
-        records = self.records
-        return sum(r.density for r in records) / len(records) if records else 1.0
-
     def reset(self) -> None:
         """Forget the records and the step counter (call between generations if you like)."""
         self._pending.clear()
         self.step, self._last_timestep = -1, None
+
+
+class DraftAttentionStates(_DensityReport):
+    """The report of a pipeline with two transformers (Wan 2.2: `transformer` for the high-noise
+    steps, `transformer_2` for the rest): both experts' records read as one run."""
+
+    def __init__(self, states: list[DraftAttentionState]):
+        self.states = list(states)
+        self.config = self.states[0].config
+
+    @property
+    def records(self) -> list[DensityRecord]:
+        """Every self-attention call of either transformer, by step (in call order per step)."""
+        return sorted((r for state in self.states for r in state.records), key=lambda r: r.step)
+
+    @property
+    def layout(self):
+        """The tile layout of the latest forward (both experts see the same grid)."""
+        return next((s.layout for s in self.states if s.layout is not None), None)
+
+    def reset(self) -> None:
+        for state in self.states:
+            state.reset()
 
 
 def _transformers(pipe_or_transformer):
@@ -218,8 +247,10 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             through DraftAttention (the sparse layers of sparse steps).
 
     Returns:
-        The `DraftAttentionState` of the (first) transformer: `.records`, `.density_by_step()`,
-        `.mean_density()`. Undo with `remove_draft_attention`.
+        The `DraftAttentionState` of the transformer: `.records`, `.density_by_step()`,
+        `.mean_density()`, `.reset()`; for a pipeline with two transformers (Wan 2.2) a
+        `DraftAttentionStates` that reads both as one run (`.states` holds each). Undo with
+        `remove_draft_attention`.
     """
     config = DraftAttentionConfig() if config is None else config
     if not isinstance(config, DraftAttentionConfig):
@@ -248,7 +279,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             state.hooks += state.family.install_reorder(state, transformer)
         setattr(transformer, _ATTR, state)
         states.append(state)
-    return states[0]
+    return states[0] if len(states) == 1 else DraftAttentionStates(states)
 
 
 def remove_draft_attention(pipe_or_transformer) -> None:

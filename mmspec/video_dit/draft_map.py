@@ -60,6 +60,7 @@ def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float) -> torch
 
 def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global") -> torch.Tensor:
     """Kept blocks of a draft map `[B, H, nT, nT]` -> bool `[B, H, nT, nT]`, diagonal always kept."""
+    sparsity, mode = check_sparsity(sparsity), check_mode(mode)  # a typo must not run row mode
     b, h, n, _ = probs.shape
     budget = block_budget(n, sparsity)
     if budget == n * n:
@@ -67,7 +68,7 @@ def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global") ->
     eye = torch.eye(n, dtype=torch.bool, device=probs.device)
     if mode == "global":
         priority = probs.masked_fill(eye, 2.0)  # probabilities are <= 1, so the diagonal wins
-    else:
+    else:  # "row"
         # sort each row by probability, the own block first; priority = -(mass before the entry)
         order = probs.masked_fill(eye, 2.0).argsort(dim=-1, descending=True)
         ranked = probs.gather(-1, order)  # [B, H, nT, nT]

@@ -74,6 +74,39 @@ def test_tiny_wan_pipeline_end_to_end():
 
 
 @torch.no_grad()
+def test_wan22_two_experts_report_as_one_run():
+    # Wan 2.2: `transformer` runs the high-noise steps, `transformer_2` the rest; the report
+    # (and `generate`'s JSON, which reads it) must cover both and reset both
+    from diffusers import WanPipeline
+
+    from mmspec.video_dit import DraftAttentionStates
+
+    base = tiny_wan_pipeline()
+    pipe = WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+                       scheduler=base.scheduler, transformer=base.transformer,
+                       transformer_2=tiny_wan(seed=1), boundary_ratio=0.5)
+    pipe.set_progress_bar_config(disable=True)
+    call = {"prompt": "a red cat", "height": 64, "width": 64, "num_frames": 5,
+            "num_inference_steps": 4, "guidance_scale": 1.0, "max_sequence_length": 8,
+            "output_type": "np"}
+    state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
+                                                             dense_steps=1, dense_layers=0))
+    assert isinstance(state, DraftAttentionStates) and len(state.states) == 2
+    pipe(**call, generator=torch.Generator().manual_seed(0))
+    first, second = ({r.step for r in s.records} for s in state.states)
+    assert first and second and first.isdisjoint(second)  # each expert ran some of the steps
+    assert sorted(state.density_by_step()) == [0, 1, 2, 3]
+    assert len(state.records) == 4 * 2  # steps x layers, both experts
+    assert state.mean_density() == pytest.approx((1.0 + 3 * 0.5) / 4, abs=0.1)
+    state.reset()
+    assert state.records == [] and all(s.records == [] for s in state.states)
+    assert state.layout is not None
+    remove_draft_attention(pipe)
+    assert all(getattr(t, "_mmspec_draft_attention", None) is None
+               for t in (pipe.transformer, pipe.transformer_2))
+
+
+@torch.no_grad()
 def test_tiny_cogvideox_pipeline_with_cfg_batch():
     from .tiny import tiny_cogvideox_pipeline
 

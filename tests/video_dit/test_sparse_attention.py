@@ -83,6 +83,18 @@ def test_grid_not_matching_the_tokens():
         draft_attention(q, k, v, tile_layout(GRID, TILE), sparsity=0.5)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"sparsity": 1.5}, r"sparsity must be a number in \[0, 1\), got 1.5"),
+    ({"sparsity": -3.0}, r"sparsity must be a number in \[0, 1\)"),
+    ({"sparsity": 0.5, "mode": "glob"}, r"mode must be one of \('global', 'row'\), got 'glob'"),
+])
+def test_bad_sparsity_or_mode_is_refused(kwargs, message):
+    # it used to clamp the sparsity and run row mode for any mode but "global"
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=message):
+        draft_attention(q, k, v, tile_layout(GRID, TILE), **kwargs)
+
+
 def test_tiled_padding_slots_do_not_leak_into_the_draft():
     # with one reorder per forward, padding slots hold whatever the model put there
     q, k, v = _qkv(seed=6)
