@@ -78,6 +78,8 @@ class DraftState:
                     committed since the previous round (the whole prompt in round 0), only when
                     the drafter sets `needs_target_hidden = True` (EAGLE/ViSpec-style drafters).
     extras:         model kwargs from the prefill (pixel_values, image_grid_thw, ...).
+    generator:      the `torch.Generator` passed to `generate` (None: the global RNG), for
+                    drafters that sample their drafts.
     """
 
     input_ids: torch.Tensor
@@ -87,6 +89,7 @@ class DraftState:
     round: int = 0
     target_hidden: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
+    generator: torch.Generator | None = None
 
 
 @dataclass

@@ -88,6 +88,9 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
         raise ValueError(f"input_ids must be a long tensor [B, L], got "
                          f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
                          f"{tuple(getattr(input_ids, 'shape', ()))}")
+    if input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must hold at least one token per row, got shape "
+                         f"{tuple(input_ids.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if attention_mask is not None:
@@ -117,12 +120,37 @@ _UNSUPPORTED = (
     ("sequence_bias", (None,), False), ("min_length", (None, 0), False),
     ("min_new_tokens", (None, 0), False), ("min_p", (None,), True), ("typical_p", (None, 1.0), True),
     ("epsilon_cutoff", (None, 0.0), True), ("eta_cutoff", (None, 0.0), True),
+    ("top_h", (None,), True), ("exponential_decay_length_penalty", (None,), False),
+    ("guidance_scale", (None, 1.0), False), ("watermarking_config", (None,), False),
+    ("stop_strings", (None,), False),
+    # other decoding strategies than greedy / multinomial sampling
+    ("num_beams", (None, 1), False), ("penalty_alpha", (None, 0.0), False),
+    ("dola_layers", (None,), False),
 )
+
+# what `target.generate` uses for a generation-config field left at None
+_HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def _hf_default(name: str):
+    from transformers import GenerationConfig
+
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    return defaults.get(name, _HF_DEFAULTS[name])
 
 
 def sampling_config(target, do_sample, temperature, top_k, top_p) -> SamplingConfig:
-    """The target's sampling rule; `top_k`/`top_p` None mean the target's generation config."""
+    """The target's sampling rule, resolved as `target.generate` does: an argument left at None
+    takes the target's generation config, and a field unset there transformers' global default
+    (greedy; when sampling, temperature 1.0, top-k 50, top-p 1.0)."""
     gen = target.generation_config
+
+    def resolve(name, value):
+        if value is None:
+            value = getattr(gen, name, None)
+        return _hf_default(name) if value is None else value
+
+    do_sample = bool(resolve("do_sample", do_sample))
     for name, neutral, sampling_only in _UNSUPPORTED:
         value = getattr(gen, name, None)
         if value not in neutral and (do_sample or not sampling_only):
@@ -130,11 +158,11 @@ def sampling_config(target, do_sample, temperature, top_k, top_p) -> SamplingCon
                 f"target.generation_config.{name}={value!r} changes the target's distribution and "
                 f"mmspec.generate does not apply it; set target.generation_config.{name} = "
                 f"{neutral[-1]!r} (target.generate then gives the same output)")
-    top_k = gen.top_k if top_k is None else top_k
-    top_p = gen.top_p if top_p is None else top_p
     if not do_sample:
-        return SamplingConfig(False, temperature, top_k, top_p)
-    return SamplingConfig(True, temperature, top_k or None, top_p)
+        return SamplingConfig(False)
+    top_k = resolve("top_k", top_k)
+    return SamplingConfig(True, resolve("temperature", temperature), top_k or None,
+                          resolve("top_p", top_p))
 
 
 def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
@@ -189,8 +217,8 @@ class _Rows:
         return num
 
 
-def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32, do_sample=False,
-             temperature=1.0, top_k=None, top_p=None, eos_token_id=None, streamer=None,
+def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32, do_sample=None,
+             temperature=None, top_k=None, top_p=None, eos_token_id=None, streamer=None,
              pad_token_id=None, generator=None, on_round=None, **model_kwargs) -> SpecOutput:
     """Speculative decoding with `drafter`; output distributed exactly as `target.generate`'s.
 
@@ -201,7 +229,9 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         attention_mask: `[B, L]`, 0 on padding; None means no padding.
         max_new_tokens: new tokens per row, at most.
         do_sample, temperature, top_k, top_p: the target's sampling (transformers' semantics);
-            `top_k`/`top_p` None mean the target's generation config (as in `target.generate`).
+            None means the target's generation config and, where that leaves it unset,
+            transformers' default (greedy; sampling at temperature 1.0 with top-k 50), exactly
+            as `target.generate` resolves them.
             Generation-config settings that `generate` does not apply (repetition penalty,
             min length, ...) raise a ValueError instead of silently changing the output.
         eos_token_id: int or list; None means `target.generation_config.eos_token_id`.
@@ -299,7 +329,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         t0 = _sync(device)
         depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
         state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
-                           hidden, model_kwargs)
+                           hidden, model_kwargs, generator)
         ta = _sync(device)
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
         tb = _sync(device)

@@ -78,6 +78,22 @@ def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num
 _LIB.impl("block_sparse_attention", _block_sparse_attention_impl, "CompositeExplicitAutograd")
 
 
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+def _backward(ctx, grad_out, grad_lse):
+    # without this every backend path did something else: gradients, None, or an in-place error
+    raise NotImplementedError(
+        "block_sparse_attention is forward-only (inference: speculative verification, "
+        "DraftAttention sampling) and has no backward; run it under torch.no_grad(), or train "
+        "with dense attention")
+
+
+torch.library.register_autograd("mmspec::block_sparse_attention", _backward,
+                                setup_context=_setup_context, lib=_LIB)
+
+
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)
 def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
       block_q, block_k, scale, backend):

@@ -34,6 +34,17 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
         )
     if dropout and module.training:
         raise ValueError(f"block-sparse attention has no dropout, got dropout={dropout} in training")
+    # what the layer would do beyond softmax(q k^T) v must not be dropped silently
+    if kwargs.get("softcap"):
+        raise NotImplementedError(
+            f"block_sparse_mask: this layer soft-caps its attention logits (softcap="
+            f"{kwargs['softcap']}, e.g. Gemma 2's attn_logit_softcapping), which "
+            f"block_sparse_attention does not do")
+    window = kwargs.get("sliding_window")
+    if window is not None and key.shape[2] > window:
+        raise NotImplementedError(
+            f"block_sparse_mask: this is a sliding-window layer (sliding_window={window}) over "
+            f"{key.shape[2]} keys, and block_sparse_attention would attend beyond the window")
     out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 

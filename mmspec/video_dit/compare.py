@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="markdown table file (default SPARSE_DIR/compare.md; a .json goes next to it)")
     args = p.parse_args(argv)
+    if args.out is not None and args.out.suffix == ".json":
+        p.error(f"--out is the markdown table (its .json goes next to it), got {args.out}")
     rows = compare_dirs(args.dense_dir, args.sparse_dir)
     text = table(rows)
     out = args.out or args.sparse_dir / "compare.md"

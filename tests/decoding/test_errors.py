@@ -26,6 +26,21 @@ def test_max_new_tokens(target, bad):
         generate(target, PromptLookupDrafter(), IDS, max_new_tokens=bad)
 
 
+def test_empty_prompt(target):
+    with pytest.raises(ValueError, match=r"input_ids must hold at least one token per row, got "
+                                         r"shape \(1, 0\)"):
+        generate(target, PromptLookupDrafter(), IDS[:, :0])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"depth": 0}, r"depth must be None or an int >= 1, got 0"),
+    ({"top_k": 65}, r"top_k must be at most the drafter's vocabulary \(64 tokens\), got 65"),
+])
+def test_model_drafter_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelDrafter(tiny_llama(1), 4, **kwargs)
+
+
 def test_batch_without_pad_token(target):
     target.generation_config.pad_token_id = None
     try:
@@ -89,3 +104,35 @@ def test_top_k_and_top_p_default_to_the_generation_config(target):
         assert (cfg.top_k, cfg.top_p) == (3, 1.0)
     finally:
         target.generation_config.top_k = target.generation_config.top_p = None
+
+
+def test_unset_sampling_settings_resolve_as_target_generate_does(target):
+    # transformers fills a field left at None in the generation config with its global default
+    # (top-k 50 among them); reading None as "off" sampled from another distribution
+    from mmspec.decoding.generate import sampling_config
+
+    gen = target.generation_config
+    assert (gen.do_sample, gen.temperature, gen.top_k, gen.top_p) == (None,) * 4
+    assert sampling_config(target, None, None, None, None).do_sample is False
+    cfg = sampling_config(target, True, None, None, None)
+    assert (cfg.temperature, cfg.top_k, cfg.top_p) == (1.0, 50, 1.0)
+    gen.do_sample, gen.temperature, gen.top_k = True, 0.5, 0  # top_k 0: no top-k, as in HF
+    try:
+        cfg = sampling_config(target, None, None, None, None)  # an instruct model's config
+        assert (cfg.do_sample, cfg.temperature, cfg.top_k) == (True, 0.5, None)
+        assert sampling_config(target, False, None, None, None).do_sample is False  # greedy: ok
+        out = generate(target, PromptLookupDrafter(), IDS, max_new_tokens=4, do_sample=False)
+        assert out.sequences.shape[1] == IDS.shape[1] + 4
+    finally:
+        gen.do_sample = gen.temperature = gen.top_k = None
+
+
+@pytest.mark.parametrize("name,value", [("num_beams", 3), ("exponential_decay_length_penalty",
+                                                           (2, 1.5)), ("stop_strings", ["\n"])])
+def test_other_decoding_strategies_are_refused(target, name, value):
+    setattr(target.generation_config, name, value)
+    try:
+        with pytest.raises(ValueError, match=f"generation_config.{name}="):
+            generate(target, PromptLookupDrafter(), IDS, max_new_tokens=4)
+    finally:
+        setattr(target.generation_config, name, None)

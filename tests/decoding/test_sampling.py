@@ -123,3 +123,17 @@ def test_generate_samples_the_target_joint(drafter_kind, warp):
     proposal = _exact_joint(draft_model, prompt, new, temperature=1.0)
     chi2_vs_drafter = n * (((proposal - expected) ** 2) / expected.clamp_min(1e-12))[expected > 0].sum()
     assert chi2_vs_drafter > 5 * V ** new
+
+
+def test_a_sampling_model_drafter_draws_from_generates_generator():
+    # the drafter's own draws used the global RNG, so a seeded generator did not repeat a run
+    target, drafter_model = tiny_llama(0), tiny_llama(1)
+    ids = torch.tensor([[5, 9, 11, 4]])
+    runs = []
+    for global_seed in range(3):
+        torch.manual_seed(global_seed)  # only the global RNG differs between runs
+        out = generate(target, ModelDrafter(drafter_model, 4, temperature=1.0), ids,
+                       do_sample=True, max_new_tokens=16,
+                       generator=torch.Generator().manual_seed(123))
+        runs.append(out.sequences[0].tolist())
+    assert runs[0] == runs[1] == runs[2]

@@ -307,3 +307,14 @@ def test_triton_falls_back_when_a_config_is_out_of_resources(run_backend, monkey
     monkeypatch.setattr(triton_kernel, "launch_configs", lambda *_: [fast])
     with pytest.raises(triton_kernel._OUT_OF_RESOURCES):
         run_backend("triton", q, k, v, mask)
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-fused", "torch-batched", "reference"])
+def test_backward_is_refused_on_every_path(backend, run_backend):
+    # the op is forward-only: backward used to give gradients on one path, None on another and
+    # an in-place error on a third
+    q, k, v, mask = make_case(3, 1, 2, 2, 64, 64, 16, (16, 16), torch.float32)
+    q.requires_grad_(True)
+    out = run_backend(backend, q, k, v, mask)
+    with pytest.raises(NotImplementedError, match="block_sparse_attention is forward-only"):
+        out.sum().backward()

@@ -51,3 +51,38 @@ def test_tree_forward_matches_each_branch(llama):
 def test_rejects_non_mask(llama):
     with pytest.raises(TypeError, match="block_sparse_mask must be a BlockSparseMask"):
         llama(torch.zeros(1, 4, dtype=torch.long), block_sparse_mask=torch.ones(4, 4))
+
+
+def _gemma2(softcap, window):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                       attn_logit_softcapping=softcap, sliding_window=window,
+                       final_logit_softcapping=None, max_position_embeddings=128)
+    return Gemma2ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("softcap,window,message", [
+    (50.0, 4096, r"soft-caps its attention logits \(softcap=50.0"),
+    (None, 8, r"sliding-window layer \(sliding_window=8\) over 24 keys"),
+])
+def test_refuses_what_it_would_silently_drop(softcap, window, message):
+    # Gemma 2 soft-caps its attention logits and alternates sliding-window layers; the
+    # block-sparse path would compute plain softmax attention instead (a 2e-2 / 4e-1 logit error)
+    model = _gemma2(softcap, window)
+    model.set_attn_implementation(register_hf_attention())
+    ids = torch.randint(0, 64, (1, 24))
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=message):
+        model(ids, block_sparse_mask=causal_block_mask(24, 24, 16))
+
+
+def test_a_window_wider_than_the_keys_changes_nothing():
+    model, ids = _gemma2(None, 4096), torch.randint(0, 64, (1, 24))
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        ref = model(ids).logits
+        model.set_attn_implementation(register_hf_attention())
+        out = model(ids, block_sparse_mask=causal_block_mask(24, 24, 16)).logits
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -52,12 +53,18 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     assert "| **mean** |" in (sparse / "compare.md").read_text()
 
 
-def test_bad_cli_input(tmp_path, model_dir):
+def test_bad_cli_input(tmp_path, model_dir, capsys):
     with pytest.raises(SystemExit):
         generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--sparsity", "1.0"])
     with pytest.raises(SystemExit):
         generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--dense",
                              "--sparsity", "0.5"])
+    for flags, message in ((["--dense-steps", "2.5"], "--dense-steps must be a fraction in "
+                            r"\[0, 1\) or a whole number of steps, got 2.5"),
+                           (["--tile", "0", "16"], "--tile two ints >= 1")):
+        with pytest.raises(SystemExit):
+            generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", *flags])
+        assert re.search(message, capsys.readouterr().err)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n# nothing\n")
     with pytest.raises(ValueError, match="holds no prompt"):

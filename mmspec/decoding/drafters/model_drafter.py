@@ -44,6 +44,9 @@ class ModelDrafter:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                                  or depth < 1):
+            raise ValueError(f"depth must be None or an int >= 1, got {depth!r}")
         if temperature > 0 and top_k > 1:
             raise ValueError("temperature > 0 samples a chain; a top-k tree (top_k > 1) is chosen "
                              "deterministically, so it needs temperature=0")
@@ -53,6 +56,9 @@ class ModelDrafter:
         self.depth = depth if depth is not None else (num_tokens if top_k == 1 else DEFAULT_TREE_DEPTH)
         self.temperature = temperature
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        if top_k > self.vocab_size:
+            raise ValueError(f"top_k must be at most the drafter's vocabulary "
+                             f"({self.vocab_size} tokens), got {top_k}")
         if top_k > 1:  # tree levels go through the shared layer; without a mask it is SDPA
             model.set_attn_implementation(register_hf_attention())
         self.cache = None
@@ -114,7 +120,7 @@ class ModelDrafter:
         for i in range(n):
             if self.temperature > 0:
                 p = (logits / self.temperature).softmax(-1)  # [B, V]
-                tok = torch.multinomial(p, 1)[:, 0]
+                tok = torch.multinomial(p, 1, generator=state.generator)[:, 0]
                 probs.append(p)
             else:
                 tok = logits.argmax(-1)
