@@ -43,9 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-top-k", type=int, default=1, help="> 1 drafts an EAGLE-2 tree")
     p.add_argument("--tree-depth", type=int, default=None)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="with --sample (default: the target's generation config, else 1.0)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="with --sample (default: the target's generation config, else 50)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="with --sample (default: the target's generation config, else 1.0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the target-only run (and so the speedup)")
