@@ -69,6 +69,13 @@ def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
     if t and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"Draft.tokens must lie in [0, {vocab}) (the target's vocabulary), got "
                          f"range [{int(tokens.min())}, {int(tokens.max())}]")
+    n = draft.num_tokens
+    if n is not None and (not isinstance(n, torch.Tensor) or n.shape != (batch,)
+                          or n.dtype != torch.long or (t and (n.min() < 0 or n.max() > t))
+                          or (not t and n.any())):
+        raise ValueError(f"Draft.num_tokens must be None or long [B={batch}] in [0, T={t}], got "
+                         f"{n.dtype if isinstance(n, torch.Tensor) else type(n).__name__} "
+                         f"{n.tolist() if isinstance(n, torch.Tensor) else n!r}")
     if draft.probs is not None and draft.probs.shape != (batch, t, vocab):
         raise ValueError(f"Draft.probs must be [B={batch}, T={t}, V={vocab}], got "
                          f"{tuple(draft.probs.shape)}")

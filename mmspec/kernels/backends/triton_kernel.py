@@ -182,6 +182,8 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float):
         part_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
         part_mask = torch.zeros(1, 1, mq, 1, bq, bk, dtype=torch.uint8, device=q.device)
     part_mask = rows(part_mask)
+    if full_idx.shape[-1] == 0:  # the same for a mask with no full-block slots
+        full_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
 
     block_d = max(16, triton.next_power_of_2(d))
     key = (q.device, bq, bk, block_d, q.dtype)
