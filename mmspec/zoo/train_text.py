@@ -196,8 +196,19 @@ def cmd_train(args) -> None:
     opt = make_optimizer(model, spec)
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
     start, elapsed, losses = 0, 0.0, []
+    # what a checkpoint must share with this run to be resumed by it (--steps may grow)
+    run = {key: getattr(args, key) for key in ("seed", "lr", "init_from", "distill",
+                                               "distill_prefix", "distill_new",
+                                               "distill_block_share")}
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
+        if ckpt.get("run", run) != run:
+            differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
+                               f"{value!r} here" for key, value in run.items()
+                               if ckpt["run"].get(key) != value)
+            raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
+                             f"would train that run and label it as this one; delete it or "
+                             f"pass another --out")
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
@@ -209,7 +220,7 @@ def cmd_train(args) -> None:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "elapsed": elapsed + time.time() - t0, "losses": losses}, tmp)
+                    "elapsed": elapsed + time.time() - t0, "losses": losses, "run": run}, tmp)
         tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
 
     model.train()

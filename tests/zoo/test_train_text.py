@@ -41,6 +41,16 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch, interru
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+def test_a_checkpoint_of_another_run_is_not_resumed(tiny_zoo):
+    # a rerun with other settings (the README's distillation, after a plain run finished) used
+    # to resume the old checkpoint, train nothing and label the old weights with the new flags
+    _run(tiny_zoo, "tiny-ar", "a")
+    with pytest.raises(ValueError, match=r"another run.s checkpoint \(--seed 0 there, 7 here; "
+                                         r"--lr None there, 0.001 here\)"):
+        train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--lr", "1e-3",
+                         "--seed", "7"])
+
+
 def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_zoo):
     ar = _run(tiny_zoo, "tiny-ar", "a")
     _run(tiny_zoo, "tiny-dlm", "a")
