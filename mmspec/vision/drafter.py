@@ -97,8 +97,12 @@ class ViSpecDrafter(nn.Module):
                   str(path / WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, path, target, **tree) -> ViSpecDrafter:
+    def from_pretrained(cls, path, target, *, dtype: torch.dtype | None = None,
+                        **tree) -> ViSpecDrafter:
         """Load a drafter saved by `save_pretrained`; `target` must be the one it was built for.
+
+        dtype: of the loaded drafter; None means the target's (training keeps fp32 master
+        weights whatever the target's dtype, so it passes `torch.float32`).
 
         tree: `depth`, `top_k`, `total_tokens` override the saved tree shape, a run-time choice:
         on a CPU, verifying many nodes is compute-bound, so smaller trees than ViSpec's GPU
@@ -119,7 +123,7 @@ class ViSpecDrafter(nn.Module):
         drafter = cls(config, target)
         drafter.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
         weight = drafter.adapter.embed_weight
-        return drafter.to(device=weight.device, dtype=weight.dtype)
+        return drafter.to(device=weight.device, dtype=weight.dtype if dtype is None else dtype)
 
     @property
     def vocab_size(self) -> int:

@@ -45,9 +45,9 @@ class TargetAdapter:
         return float(theta), None
 
     def _feature_kwargs(self, extras: dict) -> dict:
-        cfg = self.target.config
-        return {"vision_feature_layer": cfg.vision_feature_layer,
-                "vision_feature_select_strategy": cfg.vision_feature_select_strategy}
+        cfg = self.target.config  # a generate() kwarg overrides the config, as for the target
+        return {name: extras[name] if extras.get(name) is not None else getattr(cfg, name)
+                for name in ("vision_feature_layer", "vision_feature_select_strategy")}
 
     def image_features(self, extras: dict) -> list:
         """K tensors `[n_k, d]`, one per image in prompt order; [] without `pixel_values`."""

@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmspec.decoding import generate
+from mmspec.decoding.generate import sampling_config
 
 from .drafter import ViSpecDrafter
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
@@ -75,8 +76,16 @@ def _extend_extras(extras: dict, length: int) -> dict:
     return out
 
 
-def _key(index: int, input_ids: torch.Tensor) -> str:
-    return f"{index}:{hashlib.sha1(input_ids.cpu().numpy().tobytes()).hexdigest()[:16]}"
+def _key(index: int, sample: dict, max_new_tokens: int) -> str:
+    """Cache key of a sample's answer: its position, every tensor in it (the image too: the same
+    prompt with another image has another answer) and the answer length."""
+    digest = hashlib.sha1(str(max_new_tokens).encode())
+    for name in sorted(sample):
+        value = sample[name]
+        if isinstance(value, torch.Tensor):
+            digest.update(name.encode())
+            digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return f"{index}:{digest.hexdigest()[:16]}"
 
 
 def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None) -> list:
@@ -84,7 +93,7 @@ def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path 
     cache = torch.load(cache_path, weights_only=True) if cache_path is not None and cache_path.is_file() else {}
     answers = []
     for i, s in enumerate(tqdm(samples, desc="target answers", leave=False)):
-        key = _key(i, s["input_ids"])
+        key = _key(i, s, max_new_tokens)
         if key not in cache:
             ids = s["input_ids"]
             extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
@@ -163,7 +172,7 @@ def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
     for s in samples:
         extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
         stats = generate(target, drafter, s["input_ids"], max_new_tokens=max_new_tokens,
-                         **extras).stats
+                         do_sample=False, **extras).stats
         accepted += stats.accepted + stats.row_rounds
         rounds += stats.row_rounds
     return accepted / max(rounds, 1)
@@ -175,6 +184,8 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     the answer cache and the final drafter."""
     out_dir = Path(out_dir) if out_dir is not None else None
     target.eval().requires_grad_(False)
+    if held_out:  # `held_out_tau` runs mmspec.generate: refuse its settings now, not at the eval
+        sampling_config(target, False, None, None, None)
     answers = target_answers(target, samples, cfg.answer_tokens,
                              out_dir / "answers.pt" if out_dir else None)
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -224,7 +235,7 @@ def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
     ckpt = out_dir / "checkpoint"
     if not (ckpt / "trainer.pt").is_file():
         return 0
-    loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target)
+    loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
     drafter.load_state_dict(loaded.state_dict())
     state = torch.load(ckpt / "trainer.pt", weights_only=True)
     opt.load_state_dict(state["optimizer"])
@@ -291,7 +302,9 @@ def main(argv=None) -> None:
     n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0
     held, train_set = samples[:n_held], samples[n_held:]
     if args.drafter:
-        drafter = ViSpecDrafter.from_pretrained(args.drafter, target)
+        if args.text_only:
+            raise SystemExit("--text-only: a --drafter keeps the variant it was saved as")
+        drafter = ViSpecDrafter.from_pretrained(args.drafter, target, dtype=torch.float32)
     else:
         torch.manual_seed(cfg.seed)
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)

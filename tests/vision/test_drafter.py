@@ -245,3 +245,13 @@ def test_prompt_without_images(request, model):
     out = generate(target, drafter, ids, max_new_tokens=NEW)
     assert torch.equal(out.sequences, ref)
     assert not drafter._cache.global_vecs.any()  # no image: no global vector
+
+
+def test_llava_feature_overrides_passed_to_generate_reach_the_drafter(llava):
+    # "full" keeps the CLS token: 17 features per image, where the config's "default" gives 16;
+    # the drafter read the config and refused the prompt target.generate accepts
+    ids, extras = llava_prompt(tokens_per_image=17)
+    extras["vision_feature_select_strategy"] = "full"
+    ref = reference(llava, ids, extras, NEW)
+    out = generate(llava, ViSpecDrafter.from_target(llava), ids, max_new_tokens=NEW, **extras)
+    assert torch.equal(out.sequences, ref)

@@ -108,3 +108,41 @@ def test_command_line_with_images_and_prompts(tmp_path, llava, capsys):
     assert len(answers) == 2 and all(len(a) == 6 for a in answers.values())  # 1 row held out
     assert "held-out tau" in capsys.readouterr().out
     ViSpecDrafter.from_pretrained(tmp_path / "out", llava)
+
+
+def test_resume_with_a_bf16_target_keeps_fp32_master_weights(tmp_path, samples):
+    # the checkpoint went back through from_pretrained, which cast it to the target's bf16
+    target = no_eos(tiny_llava()).to(torch.bfloat16)
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 4, "checkpoint_every": 3})
+    drafter = _fresh(target).float()
+    train(drafter, target, samples, cfg, out_dir=tmp_path)
+    saved = ViSpecDrafter.from_pretrained(tmp_path / "checkpoint", target, dtype=torch.float32)
+    resumed = _fresh(target).float()
+    opt = torch.optim.AdamW(resumed.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    train_mod._load_checkpoint(resumed, opt, sched, __import__("random").Random(0),
+                               torch.Generator(), tmp_path)
+    a, b = saved.state_dict(), resumed.state_dict()
+    assert a["head.fc.weight"].dtype == torch.float32
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], a[k].bfloat16().float()) for k in a)  # fp32 detail kept
+
+
+def test_answer_cache_knows_the_image_and_the_length(tmp_path, llava, samples):
+    # the key was (index, input_ids): the same prompt with another image got the old answer
+    cache = tmp_path / "answers.pt"
+    first = target_answers(llava, samples[:1], 8, cache)[0]
+    other = {**samples[0], "pixel_values": samples[0]["pixel_values"].flip(-1)}
+    assert torch.equal(target_answers(llava, [other], 8, cache)[0],
+                       target_answers(llava, [other], 8, None)[0])
+    assert len(target_answers(llava, samples[:1], 12, cache)[0]) == 12
+    assert torch.equal(target_answers(llava, samples[:1], 8, cache)[0], first)
+
+
+def test_a_refused_generation_setting_fails_before_training(llava, samples):
+    llava.generation_config.repetition_penalty = 1.05
+    try:
+        with pytest.raises(ValueError, match="repetition_penalty"):
+            train(_fresh(llava), llava, samples, CFG, held_out=samples[:1])
+    finally:
+        llava.generation_config.repetition_penalty = None
