@@ -456,7 +456,7 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
     cache = torch.load(cache_path, weights_only=True) if cache_path.is_file() else {}
     groups: dict = {}
     for i, s in enumerate(samples):
-        if _key(i, s["input_ids"]) not in cache:
+        if _key(i, s, max_new_tokens) not in cache:
             groups.setdefault(s["input_ids"].shape[1], []).append(i)
     eos = target.generation_config.eos_token_id
     todo = [idx[j:j + 16] for idx in groups.values() for j in range(0, len(idx), 16)]
@@ -467,7 +467,8 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
                               pixel_values=pixels, do_sample=False, max_new_tokens=max_new_tokens)
         for row, i in zip(out[:, ids.shape[1]:], chunk):
             stop = (row == eos).nonzero()
-            cache[_key(i, samples[i]["input_ids"])] = row[:int(stop[0]) + 1] if len(stop) else row
+            cache[_key(i, samples[i], max_new_tokens)] = row[:int(stop[0]) + 1] if len(stop) \
+                else row
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(cache, cache_path)
 

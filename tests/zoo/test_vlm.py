@@ -397,3 +397,21 @@ def test_a_drafter_spec_trains_for_its_own_target_entry(tmp_path, monkeypatch):
     assert isinstance(drafter.model, ViSpecDrafter)
     assert drafter.model.adapter.target.config.image_seq_length == 16
     assert drafter.model.config.num_queries == 3  # the spec's adaptor size reaches the drafter
+
+
+def test_precomputed_answers_are_the_ones_training_reads(target, tmp_path, monkeypatch):
+    # train_vlm fills mmspec.vision.train's answer cache in batches; a key that differs from
+    # the trainer's would make it recompute every answer one by one
+    from mmspec.vision.train import target_answers
+    from mmspec.zoo.train_vlm import drafter_samples, precompute_answers
+
+    samples = drafter_samples(target.tokenizer, [7, 8])
+    cache = tmp_path / "answers.pt"
+    precompute_answers(target.model, samples, 8, cache)
+
+    def no_generate(*args, **kwargs):
+        raise AssertionError("target_answers recomputed a precomputed answer")
+
+    monkeypatch.setattr(target.model, "generate", no_generate)
+    answers = target_answers(target.model, samples, 8, cache)
+    assert len(answers) == 2 and all(0 < len(a) <= 8 for a in answers)
