@@ -3,19 +3,48 @@
     mmspec bench text vlm video --plot            charts into benchmarks/plots/
     mmspec bench all --plot --write               ... and each section of BENCHMARKS.md
 
-Arguments after the names go to every script (`--plot`, `--write`, `--threads N`, ...). The
-benchmarks are not part of the installed package: they live beside it in the repository.
+Options after the names go to every script that has them (`--plot`, `--write`, `--threads N`,
+...); a script without one runs without it, and says so. The benchmarks are not part of the
+installed package: they live beside it in the repository.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = ("kernels", "draft_attention", "engine_overhead", "text", "vlm", "video")
-PLOTTING = ("text", "vlm", "video")  # the others print tables only
+
+
+def _groups(argv: list[str]) -> list[list[str]]:
+    """["--a", "1", "--b"] -> [["--a", "1"], ["--b"]]: each option with the values after it."""
+    groups: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("-") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
+def _options(script: Path) -> set[str]:
+    """The long options `script --help` lists."""
+    text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
+                          text=True, cwd=BENCHMARKS.parent).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", text))
+
+
+def args_for(script: Path, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the options of `argv` that `script` has, with their values; the others)."""
+    accepted = _options(script)
+    args: list[str] = []
+    left_out: list[str] = []
+    for group in _groups(argv):
+        (args if group[0].split("=")[0] in accepted else left_out).extend(group)
+    return args, left_out
 
 
 def main(argv=None) -> int:
@@ -37,9 +66,10 @@ def main(argv=None) -> int:
         script = BENCHMARKS / f"{name}.py"
         if not script.is_file():
             raise SystemExit(f"mmspec bench: {script} does not exist in this checkout")
-        args = [a for a in argv if a != "--plot" or name in PLOTTING]
+        args, left_out = args_for(script, argv)
         print(f"[mmspec bench] {name}: python {script.relative_to(BENCHMARKS.parent)} "
-              f"{' '.join(args)}", flush=True)
+              f"{' '.join(args)}" + (f"  (not options of {name}.py: {' '.join(left_out)})"
+                                     if left_out else ""), flush=True)
         rc = subprocess.call([sys.executable, str(script), *args], cwd=BENCHMARKS.parent)
         if rc:
             return rc

@@ -39,8 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="an image file, for a vision-language target")
     p.add_argument("--prompt", default=None, help="default: the zoo target's sample input")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--num-draft-tokens", type=int, default=5, help="draft tokens (tree: node budget)")
-    p.add_argument("--tree-top-k", type=int, default=1, help="> 1 drafts an EAGLE-2 tree")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="draft tokens (tree: node budget; default 5) of a prompt-lookup, model:, "
+                        "self or builtin drafter")
+    p.add_argument("--tree-top-k", type=int, default=None,
+                   help="> 1 drafts an EAGLE-2 tree (model:, self, builtin drafters; default 1)")
     p.add_argument("--tree-depth", type=int, default=None)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=None,
@@ -105,8 +108,11 @@ def _path_drafter(args, target):
     from mmspec.decoding import ModelDrafter, PromptLookupDrafter
 
     kind = args.drafter or ("builtin" if args.target == "builtin" else "prompt-lookup")
+    if kind.startswith(("vispec:", "diffusion:")):
+        _refuse_draft_shape(args, f"--drafter {kind.split(':')[0]}:PATH")
+    num_tokens = 5 if args.num_draft_tokens is None else args.num_draft_tokens
     if kind == "prompt-lookup":
-        return PromptLookupDrafter(num_tokens=args.num_draft_tokens)
+        return PromptLookupDrafter(num_tokens=num_tokens)
     if kind.startswith("vispec:"):
         from mmspec.vision import ViSpecDrafter
 
@@ -139,8 +145,28 @@ def _path_drafter(args, target):
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
                          f"diffusion:PATH, self or builtin for --target {args.target}, "
                          f"got {kind!r}")
-    return ModelDrafter(model.to(args.device), num_tokens=args.num_draft_tokens,
-                        top_k=args.tree_top_k, depth=args.tree_depth)
+    return ModelDrafter(model.to(args.device), num_tokens=num_tokens,
+                        top_k=1 if args.tree_top_k is None else args.tree_top_k,
+                        depth=args.tree_depth)
+
+
+def _on_device(drafter, target, device):
+    """Move a drafter (the zoo presets build theirs on the CPU) to `device`; returns it."""
+    for module in (drafter, getattr(drafter, "model", None)):
+        if isinstance(module, torch.nn.Module) and module is not target:
+            module.to(device)
+    return drafter
+
+
+def _refuse_draft_shape(args, who: str) -> None:
+    """The zoo presets and the ViSpec / diffusion drafters keep their own draft shapes."""
+    given = [flag for flag, value in (("--num-draft-tokens", args.num_draft_tokens),
+                                      ("--tree-top-k", args.tree_top_k),
+                                      ("--tree-depth", args.tree_depth)) if value is not None]
+    if given:
+        raise SystemExit(f"{', '.join(given)}: {who} drafts with its own settings (zoo presets: "
+                         f"mmspec.zoo.presets; ViSpec: its saved tree; DiffuSpec: ADL); these "
+                         f"flags apply to prompt-lookup, model:PATH, self and builtin drafters")
 
 
 def _setup(args):
@@ -151,6 +177,7 @@ def _setup(args):
         if name not in preset.drafters:
             raise SystemExit(f"--drafter for --target {args.target} must be one of "
                              f"{sorted(preset.drafters)}, got {name!r}")
+        _refuse_draft_shape(args, f"--target {args.target}")
         _log(f"{preset.description}; drafter: {name}")
         return (preset.target, preset.tokenizer, preset.inputs, preset.drafters[name],
                 preset.eos_token_id)
@@ -180,7 +207,8 @@ def main(argv=None) -> int:
 
     def speculative(n, streamer=None):
         torch.manual_seed(args.seed)
-        return generate(target, make_drafter(), max_new_tokens=n, eos_token_id=eos,
+        drafter = _on_device(make_drafter(), target, args.device)
+        return generate(target, drafter, max_new_tokens=n, eos_token_id=eos,
                         streamer=streamer, **sampling, **inputs)
 
     def target_only(n):

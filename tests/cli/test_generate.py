@@ -43,3 +43,34 @@ def test_bench_names_are_checked():
 
     with pytest.raises(SystemExit, match="expected benchmark names"):
         main(["bench", "nope", "--plot"])
+
+
+def test_draft_shape_flags_the_drafter_would_ignore_are_refused():
+    # the zoo presets and ViSpec keep their own draft shapes: the flags used to be dropped
+    import pytest
+
+    with pytest.raises(SystemExit, match="--num-draft-tokens: --target text drafts with its own"):
+        main(["generate", "--target", "text", "--drafter", "model", "--num-draft-tokens", "12",
+              "--device", "cpu"])
+
+
+def test_zoo_drafters_follow_the_target_to_its_device():
+    # `--device cuda` moved only the target; the preset's DLM stayed on the CPU
+    from mmspec.cli.generate import _on_device
+    from mmspec.zoo.presets import text_preset
+
+    preset = text_preset()
+    for name in ("diffusion", "model"):
+        drafter = _on_device(preset.drafters[name](), preset.target, "meta")
+        assert next(drafter.model.parameters()).device.type == "meta"
+    assert next(preset.target.parameters()).device.type == "cpu"
+
+
+def test_bench_passes_each_script_only_its_own_options():
+    # `mmspec bench all --threads 2` (its docstring's example) died on kernels.py's argparse
+    from mmspec.cli.bench import BENCHMARKS, args_for
+
+    argv = ["--threads", "2", "--plot", "--write", "--repeats=3"]
+    assert args_for(BENCHMARKS / "kernels.py", argv) == (["--write", "--repeats=3"],
+                                                          ["--threads", "2", "--plot"])
+    assert args_for(BENCHMARKS / "text.py", argv)[1] == []
