@@ -85,12 +85,17 @@ def decode(target, dlm, prompt: str, max_new_tokens: int, mode: str, k: int = 20
     rounds = []
 
     def on_round(draft, result, stats):
+        new = result.new_tokens[0].tolist()
+        if draft.tokens.shape[1] == 0:  # one token of budget left: no draft, only the bonus
+            rounds.append(RoundView(k=0, generated=0, top_ids=[], top_probs=[], argmax=[],
+                                    path=[], path_probs=[], path_ranks=[], accepted=0,
+                                    committed=new))
+            return
         logprobs = drafter.lattice.logprobs[0, : int(drafter.lattice.lengths[0])]  # [k, V]
         top = logprobs.topk(TOP, dim=-1)
         path = drafter.paths[0][0]
         path_lp = logprobs[torch.arange(len(path)), torch.tensor(path, dtype=torch.long)]
         ranks = (logprobs[: len(path)] > path_lp[:, None]).sum(-1) + 1
-        new = result.new_tokens[0].tolist()
         rounds.append(RoundView(
             k=logprobs.shape[0], generated=drafter.generated[0], top_ids=top.indices.tolist(),
             top_probs=top.values.exp().tolist(), argmax=logprobs.argmax(-1).tolist(), path=path,

@@ -66,3 +66,15 @@ def test_empty_prompt_shows_a_message(app, page):
         page.wait_for_timeout(500)  # the toast slides in
         screenshot(page, "dlm_lattice_empty_prompt")
 
+
+
+def test_a_round_without_a_draft_shows_no_stale_lattice():
+    # with one token of budget left `generate` drafts nothing; the round showed the previous
+    # round's lattice and path, with a made-up "rejected" verdict
+    from demos.dlm_lattice import EXAMPLE, MODES, decode, load_pair
+
+    target, dlm = load_pair()
+    dec = decode(target, dlm, EXAMPLE, 9, MODES[1], 6)  # its last round has no budget to draft
+    last = dec.rounds[-1]
+    assert (last.k, last.path, last.accepted, len(last.committed)) == (0, [], 0, 1)
+    assert sum(len(r.path) for r in dec.rounds) == dec.stats.drafted
