@@ -69,11 +69,15 @@ def _log(msg: str) -> None:
 def _zoo_preset(args):
     from mmspec.zoo import presets
 
-    if args.target == "vlm":
-        return presets.vlm_preset(args.image, args.prompt)
-    if args.image:
+    if args.image and args.target != "vlm":
         raise SystemExit("--image needs a vision-language --target (vlm or a VLM path)")
-    return presets.text_preset(args.prompt)
+    try:
+        if args.target == "vlm":
+            return presets.vlm_preset(args.image, args.prompt)
+        return presets.text_preset(args.prompt)
+    except (ValueError, FileNotFoundError) as err:  # an empty --prompt, a missing --image
+        raise SystemExit(f"--{'image' if isinstance(err, FileNotFoundError) else 'prompt'}: "
+                         f"{err}") from None
 
 
 def _load_path_target(args):

@@ -35,7 +35,7 @@ from mmspec.zoo.corpus import read_texts, source_files
 from mmspec.zoo.data import eval_windows, random_windows, token_stream
 from mmspec.zoo.distill import continuation_loss
 from mmspec.zoo.objectives import causal_lm_loss, masked_diffusion_loss, masked_prediction_loss
-from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
+from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
 
@@ -334,7 +334,8 @@ def _fine_tune_card(args) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["tokenizer", *SPECS])
-    parser.add_argument("--steps", type=int, default=None, help="override the spec's step count")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="override the spec's step count")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
-from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
+from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.registry import video_parts
 from mmspec.zoo.video_model import (
     VideoModelSpec,
@@ -241,7 +241,7 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=positive_int, default=600)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=30)

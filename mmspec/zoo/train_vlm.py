@@ -39,7 +39,7 @@ from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import TrainConfig, _key, held_out_tau, train
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, git_show
-from mmspec.zoo.paths import OUT_DIR, ZOO_DIR
+from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.scenes import (
     HELDOUT_START,
     NO_SHAPE,
@@ -297,6 +297,8 @@ def cmd_train(args) -> None:
     with_images = spec.vision_layers > 0
     model = build_model(spec, processor.tokenizer)
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
+    if ckpt_path.exists() and not args.resume:  # as train_video: never overwrite a run's state
+        raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
     start, elapsed, losses = 0, 0.0, []
     vision_pretrain = {}
     if spec.vision_pretrain_steps and not (args.resume and ckpt_path.exists()):
@@ -563,7 +565,8 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["tokenizer", *SPECS])
-    parser.add_argument("--steps", type=int, default=None, help="override the spec's step count")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="override the spec's step count")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint")

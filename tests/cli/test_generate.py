@@ -74,3 +74,12 @@ def test_bench_passes_each_script_only_its_own_options():
     assert args_for(BENCHMARKS / "kernels.py", argv) == (["--write", "--repeats=3"],
                                                           ["--threads", "2", "--plot"])
     assert args_for(BENCHMARKS / "text.py", argv)[1] == []
+
+
+def test_zoo_preset_input_errors_are_messages_not_tracebacks(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="--prompt: prompt must be non-empty text"):
+        main(["generate", "--target", "text", "--prompt", " ", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--image: image .*missing.png' does not exist"):
+        main(["generate", "--image", str(tmp_path / "missing.png"), "--device", "cpu"])

@@ -127,3 +127,11 @@ def test_a_bad_init_from_ref_names_itself():
         git_show("assets/zoo/text-dlm", "card.json")
     with pytest.raises(SystemExit):
         train_text.main(["text-dlm", "--lr", "0"])
+
+
+def test_zero_steps_are_refused_before_anything_is_written(tiny_zoo, capsys):
+    # --steps 0 reached the export, which wrote the weights and then divided by zero
+    with pytest.raises(SystemExit):
+        train_text.main(["tiny-ar", "--steps", "0", "--out", str(tiny_zoo / "a")])
+    assert "--steps: must be an int >= 1, got 0" in capsys.readouterr().err
+    assert not (tiny_zoo / "zoo").exists()
