@@ -1,8 +1,8 @@
 """`python -m mmspec` / `mmspec`: the command line.
 
-    mmspec demo        the embedded default: a self-contained tour of the attention layer
-    mmspec generate    speculative decoding on the zoo VLM, the zoo text pair or any HF path
-                       (see `mmspec generate --help`)
+    mmspec generate    speculative decoding on the zoo VLM (the embedded default, `make run`),
+                       the zoo text pair or any HF path (see `mmspec generate --help`)
+    mmspec demo        a self-contained tour of the block-sparse attention layer
     mmspec bench       the side-by-side benchmarks, `--plot` for the charts (`mmspec bench -h`)
 """
 

@@ -1,7 +1,7 @@
-"""`mmspec demo` (what `make run` runs): a self-contained tour of the block-sparse attention layer.
+"""`mmspec demo`: a self-contained tour of the block-sparse attention layer.
 
-Until the model zoo ships trained checkpoints, the embedded default shows the layer the three
-accelerators share, on data made on the spot (no downloads):
+The layer the three accelerators share, on data made on the spot (no downloads; the embedded
+default of `make run` is `mmspec generate`, the zoo VLM):
 1. the three mask builders (causal, speculative tree, diffusion prefix + bidirectional block);
 2. DraftAttention-style sparse attention at 10% density against dense SDPA, timed side by side,
    with its error against the fp32 reference;
@@ -76,7 +76,7 @@ def tree_verification():
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     model = LlamaForCausalLM(config).eval()
     model.set_attn_implementation(HF_ATTENTION_NAME)
-    print("(a small randomly initialised Llama built on the spot; the model zoo will replace it)")
+    print("(a small randomly initialised Llama built on the spot: the check is exactness, not text)")
     prefix = torch.randint(0, 256, (1, 48))
     parents = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 6])
     tree = torch.randint(0, 256, (1, 8))

@@ -11,7 +11,7 @@
 Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `tree.py` (tree and mask),
 `verify.py` (greedy and rejection sampling), `sampling.py` (temperature / top-k / top-p),
 `kv_cache.py` (path commit), `positions.py` (tree and M-RoPE positions), `stats.py`,
-`drafters/` (built-in drafters), `cli.py` (`mmspec generate`).
+`drafters/` (built-in drafters); the `mmspec generate` command is `mmspec/cli/generate.py`.
 """
 
 from .draft import Draft, Drafter, DraftState, VerifyResult

@@ -23,7 +23,7 @@ def token_stream(tokenizer, split: str, cache_dir: Path = CACHE_DIR) -> torch.Te
     key = hashlib.sha1(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:12]
     path = Path(cache_dir) / f"{split}-{key}.pt"
     if path.exists():
-        return torch.load(path).long()
+        return torch.load(path, weights_only=True).long()
     ids = []
     for enc in tokenizer.backend_tokenizer.encode_batch(read_texts(split)):
         ids.extend(enc.ids)

@@ -201,7 +201,7 @@ def cmd_train(args) -> None:
                                                "distill_prefix", "distill_new",
                                                "distill_block_share")}
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = torch.load(ckpt_path, weights_only=True)
         if ckpt.get("run", run) != run:
             differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
                                f"{value!r} here" for key, value in run.items()
@@ -332,7 +332,8 @@ def _fine_tune_card(args) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_text", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=["tokenizer", *SPECS])
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="override the spec's step count")

@@ -121,7 +121,7 @@ def train(args) -> None:
     ckpt_path = Path(args.out) / NAME / "ckpt.pt"
     start, elapsed, losses = 0, 0.0, []
     if args.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = torch.load(ckpt_path, weights_only=True)
         transformer.load_state_dict(ckpt["transformer"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
@@ -240,7 +240,8 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_video", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=positive_int, default=600)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)

@@ -317,7 +317,7 @@ def cmd_train(args) -> None:
          "weight_decay": 0.0, "lr_mult": spec.vision_lr_mult if vision else 1.0}
         for vision in (False, True)], lr=spec.lr, betas=(0.9, 0.95))
     if args.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = torch.load(ckpt_path, weights_only=True)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
@@ -563,7 +563,8 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_vlm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=["tokenizer", *SPECS])
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="override the spec's step count")
