@@ -76,7 +76,8 @@ def tree_verification():
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     model = LlamaForCausalLM(config).eval()
     model.set_attn_implementation(HF_ATTENTION_NAME)
-    print("(a small randomly initialised Llama built on the spot: the check is exactness, not text)")
+    print("(a small randomly initialised Llama built on the spot: the check is exactness, "
+          "not text)")
     prefix = torch.randint(0, 256, (1, 48))
     parents = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 6])
     tree = torch.randint(0, 256, (1, 8))

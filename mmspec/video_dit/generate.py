@@ -59,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.dense and not 0 <= args.sparsity < 1:
         p.error(f"--sparsity must be in [0, 1), got {args.sparsity}")
-    if args.dense_steps < 0 or (args.dense_steps >= 1 and args.dense_steps != int(args.dense_steps)):
+    steps = args.dense_steps
+    if steps < 0 or (steps >= 1 and steps != int(steps)):
         p.error(f"--dense-steps must be a fraction in [0, 1) or a whole number of steps, got "
                 f"{args.dense_steps:g}")
     if args.dense_layers < 0 or min(args.tile) < 1:

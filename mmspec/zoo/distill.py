@@ -56,8 +56,8 @@ def target_continuations(target, stream: torch.Tensor, n: int, prefix_len: int, 
             raise ValueError(f"{name} must be > 0, got {value}")
     key = f"{_fingerprint(target, stream)}-{n}x{prefix_len}+{new_tokens}-s{seed}"
     path = Path(cache_dir) / f"continuations-{key}.pt"
-    done = torch.load(path, weights_only=True) if path.exists() else torch.zeros(0, prefix_len + new_tokens,
-                                                              dtype=torch.int16)
+    done = torch.load(path, weights_only=True) if path.exists() \
+        else torch.zeros(0, prefix_len + new_tokens, dtype=torch.int16)
     if len(done) >= n:
         return done[:n].long()
     target.eval()

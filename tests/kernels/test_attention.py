@@ -175,7 +175,8 @@ def test_fused_cpu_kernel_loads_after_a_killed_build():
     _, _, build_dir = torch_blocks._kernel_build_paths()
     lock = build_dir / "lock"
     lock.touch()  # fresh, as a build killed a second ago leaves it
-    run = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, timeout=240)
+    run = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True,
+                         timeout=240)
     assert run.returncode == 0 and "loaded" in run.stdout, run.stderr
     assert not lock.exists()
 
