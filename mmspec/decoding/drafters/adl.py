@@ -17,6 +17,15 @@ from dataclasses import dataclass
 ROUNDING = {"floor": math.floor, "round": round, "ceil": math.ceil}
 
 
+def require_ints(config, *names: str) -> None:
+    """A config's lengths and counts must be ints: a float k reached `torch.full` deep inside
+    `generate` as a cryptic TypeError."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{type(config).__name__}.{name} must be an int, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ADLConfig:
     k_min: int = 20  # paper §4.1: k in [20, 30]
@@ -26,6 +35,7 @@ class ADLConfig:
     rounding: str = "floor"  # unspecified in the paper; floor as in the reproduction
 
     def __post_init__(self):
+        require_ints(self, "k_min", "k_max", "delta")
         if not 0 < self.k_min <= self.k_max:
             raise ValueError(f"need 0 < k_min <= k_max, got k_min={self.k_min}, "
                              f"k_max={self.k_max}")

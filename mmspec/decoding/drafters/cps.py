@@ -24,6 +24,8 @@ from typing import Protocol
 
 import torch
 
+from .adl import require_ints
+
 
 @dataclass(frozen=True)
 class CPSConfig:
@@ -35,6 +37,7 @@ class CPSConfig:
     rank: str = "equal_depth"  # reference notes §1.4 (b)
 
     def __post_init__(self):
+        require_ints(self, "max_candidates", "beam_width")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
         if self.max_candidates < 1 or self.beam_width < 1:

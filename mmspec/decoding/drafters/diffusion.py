@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..draft import Draft, DraftState, VerifyResult
-from .adl import AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length
+from .adl import (AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length,
+                  require_ints)
 from .cps import CausalProxy, CPSConfig, search
 from .lattice import Lattice, PrefixCache, build_lattice, build_lattice_cached
 from .ngram_proxy import NgramProxy
@@ -53,6 +54,9 @@ class DiffusionDrafterConfig:
     prefix_cache: bool = False
 
     def __post_init__(self):
+        require_ints(self, "fixed_k", "ngram_order", "max_context")
+        if self.ngram_order < 1:
+            raise ValueError(f"ngram_order must be >= 1, got {self.ngram_order}")
         if self.fixed_k is not None and self.fixed_k <= 0:
             raise ValueError(f"draft length k must be > 0, got fixed_k={self.fixed_k}")
         if self.proposal not in PROPOSALS:

@@ -50,7 +50,8 @@ def test_fixed_k_ignores_the_signals():
 
 
 @pytest.mark.parametrize("kwargs", [{"k_min": 0}, {"k_min": 31}, {"rho": 0.0}, {"delta": -1},
-                                    {"rounding": "nearest"}])
+                                    {"rounding": "nearest"}, {"delta": 3.5}, {"k_min": 2.5},
+                                    {"k_max": True}])
 def test_bad_adl_config_raises(kwargs):
     with pytest.raises(ValueError):
         ADLConfig(**kwargs)

@@ -110,7 +110,8 @@ def test_lam_below_one_needs_a_proxy():
 
 
 @pytest.mark.parametrize("kwargs", [{"tau": 0.0}, {"beam_width": 0}, {"lam": 1.5},
-                                    {"eos_stop": "first"}, {"rank": "best"}])
+                                    {"eos_stop": "first"}, {"rank": "best"},
+                                    {"beam_width": 2.5}, {"max_candidates": 2.5}])
 def test_bad_config_raises(kwargs):
     with pytest.raises(ValueError):
         CPSConfig(**kwargs)

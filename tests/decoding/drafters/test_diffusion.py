@@ -77,6 +77,11 @@ def test_k_not_positive_raises(dlm, target, make):
     ({"return_tree": True, "cps": None}, "needs CPS"),
     ({"proposal": "l2r"}, "proposal must be"),
     ({"max_context": 30}, "must exceed the largest block 30"),
+    # non-int lengths crashed deep inside generate (torch.full, heapq) instead
+    ({"fixed_k": 2.5}, r"DiffusionDrafterConfig.fixed_k must be an int, got 2.5"),
+    ({"fixed_k": "8"}, r"fixed_k must be an int, got '8'"),
+    ({"ngram_order": 0}, "ngram_order must be >= 1, got 0"),
+    ({"adl": None, "fixed_k": 8, "ngram_order": 2.5}, "ngram_order must be an int"),
 ])
 def test_bad_drafter_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
