@@ -20,6 +20,7 @@ recorded per step and layer (`DraftAttentionState.records`, or an `on_density` c
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -113,11 +114,13 @@ class _DensityReport:
 class DraftAttentionState(_DensityReport):
     """Per-transformer state shared by the processors and hooks; also the density report."""
 
-    def __init__(self, transformer, config: DraftAttentionConfig, scheduler=None, on_density=None,
+    def __init__(self, transformer, config: DraftAttentionConfig, pipe=None, on_density=None,
                  on_draft_map=None):
         self.transformer = transformer
         self.config = config
-        self.scheduler = scheduler
+        # the pipeline, not its scheduler: `pipe.scheduler = X.from_config(...)` after applying
+        # is the usual way to change samplers, and the new one's timesteps are the ones that run
+        self._pipe = weakref.ref(pipe) if pipe is not None else None
         self.on_density = on_density
         self.on_draft_map = on_draft_map
         self.family = _FAMILIES[type(transformer).__name__]
@@ -165,12 +168,29 @@ class DraftAttentionState(_DensityReport):
     def post_forward(self, module, args, kwargs, output):
         self.tiled = False
 
+    @property
+    def scheduler(self):
+        pipe = self._pipe() if self._pipe is not None else None
+        return getattr(pipe, "scheduler", None)
+
     def _update_step(self, timestep):
         t = float(torch.as_tensor(timestep).float().max())
-        if self.scheduler is not None and getattr(self.scheduler, "timesteps", None) is not None:
-            timesteps = self.scheduler.timesteps.float().cpu()
-            self.step = int((timesteps - t).abs().argmin())
-            self.num_steps = len(timesteps)
+        scheduler = self.scheduler
+        timesteps = getattr(scheduler, "timesteps", None) if scheduler is not None else None
+        if timesteps is not None:
+            # a denoising step may take several model calls (Heun: order 2, timesteps
+            # t0, t1, t1, t2, t2, ...) and timesteps may repeat (UniPC at a large shift), so the
+            # position comes from the scheduler's own index (calls so far), not from matching t
+            order = max(1, int(getattr(scheduler, "order", 1) or 1))
+            ts = timesteps.float().cpu()
+            gap = (ts - t).abs()
+            index = getattr(scheduler, "step_index", None)
+            if index is None:  # before the run's first scheduler.step()
+                index = getattr(scheduler, "begin_index", None) or 0
+            if not 0 <= index < len(ts) or gap[index] > gap.min() + 1e-6:
+                index = int(gap.argmin())  # a loop that calls the model but not step()
+            self.step = (int(index) + order - 1) // order
+            self.num_steps = -(-len(timesteps) // order)
         elif t != self._last_timestep:
             # timesteps fall during sampling; a rise means a new generation
             new_run = self._last_timestep is None or t > self._last_timestep
@@ -219,7 +239,7 @@ class DraftAttentionStates(_DensityReport):
 
 
 def _transformers(pipe_or_transformer):
-    """(transformers, scheduler) of a pipeline, or ([transformer], None)."""
+    """(transformers, the pipeline) of a pipeline, or ([transformer], None)."""
     if hasattr(pipe_or_transformer, "components") and hasattr(pipe_or_transformer, "scheduler"):
         found = [getattr(pipe_or_transformer, n, None) for n in ("transformer", "transformer_2")]
         found = [t for t in found if t is not None]
@@ -228,7 +248,7 @@ def _transformers(pipe_or_transformer):
                 f"pipe_or_transformer: the pipeline {type(pipe_or_transformer).__name__} has no "
                 f"'transformer' component"
             )
-        return found, pipe_or_transformer.scheduler
+        return found, pipe_or_transformer
     return [pipe_or_transformer], None
 
 
@@ -255,7 +275,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
     config = DraftAttentionConfig() if config is None else config
     if not isinstance(config, DraftAttentionConfig):
         raise TypeError(f"config must be a DraftAttentionConfig, got {type(config).__name__}")
-    transformers, scheduler = _transformers(pipe_or_transformer)
+    transformers, pipe = _transformers(pipe_or_transformer)
     states = []
     for transformer in transformers:
         name = type(transformer).__name__
@@ -267,9 +287,9 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             raise RuntimeError(
                 f"DraftAttention is already applied to this {name}; call remove_draft_attention first"
             )
-        if scheduler is None:
+        if pipe is None:
             config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
-        state = DraftAttentionState(transformer, config, scheduler, on_density, on_draft_map)
+        state = DraftAttentionState(transformer, config, pipe, on_density, on_draft_map)
         for layer, module in enumerate(state.family.layers(transformer)):
             state.originals[module] = module.processor
             module.set_processor(state.family.processor(state, layer, module.processor))

@@ -73,6 +73,44 @@ def test_tiny_wan_pipeline_end_to_end():
     assert (again == dense).all()
 
 
+_SMALL_CALL = {"prompt": "a red cat", "height": 64, "width": 64, "num_frames": 5,
+               "guidance_scale": 1.0, "max_sequence_length": 8, "output_type": "latent"}
+
+
+@torch.no_grad()
+def test_steps_follow_the_scheduler_the_pipeline_has_at_call_time():
+    # `pipe.scheduler = X` after applying is the usual way to change samplers; the old
+    # scheduler's never-run 1000-step schedule labelled the steps 3, 250, 429, ...
+    from diffusers import UniPCMultistepScheduler
+
+    pipe = tiny_wan_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
+                                                             dense_steps=0.3, dense_layers=0))
+    pipe.scheduler = UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=1.0,
+                                             prediction_type="flow_prediction")
+    pipe(**_SMALL_CALL, num_inference_steps=10, generator=torch.Generator().manual_seed(0))
+    assert [r.step for r in state.records][::2] == list(range(10)) and state.num_steps == 10
+    assert [d == 1.0 for d in state.density_by_step().values()] == [True] * 3 + [False] * 7
+
+
+@torch.no_grad()
+def test_a_second_order_scheduler_counts_denoising_steps():
+    # Heun calls the model twice per step (timesteps t0, t1, t1, t2, t2, ...): matching t to
+    # its first position labelled the calls 0, 1, 1, 3, 3, 5, 5 of "7" steps
+    from diffusers import FlowMatchHeunDiscreteScheduler
+
+    pipe = tiny_wan_pipeline()
+    pipe.scheduler = FlowMatchHeunDiscreteScheduler(shift=3.0)
+    pipe.set_progress_bar_config(disable=True)
+    state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
+                                                             dense_steps=0.5, dense_layers=0))
+    pipe(**_SMALL_CALL, num_inference_steps=4, generator=torch.Generator().manual_seed(0))
+    assert [r.step for r in state.records][::2] == [0, 1, 1, 2, 2, 3, 3]
+    assert state.num_steps == 4
+    assert [d == 1.0 for d in state.density_by_step().values()] == [True, True, False, False]
+
+
 @torch.no_grad()
 def test_wan22_two_experts_report_as_one_run():
     # Wan 2.2: `transformer` runs the high-noise steps, `transformer_2` the rest; the report
