@@ -276,8 +276,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
     if not isinstance(config, DraftAttentionConfig):
         raise TypeError(f"config must be a DraftAttentionConfig, got {type(config).__name__}")
     transformers, pipe = _transformers(pipe_or_transformer)
-    states = []
-    for transformer in transformers:
+    for transformer in transformers:  # every check before any change: all or nothing
         name = type(transformer).__name__
         if name not in _FAMILIES:
             raise TypeError(
@@ -287,8 +286,10 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             raise RuntimeError(
                 f"DraftAttention is already applied to this {name}; call remove_draft_attention first"
             )
-        if pipe is None:
-            config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
+    if pipe is None:
+        config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
+    states = []
+    for transformer in transformers:
         state = DraftAttentionState(transformer, config, pipe, on_density, on_draft_map)
         for layer, module in enumerate(state.family.layers(transformer)):
             state.originals[module] = module.processor

@@ -187,3 +187,19 @@ def test_on_draft_map_hands_over_the_map_that_chose_the_blocks():
         assert torch.allclose(probs.sum(-1), torch.ones(1, 2, 8))
         kept = select_blocks(probs, 0.5, "global")
         assert float(kept.float().mean()) == pytest.approx(sparse[(step, layer)])
+
+
+def test_a_refused_apply_changes_nothing():
+    # Wan 2.2 with its second expert already patched: the first one was left patched too
+    from diffusers import WanPipeline
+
+    base = tiny_wan_pipeline()
+    pipe = WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+                       scheduler=base.scheduler, transformer=base.transformer,
+                       transformer_2=tiny_wan(seed=1), boundary_ratio=0.5)
+    apply_draft_attention(pipe.transformer_2, DraftAttentionConfig(dense_steps=0))
+    before = dict(pipe.transformer.attn_processors)
+    with pytest.raises(RuntimeError, match="already applied"):
+        apply_draft_attention(pipe, DraftAttentionConfig())
+    assert pipe.transformer.attn_processors == before
+    assert getattr(pipe.transformer, "_mmspec_draft_attention", None) is None
