@@ -135,6 +135,14 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
     return {"frames": frames, "seconds": seconds, "step_seconds": steps, "density": density}
 
 
+def run_settings(args, config) -> dict:
+    """What a finished prompt's JSON must share with a run that resumes it."""
+    return {"model": str(args.model), "seed": args.seed, "steps": args.steps,
+            "height": args.height, "width": args.width, "frames": args.frames,
+            "guidance": args.guidance, "negative_prompt": args.negative_prompt,
+            "dtype": args.dtype, "config": None if config is None else asdict(config)}
+
+
 def main(argv=None) -> int:
     from accelerate import PartialState
     from PIL import Image
@@ -145,7 +153,21 @@ def main(argv=None) -> int:
     config = config_from_args(args)
     dist = PartialState()
     args.out.mkdir(parents=True, exist_ok=True)
-    todo = [i for i in range(len(prompts)) if not (args.out / f"{i:04d}.json").exists()]
+    settings = json.loads(json.dumps(run_settings(args, config)))  # as the JSONs hold them
+    todo = []
+    for i, prompt in enumerate(prompts):
+        done = args.out / f"{i:04d}.json"
+        if not done.exists():
+            todo.append(i)
+            continue
+        old = json.loads(done.read_text())
+        theirs = {"prompt": old.get("prompt"), **old.get("settings", settings)}  # older: prompt
+        ours = {"prompt": prompt, **settings}
+        if theirs != ours:  # resuming must never mix runs or label one as the other
+            differ = ", ".join(f"{k} {theirs.get(k)!r} there, {v!r} now"
+                               for k, v in ours.items() if theirs.get(k) != v)
+            raise SystemExit(f"--out {args.out}: {done.name} was made by another prompt or "
+                             f"settings ({differ}); use a new --out, or delete it to redo it")
     with dist.split_between_processes(todo) as mine:
         mine = list(mine)
     skipped = len(prompts) - len(todo)
@@ -165,7 +187,8 @@ def main(argv=None) -> int:
         write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
         Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
         record = {
-            "index": index, "prompt": prompts[index], "seed": args.seed + index,
+            "index": index, "prompt": prompts[index], "settings": settings,
+            "seed": args.seed + index,
             "model": str(args.model), "attention": "dense" if config is None else "draft",
             "config": None if config is None else asdict(config),
             "seconds": result["seconds"], "step_seconds": result["step_seconds"],

@@ -45,6 +45,15 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"])
     assert "resuming: 1 of 2" in capsys.readouterr().out
     assert (sparse / "0000.mp4").stat().st_mtime_ns == before and (sparse / "0001.json").exists()
+    # ... but only a run with the same prompts and settings resumes: one that differs stops
+    # instead of mixing its videos with the old ones under the old labels
+    with pytest.raises(SystemExit, match=r"0000.json was made by another prompt or settings "
+                                         r"\(config .*sparsity.: 0.5.* there, .*sparsity.: 0.7"):
+        generate.main([*args, "--out", str(sparse), "--sparsity", "0.7", "--dense-steps", "1"])
+    prompts.write_text("a blue cat\na dog on the beach\n")
+    with pytest.raises(SystemExit, match=r"prompt 'a red cat' there, 'a blue cat' now"):
+        generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"])
+    prompts.write_text("a red cat\na dog on the beach\n")
 
     assert compare.main([str(dense), str(sparse)]) == 0
     rows = json.loads((sparse / "compare.json").read_text())
