@@ -83,6 +83,15 @@ def restrict_vocab(logits: torch.Tensor, target_vocab_size: int,
 
 
 @torch.no_grad()
+def _last(logits: torch.Tensor, keep: int, model) -> torch.Tensor:
+    """The last `keep` positions of a forward's logits: a model that ignores `logits_to_keep`
+    (older or remote-code DLMs) returns every position, and only the end is the blocks'."""
+    if logits.shape[1] < keep:
+        raise TypeError(f"{type(model).__name__} returned logits for {logits.shape[1]} positions "
+                        f"where the lattice needs the last {keep}")
+    return logits[:, -keep:]
+
+
 def build_lattice(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ks: list[int],
                   mask_token_id: int, target_vocab_size: int, shift: bool,
                   suppressed_ids: torch.Tensor | None = None) -> Lattice:
@@ -106,9 +115,7 @@ def build_lattice(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     logits = model(input_ids=ids, attention_mask=bidirectional_attention_mask(valid, dtype),
                    position_ids=position_ids, use_cache=False,
                    logits_to_keep=keep).logits  # [B, keep, Vd]
-    if logits.shape[1] != keep:
-        raise TypeError(f"{type(model).__name__} ignored logits_to_keep={keep} (returned "
-                        f"{logits.shape[1]} positions); the lattice needs a transformers causal LM")
+    logits = _last(logits, keep, model)
     if suppressed_ids is None:
         suppressed_ids = torch.tensor([mask_token_id])
     offset = width - keep  # logits column j is sequence position offset + j
@@ -189,9 +196,7 @@ def build_lattice_cached(model, cache: PrefixCache, input_ids: torch.Tensor,
     keep = k_max + int(shift)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                    past_key_values=cache.kv, use_cache=True, logits_to_keep=keep).logits
-    if logits.shape[1] != keep:
-        raise TypeError(f"{type(model).__name__} ignored logits_to_keep={keep} (returned "
-                        f"{logits.shape[1]} positions); the lattice needs a transformers causal LM")
+    logits = _last(logits, keep, model)
     cache.kv.crop(-k_max)  # the masks' keys and values are not part of any later prefix
     cache.columns, cache.valid = input_ids.clone(), attention_mask.clone()
     if suppressed_ids is None:

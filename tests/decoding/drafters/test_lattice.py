@@ -174,3 +174,21 @@ def test_the_cached_lattice_declines_a_last_column_that_is_not_a_token(dlm):
     attn = torch.ones_like(ids)
     attn[1, -1] = 0
     assert build_lattice_cached(dlm, PrefixCache(), ids, attn, [3, 3], MASK, VOCAB, True) is None
+
+
+def test_a_model_that_ignores_logits_to_keep_gives_the_same_lattice(dlm):
+    # older and remote-code DLMs (written against num_logits_to_keep) return every position:
+    # the lattice is their last positions, not an error
+    class EveryPosition(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.config = model, model.config
+
+        def forward(self, logits_to_keep=None, **kwargs):
+            return self.model(**kwargs)
+
+    ids = torch.randint(2, 60, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ref = build_lattice(dlm, ids, mask, [6, 6], MASK, VOCAB, True)
+    got = build_lattice(EveryPosition(dlm), ids, mask, [6, 6], MASK, VOCAB, True)
+    torch.testing.assert_close(got.logprobs, ref.logprobs)
