@@ -21,7 +21,7 @@ def test_demo_starts_within_30_s(script, page):
     entries, element = DEMOS[script]
     missing = sorted(set(entries) - set(zoo.available()))
     if missing:
-        pytest.skip(f"{script}: zoo entries {missing} are not in assets/zoo/ yet")
+        pytest.fail(f"{script}: zoo entries {missing} are missing from assets/zoo/")
     with launched(script) as (url, seconds):
         page.goto(url)
         page.locator(element).wait_for()

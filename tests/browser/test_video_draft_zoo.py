@@ -1,5 +1,5 @@
 """demos/video_draft.py in Chromium on the zoo video model (`video-dit`): its default prompt gives
-both videos, the timings and the draft map. Skipped until the zoo entry is there."""
+both videos, the timings and the draft map."""
 
 import pytest
 
@@ -13,7 +13,7 @@ def test_zoo_video_model_default_prompt(page):
     from mmspec import zoo
 
     if "video-dit" not in zoo.available():
-        pytest.skip("the zoo has no video-dit yet")
+        pytest.fail("the zoo has no video-dit (assets/zoo/video-dit)")
     app = build_app()
     with served(app) as url:
         page.goto(url)

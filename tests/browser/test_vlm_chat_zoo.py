@@ -18,7 +18,7 @@ def app():
 
     missing = sorted(set(ENTRIES) - set(zoo.available()))
     if missing:
-        pytest.skip(f"zoo entries {missing} are not in assets/zoo/ yet")
+        pytest.fail(f"zoo entries {missing} are missing from assets/zoo/")
     return build_app()
 
 

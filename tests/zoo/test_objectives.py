@@ -66,6 +66,12 @@ def test_bidirectional_switch_reaches_every_attention_layer(tokenizer):
     with torch.no_grad():
         change = (model(ids).logits[0, 0] - model(edited).logits[0, 0]).abs().max()
     assert change > 0
+    # every layer, not just one: position 0 attends to the last key in each of them
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(ids, output_attentions=True).attentions
+    assert len(attentions) == 2 and all((a[0, :, 0, -1] > 0).all() for a in attentions)
+    assert not any(getattr(m, "is_causal", False) for m in model.modules())
 
 
 def test_init_from_a_missing_checkpoint_fails_loudly(tokenizer, tmp_path):

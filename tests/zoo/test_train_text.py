@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from mmspec.zoo import train_text
 from mmspec.zoo.specs import SPECS, TextModelSpec
+from mmspec.zoo.tokenizer import load_tokenizer
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
             steps=6, seq_len=32, batch_size=2, warmup=2)
@@ -64,6 +65,12 @@ def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_
     ar_card = json.loads((tiny_zoo / "zoo" / "tiny-ar" / "card.json").read_text())
     assert ar_card["results"]["heldout_loss"] > 0 and ar_card["dtype"] == "float16"
     assert ar["model.embed_tokens.weight"].dtype == torch.float16
+    # and the DLM starts from the AR weights the AR run exported, not from a fresh init
+    start = train_text.build_model(SPECS["tiny-dlm"], load_tokenizer(train_text.TOKENIZER_DIR),
+                                   tiny_zoo / "zoo").state_dict()
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                 "model.layers.0.mlp.down_proj.weight"):
+        assert torch.equal(start[name], ar[name].float()), name
 
 
 def _committed(monkeypatch, directory):
@@ -118,7 +125,7 @@ def test_distill_trains_on_the_targets_continuations(tiny_zoo, monkeypatch):
     assert card["results"]["heldout_target_block8_loss"] > 0  # 8 new tokens: a block of 8
 
 
-def test_a_bad_init_from_ref_names_itself():
+def test_a_bad_init_from_ref_names_itself(capsys):
     from mmspec.zoo.committed import git_show
 
     with pytest.raises(ValueError, match="init_from 'HEAD:assets/zoo/no-such-entry': git cannot"):
@@ -127,6 +134,7 @@ def test_a_bad_init_from_ref_names_itself():
         git_show("assets/zoo/text-dlm", "card.json")
     with pytest.raises(SystemExit):
         train_text.main(["text-dlm", "--lr", "0"])
+    assert "--lr must be > 0, got 0.0" in capsys.readouterr().err
 
 
 def test_zero_steps_are_refused_before_anything_is_written(tiny_zoo, capsys):

@@ -50,10 +50,16 @@ def test_fixed_k_ignores_the_signals():
 
 
 @pytest.mark.parametrize("kwargs", [{"k_min": 0}, {"k_min": 31}, {"rho": 0.0}, {"delta": -1},
-                                    {"rounding": "nearest"}, {"delta": 3.5}, {"k_min": 2.5},
-                                    {"k_max": True}])
+                                    {"rounding": "nearest"}])
 def test_bad_adl_config_raises(kwargs):
     with pytest.raises(ValueError):
+        ADLConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"delta": 3.5}, {"k_min": 2.5}, {"delta": True}])
+def test_adl_lengths_must_be_ints(kwargs):
+    # a float k reached torch.full deep inside generate; True passes every range check
+    with pytest.raises(ValueError, match=r"ADLConfig\.\w+ must be an int"):
         ADLConfig(**kwargs)
 
 

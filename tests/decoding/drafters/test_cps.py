@@ -110,10 +110,16 @@ def test_lam_below_one_needs_a_proxy():
 
 
 @pytest.mark.parametrize("kwargs", [{"tau": 0.0}, {"beam_width": 0}, {"lam": 1.5},
-                                    {"eos_stop": "first"}, {"rank": "best"},
-                                    {"beam_width": 2.5}, {"max_candidates": 2.5}])
+                                    {"eos_stop": "first"}, {"rank": "best"}])
 def test_bad_config_raises(kwargs):
     with pytest.raises(ValueError):
+        CPSConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"beam_width": 2.5}, {"max_candidates": 2.5},
+                                    {"beam_width": True}])
+def test_counts_must_be_ints(kwargs):
+    with pytest.raises(ValueError, match=r"CPSConfig\.\w+ must be an int"):
         CPSConfig(**kwargs)
 
 
