@@ -1,5 +1,5 @@
 """Each demo, run as a user runs it (`python demos/<name>.py --port P`, zoo models), serves its
-page within 30 s on CPU (issue 8). Skipped for a demo whose zoo models are not in assets/zoo/."""
+page within 30 s on CPU (issue 8)."""
 
 import pytest
 
