@@ -1,6 +1,6 @@
 """demos/vlm_chat.py in Chromium on the zoo VLM (`vlm-target` with `vlm-vispec` and
 `vlm-text-drafter`): its sample scene and question stream an answer with accepted draft tokens,
-in ViSpec and text-only mode. Skipped until the zoo entries are there."""
+in ViSpec and text-only mode."""
 
 import pytest
 
