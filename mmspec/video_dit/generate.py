@@ -16,6 +16,7 @@ The official code has one run script per model with a single hard-coded prompt; 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import time
@@ -54,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--guidance", type=float, default=None)
     p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--true-cfg-scale", type=float, default=None,
+                   help="HunyuanVideo's classifier-free guidance with --negative-prompt (its "
+                        "--guidance is the distilled embedded guidance)")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     args = p.parse_args(argv)
@@ -110,9 +114,17 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
             "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
     for key, value in (("num_inference_steps", args.steps), ("height", args.height),
                        ("width", args.width), ("num_frames", args.frames),
-                       ("guidance_scale", args.guidance), ("negative_prompt", args.negative_prompt)):
+                       ("guidance_scale", args.guidance), ("negative_prompt", args.negative_prompt),
+                       ("true_cfg_scale", args.true_cfg_scale)):
         if value is not None:
             call[key] = value
+    takes = inspect.signature(type(pipe).__call__).parameters
+    if args.true_cfg_scale is not None and "true_cfg_scale" not in takes:
+        raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} has no true CFG; use --guidance")
+    if args.negative_prompt is not None and "true_cfg_scale" in takes and \
+            (args.true_cfg_scale or 1.0) <= 1.0:  # HunyuanVideo would ignore it
+        raise SystemExit(f"--negative-prompt: {type(pipe).__name__} uses it only with "
+                         f"--true-cfg-scale > 1")
     step_ends = []
 
     def on_step_end(pipeline, step, timestep, kwargs):
@@ -140,6 +152,7 @@ def run_settings(args, config) -> dict:
     return {"model": str(args.model), "seed": args.seed, "steps": args.steps,
             "height": args.height, "width": args.width, "frames": args.frames,
             "guidance": args.guidance, "negative_prompt": args.negative_prompt,
+            "true_cfg_scale": args.true_cfg_scale,
             "dtype": args.dtype, "config": None if config is None else asdict(config)}
 
 

@@ -80,3 +80,19 @@ def test_bad_cli_input(tmp_path, model_dir, capsys):
         generate.read_prompts(empty)
     with pytest.raises(FileNotFoundError, match="--prompts"):
         generate.read_prompts(tmp_path / "missing.txt")
+
+
+def test_negative_prompt_and_true_cfg_reach_only_pipelines_that_use_them():
+    # HunyuanVideo ignores a negative prompt unless true_cfg_scale > 1: it was dropped silently
+    class HunyuanLike:
+        def __call__(self, prompt, negative_prompt=None, true_cfg_scale=1.0, **kwargs):
+            raise AssertionError("must not be called")
+
+    base = ["--model", "m", "--prompts", "p", "--out", "o"]
+    args = generate.parse_args([*base, "--negative-prompt", "blurry"])
+    with pytest.raises(SystemExit, match="--negative-prompt: HunyuanLike uses it only with "
+                                         "--true-cfg-scale > 1"):
+        generate.generate_one(HunyuanLike(), "a cat", 0, args, None, "cpu")
+    args = generate.parse_args([*base, "--true-cfg-scale", "4"])
+    with pytest.raises(SystemExit, match="--true-cfg-scale: WanPipeline has no true CFG"):
+        generate.generate_one(tiny_wan_pipeline(), "a cat", 0, args, None, "cpu")
