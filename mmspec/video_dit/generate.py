@@ -114,13 +114,15 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
             "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
     for key, value in (("num_inference_steps", args.steps), ("height", args.height),
                        ("width", args.width), ("num_frames", args.frames),
-                       ("guidance_scale", args.guidance), ("negative_prompt", args.negative_prompt),
+                       ("guidance_scale", args.guidance),
+                       ("negative_prompt", args.negative_prompt),
                        ("true_cfg_scale", args.true_cfg_scale)):
         if value is not None:
             call[key] = value
     takes = inspect.signature(type(pipe).__call__).parameters
     if args.true_cfg_scale is not None and "true_cfg_scale" not in takes:
-        raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} has no true CFG; use --guidance")
+        raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} has no true CFG; use "
+                         f"--guidance")
     if args.negative_prompt is not None and "true_cfg_scale" in takes and \
             (args.true_cfg_scale or 1.0) <= 1.0:  # HunyuanVideo would ignore it
         raise SystemExit(f"--negative-prompt: {type(pipe).__name__} uses it only with "
