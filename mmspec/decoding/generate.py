@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import inspect
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from mmspec.kernels import register_hf_attention
+from mmspec.kernels.hf import require_block_sparse_mask
 
 from . import kv_cache
 from .draft import Draft, DraftState, VerifyResult
@@ -281,14 +282,16 @@ class _Slots:
 
 def _verify_forward(target, tree, slots, cache, need_hidden):
     """One target forward over every row's root and tree; trees through the shared layer."""
-    kwargs = {}
+    kwargs, audit = {}, nullcontext()
     if not tree.is_chain:  # a chain's mask is causal: the model's own attention does it (tree.py)
         kwargs["block_sparse_mask"] = verify_mask(tree, slots.cache_valid)
+        audit = require_block_sparse_mask(target)  # lossless only if every layer applies it
     attn_2d = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
-    return target(input_ids=tree.tokens, attention_mask=attn_2d,
-                  position_ids=slots.root_pos + tree.depth,  # [..., B, N]
-                  past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
-                  return_dict=True, **kwargs)
+    with audit:
+        return target(input_ids=tree.tokens, attention_mask=attn_2d,
+                      position_ids=slots.root_pos + tree.depth,  # [..., B, N]
+                      past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
+                      return_dict=True, **kwargs)
 
 
 def _accepted_path(tree, best):

@@ -9,12 +9,50 @@ for `q_len` new tokens against `kv_len = cached + new` keys, shared by all layer
 are unchanged.
 """
 
+import contextlib
+import threading
+
 import torch
 
 from .attention import block_sparse_attention
 from .mask import BlockSparseMask
 
 HF_ATTENTION_NAME = "mmspec_block_sparse"
+
+
+class _Audit(threading.local):
+    """Attention calls inside `require_block_sparse_mask`: with and without the mask."""
+
+    active = False
+    used = 0
+    dropped = 0
+
+
+_AUDIT = _Audit()
+
+
+@contextlib.contextmanager
+def require_block_sparse_mask(model):
+    """Raise after the block unless every attention call in it received the `block_sparse_mask`
+    its forward was given. A model whose attention does not go through transformers'
+    `AttentionInterface` (GPT-J, Bloom, CodeGen, MPT) or whose layers drop `**kwargs` (StableLM)
+    would otherwise attend with its plain causal mask: a tree's siblings would see each other."""
+    saved = (_AUDIT.active, _AUDIT.used, _AUDIT.dropped)
+    _AUDIT.active, _AUDIT.used, _AUDIT.dropped = True, 0, 0
+    try:
+        yield
+        used, dropped = _AUDIT.used, _AUDIT.dropped
+    finally:
+        _AUDIT.active, _AUDIT.used, _AUDIT.dropped = saved
+    if used == 0 or dropped:
+        name = type(model).__name__
+        why = ("none of its attention calls received it" if used == 0 else
+               f"{dropped} of {used + dropped} attention calls did not receive it")
+        why += ("; its attention bypasses transformers' AttentionInterface or its layers do not "
+                "pass **kwargs on")
+        raise NotImplementedError(
+            f"{name} cannot take block_sparse_mask: {why}. Tree drafts need it; draft chains "
+            f"with this model (ModelDrafter(top_k=1), PromptLookupDrafter, DiffusionDrafter)")
 
 
 def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attention_mask,
@@ -24,6 +62,8 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     Returns `(attn_output [B, N, Hq, D], None)`, the contract of transformers' attention functions.
     """
     if block_sparse_mask is None:
+        if _AUDIT.active:
+            _AUDIT.dropped += 1
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
@@ -46,6 +86,8 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
             f"block_sparse_mask: this is a sliding-window layer (sliding_window={window}) over "
             f"{key.shape[2]} keys, and block_sparse_attention would attend beyond the window")
     out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling)
+    if _AUDIT.active:
+        _AUDIT.used += 1
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from spec_helpers import (
+    BOS,
     EOS,
     PAD,
     VOCAB,
@@ -151,3 +152,40 @@ def test_batch_rows_of_different_lengths(drafter_name):
     out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=eos)
     assert torch.equal(out.sequences, ref)
     assert (out.sequences[1, ids.shape[1]:] == PAD).any()  # row 1 really finished first
+
+
+def _gptj():
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    torch.manual_seed(0)
+    return GPTJForCausalLM(GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                      rotary_dim=4, n_positions=256, pad_token_id=PAD,
+                                      bos_token_id=BOS, eos_token_id=EOS)).eval()
+
+
+def _stablelm():
+    from transformers import StableLmConfig, StableLmForCausalLM
+
+    torch.manual_seed(0)
+    return StableLmForCausalLM(StableLmConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)).eval()
+
+
+@pytest.mark.parametrize("make", [_gptj, _stablelm])
+def test_tree_drafts_are_refused_where_the_tree_mask_cannot_reach_the_layers(make):
+    # GPT-J's attention bypasses transformers' AttentionInterface and StableLM's layers drop
+    # **kwargs: tree verification attended with the plain causal mask and silently returned
+    # another continuation than target.generate; chains need no mask and stay lossless
+    target = make()
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=12, eos_token_id=[])
+    with pytest.raises(NotImplementedError, match="cannot take block_sparse_mask: none of its "
+                                                  "attention calls received it"):
+        generate(target, OracleDrafter(ref[:, 8:], [8], 4, "tree"), ids, max_new_tokens=12,
+                 eos_token_id=[])
+    out = generate(target, OracleDrafter(ref[:, 8:], [8], 4, "perfect"), ids, max_new_tokens=12,
+                   eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
