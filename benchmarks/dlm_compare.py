@@ -93,7 +93,7 @@ def main() -> None:
                     raise AssertionError(f"{name} (prefix_cache={cache}) differs from target-only "
                                          f"greedy on {prompt.file}")
                 total = totals[name, cache]
-                total[0] += out.stats.accepted + out.stats.row_rounds
+                total[0] += out.stats.committed
                 total[1] += out.stats.row_rounds
                 total[2] += seconds
     rows = [[name, "yes" if cache else "no", f"{acc / rounds:.2f}", f"{reference_s / secs:.2f}x"]

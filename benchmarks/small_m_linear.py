@@ -145,7 +145,7 @@ def main() -> None:
                 totals.setdefault((linears, "target-only"), [0.0, 0, 0])[0] += ref_s
                 t = totals.setdefault((linears, "DiffuSpec"), [0.0, 0, 0])
                 t[0] += spec_s
-                t[1] += out.stats.accepted + out.stats.row_rounds
+                t[1] += out.stats.committed
                 t[2] += out.stats.row_rounds
     base = totals["MKL", "target-only"][0]
     rows = []

@@ -375,6 +375,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         stats.row_rounds += int(live.sum())
         stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
         stats.accepted += int(torch.minimum(depth, num)[live].sum())
+        stats.committed += int(num[live].sum())
         stats.new_tokens += int(num.sum())
         stats.draft_time += (tb - ta) + (tf - te)
         stats.verify_time += (te - t0) - (tb - ta)

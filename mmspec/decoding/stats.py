@@ -16,6 +16,7 @@ class SpecStats:
     row_rounds: int = 0  # (row, round) pairs with the row still generating
     drafted: int = 0  # draft nodes proposed to live rows
     accepted: int = 0  # draft tokens accepted and committed (bonus excluded, cut at EOS/budget)
+    committed: int = 0  # tokens the rounds committed to live rows (accepted + bonus, cut alike)
     new_tokens: int = 0  # tokens committed, all rows, the prefill's first token included
     draft_time: float = 0.0  # seconds in drafter.propose and drafter.update
     verify_time: float = 0.0  # the rest of the rounds: target forwards plus the engine's own work
@@ -25,8 +26,9 @@ class SpecStats:
 
     @property
     def mean_accepted(self) -> float:
-        """tau with the bonus token: tokens committed per row per target forward."""
-        return (self.accepted + self.row_rounds) / max(self.row_rounds, 1)
+        """tau with the bonus token: tokens committed per row per target forward (a round cut
+        by EOS or the budget inside the accepted draft commits no bonus token, and counts none)."""
+        return self.committed / max(self.row_rounds, 1)
 
     @property
     def mean_accepted_no_bonus(self) -> float:

@@ -173,7 +173,7 @@ def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
         extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
         stats = generate(target, drafter, s["input_ids"], max_new_tokens=max_new_tokens,
                          do_sample=False, **extras).stats
-        accepted += stats.accepted + stats.row_rounds
+        accepted += stats.committed
         rounds += stats.row_rounds
     return accepted / max(rounds, 1)
 

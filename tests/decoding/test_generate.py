@@ -189,3 +189,18 @@ def test_tree_drafts_are_refused_where_the_tree_mask_cannot_reach_the_layers(mak
     out = generate(target, OracleDrafter(ref[:, 8:], [8], 4, "perfect"), ids, max_new_tokens=12,
                    eos_token_id=[])
     assert torch.equal(out.sequences, ref)
+
+
+def test_tau_counts_only_committed_tokens():
+    # EOS inside an accepted draft ends the round without a bonus token: tau counted one anyway
+    target = tiny_llama(0)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=12, eos_token_id=[])[:, 8:]
+    eos = int(ref[0, 3])  # the 4th new token: inside the first (perfect) 6-token draft
+    out = generate(target, OracleDrafter(ref, [8], 6, "perfect"), ids, max_new_tokens=12,
+                   eos_token_id=eos)
+    stats = out.stats
+    assert out.sequences.shape[1] - ids.shape[1] == 4 and stats.row_rounds == 1
+    assert stats.committed == 3 and stats.mean_accepted == 3.0  # the prefill's token not a round
+    assert stats.mean_accepted_no_bonus == 3.0  # all three came from the draft
