@@ -84,6 +84,11 @@ def _eos_ids(target, eos_token_id) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+# forward arguments the engine sets on every call: from the caller they would collide
+_ENGINE_KWARGS = {"past_key_values", "use_cache", "position_ids", "output_hidden_states",
+                  "return_dict", "cache_position", "block_sparse_mask"}
+
+
 def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a long tensor [B, L], got "
@@ -249,6 +254,10 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
     if pad_token_id is None:
         pad_token_id = target.generation_config.pad_token_id
     _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
+    engine_owned = sorted(set(model_kwargs) & _ENGINE_KWARGS)
+    if engine_owned:
+        raise ValueError(f"{', '.join(engine_owned)}: generate runs the target's cache, positions "
+                         f"and outputs itself; pass only model inputs (pixel_values, ...)")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
     if attention_mask is None:

@@ -139,3 +139,10 @@ def test_other_decoding_strategies_are_refused(target, name, value):
             generate(target, PromptLookupDrafter(), IDS, max_new_tokens=4)
     finally:
         setattr(target.generation_config, name, None)
+
+
+def test_engine_owned_forward_arguments_are_refused(target):
+    # they collided with the engine's own (a "multiple values for keyword" TypeError)
+    with pytest.raises(ValueError, match="output_hidden_states, past_key_values: generate runs"):
+        generate(target, PromptLookupDrafter(), IDS, max_new_tokens=4, past_key_values=None,
+                 output_hidden_states=True)
