@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.dlm_compare import best_of  # noqa: E402
 from benchmarks.report import markdown_table, write_section  # noqa: E402
 from benchmarks.text import heldout_prompts  # noqa: E402
 
@@ -119,24 +120,16 @@ def main() -> None:
     passes = linear_pass(ops, target)
     prompts = heldout_prompts(preset.tokenizer, args.prompts, 256, args.new_tokens)
 
-    def best(fn):
-        runs = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            out = fn()
-            runs.append((time.perf_counter() - start, out))
-        return min(runs, key=lambda r: r[0])
-
     totals = {}  # (linears, method) -> [seconds, tokens committed, rounds]
     with torch.no_grad():
         for prompt in prompts:
             for linears, ctx in (("MKL", contextlib.nullcontext),
                                  ("streaming kernel", lambda: streamed(ops, target, dlm.model))):
                 with ctx():
-                    ref_s, ref = best(lambda: target.generate(
+                    ref_s, ref = best_of(args.repeats, lambda: target.generate(
                         prompt.ids, max_new_tokens=args.new_tokens, do_sample=False,
                         eos_token_id=eos, pad_token_id=eos))
-                    spec_s, out = best(lambda: generate(
+                    spec_s, out = best_of(args.repeats, lambda: generate(
                         target, preset.drafters["diffusion"](), prompt.ids,
                         max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=eos))
                 if not torch.equal(out.sequences, ref):

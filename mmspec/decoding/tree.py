@@ -71,8 +71,7 @@ def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
                          f"range [{int(tokens.min())}, {int(tokens.max())}]")
     n = draft.num_tokens
     if n is not None and (not isinstance(n, torch.Tensor) or n.shape != (batch,)
-                          or n.dtype != torch.long or (t and (n.min() < 0 or n.max() > t))
-                          or (not t and n.any())):
+                          or n.dtype != torch.long or n.min() < 0 or n.max() > t):
         raise ValueError(f"Draft.num_tokens must be None or long [B={batch}] in [0, T={t}], got "
                          f"{n.dtype if isinstance(n, torch.Tensor) else type(n).__name__} "
                          f"{n.tolist() if isinstance(n, torch.Tensor) else n!r}")

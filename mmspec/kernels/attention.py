@@ -78,10 +78,6 @@ def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num
 _LIB.impl("block_sparse_attention", _block_sparse_attention_impl, "CompositeExplicitAutograd")
 
 
-def _setup_context(ctx, inputs, output):
-    pass
-
-
 def _backward(ctx, grad_out, grad_lse):
     # without this every backend path did something else: gradients, None, or an in-place error
     raise NotImplementedError(
@@ -90,8 +86,7 @@ def _backward(ctx, grad_out, grad_lse):
         "with dense attention")
 
 
-torch.library.register_autograd("mmspec::block_sparse_attention", _backward,
-                                setup_context=_setup_context, lib=_LIB)
+torch.library.register_autograd("mmspec::block_sparse_attention", _backward, lib=_LIB)
 
 
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)

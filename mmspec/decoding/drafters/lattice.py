@@ -82,7 +82,6 @@ def restrict_vocab(logits: torch.Tensor, target_vocab_size: int,
     return torch.log_softmax(logits, dim=-1)
 
 
-@torch.no_grad()
 def _last(logits: torch.Tensor, keep: int, model) -> torch.Tensor:
     """The last `keep` positions of a forward's logits: a model that ignores `logits_to_keep`
     (older or remote-code DLMs) returns every position, and only the end is the blocks'."""
@@ -92,6 +91,7 @@ def _last(logits: torch.Tensor, keep: int, model) -> torch.Tensor:
     return logits[:, -keep:]
 
 
+@torch.no_grad()
 def build_lattice(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ks: list[int],
                   mask_token_id: int, target_vocab_size: int, shift: bool,
                   suppressed_ids: torch.Tensor | None = None) -> Lattice:
