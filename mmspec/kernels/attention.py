@@ -8,6 +8,8 @@ on any device) or `"reference"` (dense masked attention, for tests).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import backends  # noqa: F401  (registers the backends)
@@ -61,17 +63,18 @@ _LIB = torch.library.Library("mmspec", "DEF")
 _LIB.define(
     "block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor kv_num_blocks, "
     "Tensor kv_indices, Tensor full_kv_num_blocks, Tensor full_kv_indices, Tensor partial_masks, "
-    "int block_q, int block_k, float scale, str backend) -> (Tensor, Tensor)"
+    "int block_q, int block_k, float scale, float softcap, str backend) -> (Tensor, Tensor)"
 )
 
 
 def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks,
-                                 full_kv_indices, partial_masks, block_q, block_k, scale, backend):
+                                 full_kv_indices, partial_masks, block_q, block_k, scale, softcap,
+                                 backend):
     mask = BlockSparseMask._unchecked(
         kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
         (block_q, block_k), q.shape[2], k.shape[2],
     )
-    out, lse = get_backend(backend).fn(q, k, v, mask, scale)
+    out, lse = get_backend(backend).fn(q, k, v, mask, scale, softcap)
     return out.contiguous(), lse.contiguous()
 
 
@@ -91,7 +94,7 @@ torch.library.register_autograd("mmspec::block_sparse_attention", _backward, lib
 
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)
 def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
-      block_q, block_k, scale, backend):
+      block_q, block_k, scale, softcap, backend):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -102,6 +105,7 @@ def block_sparse_attention(
     mask: BlockSparseMask,
     *,
     scale: float | None = None,
+    softcap: float | None = None,
     return_lse: bool = False,
     backend: str = "auto",
 ):
@@ -113,6 +117,8 @@ def block_sparse_attention(
         mask: a `BlockSparseMask` for `q_len=Nq`, `kv_len=Nk`; its B and H may be 1 (broadcast).
             Lengths need not be multiples of the block size.
         scale: softmax scale, default `D ** -0.5`.
+        softcap: soft-cap the scaled logits, `s -> softcap * tanh(s / softcap)` before the softmax
+            (Gemma 2's `attn_logit_softcapping`); None for none.
         return_lse: also return the natural-log log-sum-exp of each row, fp32 `[B, Hq, Nq]`.
         backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"` or
             `"reference"`.
@@ -129,10 +135,14 @@ def block_sparse_attention(
     _check_inputs(q, k, v, mask)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not 0 < softcap < math.inf):
+        raise ValueError(f"softcap must be None or a positive finite number, got {softcap!r}")
     backend = resolve_backend(backend, q, k, v, mask).name
     out, lse = torch.ops.mmspec.block_sparse_attention(
         q, k, v,
         mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
-        mask.partial_masks, mask.block_size[0], mask.block_size[1], float(scale), backend,
+        mask.partial_masks, mask.block_size[0], mask.block_size[1], float(scale),
+        float(softcap or 0.0), backend,
     )
     return (out, lse) if return_lse else out

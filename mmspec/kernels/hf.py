@@ -16,6 +16,7 @@ import torch
 
 from .attention import block_sparse_attention
 from .mask import BlockSparseMask
+from .masks import causal_block_mask
 
 HF_ATTENTION_NAME = "mmspec_block_sparse"
 
@@ -64,6 +65,14 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     if block_sparse_mask is None:
         if _AUDIT.active:
             _AUDIT.dropped += 1
+        if kwargs.get("softcap"):  # SDPA cannot soft-cap (Gemma 2): the same mask, through ours
+            causal = kwargs.get("is_causal")
+            causal = getattr(module, "is_causal", True) if causal is None else causal
+            block_sparse_mask = _block_mask_of(attention_mask, causal, query.shape[2],
+                                               key.shape[2], query.device)
+            out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling,
+                                         softcap=kwargs["softcap"])
+            return out.transpose(1, 2).contiguous(), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
@@ -75,20 +84,31 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     if dropout and module.training:
         raise ValueError(f"block-sparse attention has no dropout, got dropout={dropout} in training")
     # what the layer would do beyond softmax(q k^T) v must not be dropped silently
-    if kwargs.get("softcap"):
-        raise NotImplementedError(
-            f"block_sparse_mask: this layer soft-caps its attention logits (softcap="
-            f"{kwargs['softcap']}, e.g. Gemma 2's attn_logit_softcapping), which "
-            f"block_sparse_attention does not do")
     window = kwargs.get("sliding_window")
     if window is not None and key.shape[2] > window:
         raise NotImplementedError(
             f"block_sparse_mask: this is a sliding-window layer (sliding_window={window}) over "
             f"{key.shape[2]} keys, and block_sparse_attention would attend beyond the window")
-    out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling)
+    # Gemma 2 soft-caps its logits (attn_logit_softcapping; None elsewhere)
+    out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling,
+                                 softcap=kwargs.get("softcap") or None)
     if _AUDIT.active:
         _AUDIT.used += 1
     return out.transpose(1, 2).contiguous(), None
+
+
+def _block_mask_of(attention_mask, causal: bool, q_len: int, kv_len: int,
+                   device) -> BlockSparseMask:
+    """The block mask of what SDPA would attend: transformers' bool mask (True = attend, padding
+    and sliding windows included) or, where it left it out, causal or full attention."""
+    if attention_mask is None:
+        if causal and q_len > 1:
+            return causal_block_mask(q_len, kv_len, 64, device=device)
+        return BlockSparseMask.from_token_mask(
+            torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=device), 64)
+    if attention_mask.dtype != torch.bool:  # an additive float mask
+        attention_mask = attention_mask == 0
+    return BlockSparseMask.from_token_mask(attention_mask[..., :kv_len], 64)
 
 
 def register_hf_attention() -> str:

@@ -124,6 +124,45 @@ def test_dense_mask_fast_path_matches_reference():
     torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
 
 
+def softcapped_attention(q, k, v, mask, softcap):
+    """Gemma 2's eager attention: logits scaled, soft-capped, masked, softmaxed (fp32)."""
+    dense = mask.to_dense()
+    group = q.shape[1] // k.shape[1]
+    scores = q.float() @ k.float().repeat_interleave(group, 1).transpose(-1, -2) * q.shape[-1]**-0.5
+    scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores.masked_fill(~dense, float("-inf")), -1).nan_to_num(0.0)
+    return probs @ v.float().repeat_interleave(group, 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=lambda c: f"case{c[0]}")
+def test_softcap_matches_gemma2_attention(run_backend, backend, case):
+    q, k, v, mask = make_case(*case[:8], torch.float32, *case[8:])
+    q = q * 4  # logits of tens, where a cap of 5 changes the softmax a lot
+    expect = softcapped_attention(q, k, v, mask, 5.0)
+    out, lse = run_backend(backend, q, k, v, mask, softcap=5.0, return_lse=True)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expect, atol=2e-5, rtol=2e-5)
+    plain = run_backend(backend, q, k, v, mask)
+    assert (plain - expect).abs().max() > 0.1  # the cap is not ignored
+
+
+def test_softcap_on_a_dense_mask_leaves_the_flash_path():
+    # PyTorch's CPU flash attention (the dense-mask fast path) cannot soft-cap
+    q, k, v, _ = make_case(6, 1, 4, 2, 70, 70, 32, (32, 32), torch.float32)
+    q = q * 4
+    mask = BlockSparseMask.from_dense(torch.ones(1, 1, 3, 3, dtype=torch.bool), 32, 70, 70)
+    out = block_sparse_attention(q, k, v, mask, backend="torch", softcap=5.0)
+    torch.testing.assert_close(out, softcapped_attention(q, k, v, mask, 5.0), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("softcap", [0, -1.0, float("inf"), float("nan"), "50", True])
+def test_rejects_bad_softcap(softcap):
+    q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
+    with pytest.raises(ValueError, match="softcap must be None or a positive finite number"):
+        block_sparse_attention(q, k, v, mask, softcap=softcap)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_causal_bottom_right_matches_sdpa(run_backend, backend):
     g = torch.Generator().manual_seed(7)

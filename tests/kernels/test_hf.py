@@ -64,18 +64,48 @@ def _gemma2(softcap, window):
     return Gemma2ForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("softcap,window,message", [
-    (50.0, 4096, r"soft-caps its attention logits \(softcap=50.0"),
-    (None, 8, r"sliding-window layer \(sliding_window=8\) over 24 keys"),
-])
-def test_refuses_what_it_would_silently_drop(softcap, window, message):
-    # Gemma 2 soft-caps its attention logits and alternates sliding-window layers; the
-    # block-sparse path would compute plain softmax attention instead (a 2e-2 / 4e-1 logit error)
-    model = _gemma2(softcap, window)
+def test_refuses_a_window_it_would_silently_drop():
+    # Gemma 2 alternates sliding-window layers; the block-sparse path would attend beyond the
+    # window (a 4e-1 logit error)
+    model = _gemma2(None, 8)
     model.set_attn_implementation(register_hf_attention())
     ids = torch.randint(0, 64, (1, 24))
-    with torch.no_grad(), pytest.raises(NotImplementedError, match=message):
+    with torch.no_grad(), pytest.raises(
+            NotImplementedError, match=r"sliding-window layer \(sliding_window=8\) over 24 keys"):
         model(ids, block_sparse_mask=causal_block_mask(24, 24, 16))
+
+
+def test_gemma2_softcap_tree_forward_matches_eager():
+    """Gemma 2 soft-caps its attention logits (50 in its config; 1 here, so that the cap matters
+    at this size): a tree verified through the hook gives each node its path's eager logits."""
+    model, uncapped = _gemma2(1.0, 4096), _gemma2(None, 4096)  # the same weights
+    for m in (model, uncapped):  # logits of a few units, so the cap matters at init scale
+        for layer in m.model.layers:
+            layer.self_attn.q_proj.weight.data *= 30
+            layer.self_attn.k_proj.weight.data *= 30
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 64, (1, 20), generator=g)
+    tree = torch.randint(0, 64, (1, 6), generator=g)
+    parents = torch.tensor([-1, 0, 0, 1, 2, 4])
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        uncapped.set_attn_implementation("eager")
+        expect = {node: model(torch.cat([prefix, tree[:, path]], 1)).logits[0, -1]
+                  for node, path in {3: [0, 1, 3], 5: [0, 2, 4, 5]}.items()}
+        plain = uncapped(torch.cat([prefix, tree[:, [0, 1, 3]]], 1)).logits[0, -1]
+        assert (plain - expect[3]).abs().max() > 1e-3  # the cap changes the logits (tol 1e-5)
+        model.set_attn_implementation(register_hf_attention())
+        cache = DynamicCache(config=model.config)
+        # the prefill has no block mask: SDPA cannot soft-cap, so it runs through ours as well
+        prefill = model(prefix, past_key_values=cache, use_cache=True).logits
+        model.set_attn_implementation("eager")
+        torch.testing.assert_close(prefill, model(prefix).logits, atol=1e-5, rtol=1e-5)
+        model.set_attn_implementation(register_hf_attention())
+        positions = (20 + tree_depths(parents))[None]
+        logits = model(tree, past_key_values=cache, position_ids=positions,
+                       block_sparse_mask=tree_block_mask(parents, 20, 16)).logits
+    for node, ref in expect.items():
+        torch.testing.assert_close(logits[0, node], ref, atol=1e-5, rtol=1e-5)
 
 
 def test_a_window_wider_than_the_keys_changes_nothing():

@@ -11,11 +11,13 @@ from .registry import register_backend
 
 
 @register_backend("reference")
-def reference_attention(q, k, v, mask: BlockSparseMask, scale: float):
+def reference_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
     group = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1)  # [B, Hq, Nk, D]
     vf = v.float().repeat_interleave(group, dim=1)
     scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale  # [B, Hq, Nq, Nk]
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask.to_dense(), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [B, Hq, Nq], -inf on empty rows
     probs = torch.exp(scores - lse.nan_to_num(neginf=0.0).unsqueeze(-1))

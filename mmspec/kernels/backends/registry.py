@@ -1,8 +1,8 @@
 """Backend registry for `block_sparse_attention`, in the style of diffusers' `attention_dispatch.py`.
 
-Each backend is a function `(q, k, v, mask, scale) -> (out, lse)` registered with declarative
-constraints. A constraint returns None when it holds and a sentence saying why not otherwise;
-`"auto"` picks the first preferred backend whose constraints all hold.
+Each backend is a function `(q, k, v, mask, scale, softcap) -> (out, lse)` (softcap 0 means none)
+registered with declarative constraints. A constraint returns None when it holds and a sentence
+saying why not otherwise; `"auto"` picks the first preferred backend whose constraints all hold.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from ..mask import BlockSparseMask
 
 BackendFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, BlockSparseMask, float],
+    [torch.Tensor, torch.Tensor, torch.Tensor, BlockSparseMask, float, float],
     tuple[torch.Tensor, torch.Tensor],
 ]
 Constraint = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, BlockSparseMask], Optional[str]]

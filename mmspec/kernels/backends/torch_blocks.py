@@ -133,7 +133,7 @@ def _cpu_kernel():
     return torch.ops.mmspec_cpu.block_sparse_forward
 
 
-def _fused_cpu(kernel, q, k, v, mask: BlockSparseMask, scale: float):
+def _fused_cpu(kernel, q, k, v, mask: BlockSparseMask, scale: float, softcap: float):
     bq, bk = mask.block_size
     nq, nkv = q.shape[2], k.shape[2]
     pad_q, pad_k = mask.num_q_blocks * bq - nq, mask.num_kv_blocks * bk - nkv
@@ -143,7 +143,8 @@ def _fused_cpu(kernel, q, k, v, mask: BlockSparseMask, scale: float):
     out, lse = kernel(qf, kf, vf,
                       mask.full_kv_num_blocks.contiguous(), mask.full_kv_indices.contiguous(),
                       mask.kv_num_blocks.contiguous(), mask.kv_indices.contiguous(),
-                      mask.partial_masks.contiguous().view(torch.uint8), bq, bk, nkv, scale)
+                      mask.partial_masks.contiguous().view(torch.uint8), bq, bk, nkv, scale,
+                      softcap)
     return out[:, :, :nq].to(q.dtype), lse[:, :, :nq]
 
 
@@ -162,10 +163,18 @@ def _dense_cpu(q, k, v, scale):
     return out, lse.float()
 
 
-def _small_dense(q, k, v, scale, token_mask):
+def _softcap_(scores, softcap: float):
+    """`softcap * tanh(scores / softcap)` in place (Gemma 2's logit soft-capping); 0 = none."""
+    if softcap:
+        scores.div_(softcap).tanh_().mul_(softcap)
+    return scores
+
+
+def _small_dense(q, k, v, scale, token_mask, softcap=0.0):
     """Masked dense attention in fp32 for small problems (decode, tree verification)."""
     k, v = _expand_kv(k.float(), v.float(), q.shape[1])
     scores = torch.matmul(q.float() * scale, k.transpose(-1, -2))  # [B, H, Nq, Nk]
+    _softcap_(scores, softcap)
     scores.masked_fill_(~token_mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [B, H, Nq], -inf on empty rows
     probs = scores.sub_(torch.where(lse == float("-inf"), 0.0, lse)[..., None]).exp_()
@@ -200,19 +209,19 @@ def _row_slots(mask: BlockSparseMask, b: int, hq: int):
 
 
 @register_backend("torch", constraints=(_no_wide_heads,))
-def torch_block_attention(q, k, v, mask: BlockSparseMask, scale: float):
+def torch_block_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
     if q.device.type == "cpu":
-        if mask.is_dense:
+        if mask.is_dense and not softcap:  # PyTorch's flash attention has no soft-capping
             return _dense_cpu(q, k, v, scale)
         if mask.q_len * mask.kv_len <= _SMALL_PAIRS:
-            return _small_dense(q, k, v, scale, mask.to_dense())
+            return _small_dense(q, k, v, scale, mask.to_dense(), softcap)
         kernel = _cpu_kernel()
         if kernel is not None:
-            return _fused_cpu(kernel, q, k, v, mask, scale)
-    return _batched(q, k, v, mask, scale)
+            return _fused_cpu(kernel, q, k, v, mask, scale, softcap)
+    return _batched(q, k, v, mask, scale, softcap)
 
 
-def _batched(q, k, v, mask: BlockSparseMask, scale: float):
+def _batched(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
     b, hq, nq, d = q.shape
     hkv, nkv = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -257,6 +266,7 @@ def _batched(q, k, v, mask: BlockSparseMask, scale: float):
         keys = k_blocks.index_select(0, slot_ids.reshape(-1)).view(g, w * bk, d)
         values = v_blocks.index_select(0, slot_ids.reshape(-1)).view(g, w * bk, d)
         scores = torch.bmm(q_rows.index_select(0, chunk), keys.transpose(1, 2))  # [G, bq, w*bk]
+        _softcap_(scores, softcap)
 
         drop = _chunk_drop(mask, mask_row, chunk, chunk_counts, ids, pslot, w, nk, tail_drop)
         if drop is not None:  # [G, bq|1, w, bk]

@@ -4,7 +4,8 @@ One program computes BLOCK_M query rows of one (batch, head). It reads its mask 
 the *full* blocks without an element mask and then the *partial* blocks with their `[bq, bk]` element
 mask, and keeps an online softmax in base 2 (`exp2` with a `log2(e)`-prescaled scale, as in Triton's
 `06-fused-attention.py`). It stores O and the natural-log lse. Rows with no kept key get O = 0 and
-lse = -inf: the `m == -inf` and `l == 0` cases are guarded, so no NaN appears.
+lse = -inf: the `m == -inf` and `l == 0` cases are guarded, so no NaN appears. With `SOFTCAP` the
+logits are soft-capped first, `s -> softcap * tanh(s / softcap)` (Gemma 2).
 
 Caveats:
 - no autotune: it raises on machines without a GPU driver, which breaks `TRITON_INTERPRET=1`;
@@ -54,10 +55,23 @@ def _constraints_shape(q, k, v, mask):
 if triton is not None:
 
     @triton.jit
+    def _tanh(x):
+        """tanh in fp32 without libdevice (which the interpreter lacks): an odd Taylor polynomial
+        near 0, where (1 - e) / (1 + e) would lose digits to cancellation, and that elsewhere."""
+        a = tl.abs(x)
+        e = tl.exp(-2.0 * a)
+        big = (1.0 - e) / (1.0 + e)
+        x2 = x * x
+        small = a * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333
+                                                              - x2 * 0.05396825396825397)))
+        return tl.where(x < 0, -1.0, 1.0) * tl.where(a < 0.125, small, big)
+
+    @triton.jit
     def _tile(acc, m_i, l_i, q, K, V, k_base, v_base, stride_kn, stride_vn, start, kv_len,
               offs_d, d_ok, pm_ptr, row_in_blk, col0,
               BLOCK_N: tl.constexpr, BK: tl.constexpr, PARTIAL: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr, scale_log2):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, scale_log2,
+              SOFTCAP: tl.constexpr, softcap):
         offs_n = start + tl.arange(0, BLOCK_N)
         k_ok = offs_n < kv_len
         kt = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None],
@@ -68,6 +82,8 @@ if triton is not None:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PRECISION) * scale_log2  # [M, N], base-2 logits
+        if SOFTCAP:  # cap the natural logits s * ln 2, then back to base 2
+            s = _tanh(s * (0.6931471805599453 / softcap)) * (softcap * 1.4426950408889634)
         keep = k_ok[None, :]
         if PARTIAL:
             em = tl.load(pm_ptr + row_in_blk[:, None] * BK + (col0 + tl.arange(0, BLOCK_N))[None, :])
@@ -85,13 +101,13 @@ if triton is not None:
     def _bsa_fwd(
         Q, K, V, O, LSE,
         FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, PART_MASK,
-        scale_log2, q_len, kv_len, H, GROUP,
+        scale_log2, softcap, q_len, kv_len, H, GROUP,
         sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh,
         sfnb, sfnh, sfnm, sfib, sfih, sfim, spnb, spnh, spnm, spib, spih, spim,
         spmb, spmh, spmm, spms,
         BQ: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -121,7 +137,7 @@ if triton is not None:
                 acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
                                       kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, PART_MASK,
                                       row_in_blk, j * BLOCK_N, BLOCK_N, BK, False, UPCAST,
-                                      PRECISION, scale_log2)
+                                      PRECISION, scale_log2, SOFTCAP, softcap)
         n_part = tl.load(PART_NUM + b * spnb + h * spnh + mblk * spnm)
         for i in range(0, n_part):
             kb = tl.load(PART_IDX + b * spib + h * spih + mblk * spim + i)
@@ -130,7 +146,7 @@ if triton is not None:
                 acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
                                       kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, pm_ptr,
                                       row_in_blk, j * BLOCK_N, BLOCK_N, BK, True, UPCAST,
-                                      PRECISION, scale_log2)
+                                      PRECISION, scale_log2, SOFTCAP, softcap)
 
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
@@ -164,7 +180,7 @@ _OUT_OF_RESOURCES = triton.runtime.OutOfResources if triton is not None else Run
 
 
 @register_backend("triton", constraints=(_constraints_device, _constraints_shape))
-def triton_attention(q, k, v, mask: BlockSparseMask, scale: float):
+def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
     b, hq, nq, d = q.shape
     bq, bk = mask.block_size
     mq = mask.num_q_blocks
@@ -191,7 +207,7 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float):
     for i, config in enumerate(candidates):
         try:
             _launch(config, q, k, v, out, lse, full_num, full_idx, part_num, part_idx, part_mask,
-                    scale, bq, bk, block_d)
+                    scale, softcap, bq, bk, block_d)
         except _OUT_OF_RESOURCES:
             if i == len(candidates) - 1:
                 raise
@@ -201,19 +217,19 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float):
 
 
 def _launch(config, q, k, v, out, lse, full_num, full_idx, part_num, part_idx, part_mask, scale,
-            bq, bk, block_d):
+            softcap, bq, bk, block_d):
     block_m, block_n, num_warps, num_stages = config
     b, hq, nq, d = q.shape
     grid = (triton.cdiv(nq, block_m), b * hq)
     _bsa_fwd[grid](
         q, k, v, out, lse,
         full_num, full_idx, part_num, part_idx, part_mask,
-        scale * 1.4426950408889634, nq, k.shape[2], hq, hq // k.shape[1],
+        scale * 1.4426950408889634, softcap or 1.0, nq, k.shape[2], hq, hq // k.shape[1],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *lse.stride()[:2],
         *full_num.stride(), *full_idx.stride()[:3], *part_num.stride(), *part_idx.stride()[:3],
         *part_mask.stride()[:4],
         BQ=bq, BK=bk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=d,
         UPCAST=_INTERPRET or q.dtype == torch.float32,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=bool(softcap),
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -5,6 +5,7 @@
 // call overhead dominated the first version), S = scale * Q K^T, an online softmax across chunks
 // with ATen's vectorised exp_u20 (the fast exp PyTorch's own CPU flash attention uses), and
 // acc += P V with a second gemm. Scores stay in cache.
+// With softcap > 0 the scores are soft-capped, S -> softcap * tanh(S / softcap) (Gemma 2).
 // Rows with no kept key give out = 0 and lse = -inf.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -82,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_forward(
     const at::Tensor& part_num,    // [MB, MH, Mq] int32
     const at::Tensor& part_idx,    // [MB, MH, Mq, P] int32
     const at::Tensor& part_mask,   // [MB, MH, Mq, P, bq, bk] uint8
-    int64_t bq, int64_t bk, int64_t kv_len, double scale) {
+    int64_t bq, int64_t bk, int64_t kv_len, double scale, double softcap) {
   const int64_t B = q.size(0), H = q.size(1), NQ = q.size(2), D = q.size(3);
   const int64_t HKV = k.size(1), NK = k.size(2), MQ = NQ / bq, group = H / HKV;
   const int64_t F = full_idx.size(3), P = part_idx.size(3);
@@ -99,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_forward(
   const uint8_t* pm = part_mask.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
 
   at::parallel_for(0, B * H * MQ, 1, [&](int64_t begin, int64_t end) {
     // per task: up to kChunk kept blocks packed side by side, so each chunk is two large gemms
@@ -128,6 +129,14 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_forward(
         }
         // S^T (col-major w x bq) = Kbuf (w x D) . Q^T: S row-major [bq, w]
         gemm('T', 'N', w, bq, D, fscale, kbuf.data(), D, qrow, D, 0.f, s.data(), w);
+        if (fcap > 0.f) {  // before the masks below: tanh(-inf) would cap a dropped key to -softcap
+          const Vec vcap(fcap), vinv(1.f / fcap);
+          int64_t e = 0;
+          for (; e + Vec::size() <= bq * w; e += Vec::size()) {
+            ((Vec::loadu(s.data() + e) * vinv).tanh() * vcap).store(s.data() + e);
+          }
+          for (; e < bq * w; ++e) s[e] = fcap * std::tanh(s[e] / fcap);
+        }
         if (masked) {  // the ragged key tail and the element masks of partial blocks
           for (int j = 0; j < nb; ++j) {
             const int t = c0 + j;
@@ -165,6 +174,6 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_forward(
 TORCH_LIBRARY(mmspec_cpu, lib) {
   lib.def("block_sparse_forward(Tensor q, Tensor k, Tensor v, Tensor full_num, Tensor full_idx, "
           "Tensor part_num, Tensor part_idx, Tensor part_mask, int bq, int bk, int kv_len, "
-          "float scale) -> (Tensor, Tensor)");
+          "float scale, float softcap) -> (Tensor, Tensor)");
   lib.impl("block_sparse_forward", c10::DispatchKey::CPU, &block_sparse_forward);
 }
