@@ -1,4 +1,4 @@
-"""The drafter contract: `propose(state) -> Draft` and `update(result)`.
+"""The drafter contract: `propose(state) -> Draft`, `update(result)` and an optional `end()`.
 
 Two methods, like transformers' `CandidateGenerator` (`get_candidates` /
 `update_candidate_strategy`). The engine owns the target and the committed sequence; a drafter
@@ -80,6 +80,10 @@ class DraftState:
     extras:         model kwargs from the prefill (pixel_values, image_grid_thw, ...).
     generator:      the `torch.Generator` passed to `generate` (None: the global RNG), for
                     drafters that sample their drafts.
+    eos_token_id:   tuple of ints or None: the `eos_token_id` passed to `generate` (the ids it
+                    stops on), None when the call passed none. A drafter with its own end-of-
+                    sequence rule uses these over its default, as transformers' assistant models
+                    take the `generate` call's.
     """
 
     input_ids: torch.Tensor
@@ -90,6 +94,7 @@ class DraftState:
     target_hidden: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
     generator: torch.Generator | None = None
+    eos_token_id: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -116,7 +121,11 @@ class Drafter(Protocol):
     """Optional attributes: `needs_target_hidden: bool = False` asks for the target's hidden states
     (`DraftState.target_hidden`, `VerifyResult.target_hidden`); `target_hidden_layers` (default
     `(-1,)`, the last, normed layer) picks entries of transformers' `hidden_states` tuple,
-    concatenated on the feature dim (EAGLE-3 fuses a low, a middle and a high layer)."""
+    concatenated on the feature dim (EAGLE-3 fuses a low, a middle and a high layer).
+
+    Optional method `end()`: `generate` calls it once when the call is over (also when it raises),
+    for the drafter to drop its per-call state (KV cache, ...) and undo what it changed on its
+    model for the call; the next call starts at round 0 anyway."""
 
     def propose(self, state: DraftState) -> Draft: ...
 

@@ -230,7 +230,8 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
 
     Args:
         target: a transformers causal LM or VLM (`...ForCausalLM`, `...ForConditionalGeneration`).
-        drafter: an object with `propose(DraftState) -> Draft` and `update(VerifyResult)`.
+        drafter: an object with `propose(DraftState) -> Draft` and `update(VerifyResult)`, and
+            optionally `end()`, called when the call is over (also on error; `draft.py`).
         input_ids: long `[B, L]`, left-padded when B > 1.
         attention_mask: `[B, L]`, 0 on padding; None means no padding.
         max_new_tokens: new tokens per row, at most.
@@ -240,7 +241,8 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             as `target.generate` resolves them.
             Generation-config settings that `generate` does not apply (repetition penalty,
             min length, ...) raise a ValueError instead of silently changing the output.
-        eos_token_id: int or list; None means `target.generation_config.eos_token_id`.
+        eos_token_id: int or list; None means `target.generation_config.eos_token_id`. Given,
+            it also overrides a drafter's own EOS ids (`DraftState.eos_token_id`).
         streamer: a transformers `TextStreamer` / `TextIteratorStreamer` (batch 1).
         pad_token_id: fills rows after their EOS; None means the target's generation config.
             Required when B > 1.
@@ -262,11 +264,18 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    eos = _eos_ids(target, eos_token_id)
+    asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
     with block_sparse_attention_of(target), torch.no_grad():
-        return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens, cfg,
-                         _eos_ids(target, eos_token_id), streamer,
-                         0 if pad_token_id is None else pad_token_id, generator, on_round,
-                         model_kwargs)
+        try:
+            return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens,
+                             cfg, eos, asked_eos, streamer,
+                             0 if pad_token_id is None else pad_token_id, generator, on_round,
+                             model_kwargs)
+        finally:  # inside the target's switch: a drafter sharing the model restores it first
+            end = getattr(drafter, "end", None)
+            if end is not None:
+                end()
 
 
 class _Slots:
@@ -315,8 +324,8 @@ def _accepted_path(tree, best):
     return depth, keep, keep_valid
 
 
-def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, streamer,
-              pad, generator, on_round, model_kwargs) -> SpecOutput:
+def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, asked_eos,
+              streamer, pad, generator, on_round, model_kwargs) -> SpecOutput:
     device = input_ids.device
     stats = SpecStats()
     start = _sync(device)
@@ -327,6 +336,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
 
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
                                                  layers)
+    kv_cache.check_window(cache, input_ids.shape[1] + max_new_tokens)
     first = _pick(logits, cfg, generator)  # [B]
     rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
     rows.commit(first[:, None], torch.ones_like(first))
@@ -341,7 +351,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         t0 = _sync(device)
         depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
         state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
-                           hidden, model_kwargs, generator)
+                           hidden, model_kwargs, generator, asked_eos)
         ta = _sync(device)
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
         tb = _sync(device)

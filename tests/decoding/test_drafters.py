@@ -1,5 +1,6 @@
 """The built-in drafters: prompt lookup rules, model drafter trees and its cache kept in step."""
 
+import pytest
 import torch
 from spec_helpers import tiny_llama
 
@@ -88,3 +89,50 @@ def test_model_drafter_cache_stays_in_step_with_holes():
             s = out.stats
             assert 0.1 * s.drafted < s.accepted < 0.9 * s.drafted, s  # partial acceptance: holes
         assert drafter.checked >= 2 * 4
+
+
+def _bigram(model, gap):
+    """The drafter's logits depend on the input token t only: t+1 at 0, t+2 at -gap, the rest
+    at -1000 (log-probs about 0, -gap, -1000)."""
+    def hook(module, args, kwargs, out):
+        ids, vocab = kwargs["input_ids"], out.logits.shape[-1]
+        logits = torch.full((*ids.shape, vocab), -1000.0)
+        logits.scatter_(-1, ((ids + 1) % vocab)[..., None], 0.0)
+        logits.scatter_(-1, ((ids + 2) % vocab)[..., None], -gap)
+        out.logits = logits
+
+    model.register_forward_hook(hook, with_kwargs=True)
+    return model
+
+
+def test_model_drafter_tree_is_closed_when_scores_fall_below_float32_epsilon():
+    # below about -32 float32 loses the epsilon: a child ties its parent and must not outrank it
+    model = _bigram(tiny_llama(1), gap=40.0)
+    for top_k, n, depth in ((2, 5, 3), (3, 6, 3), (4, 9, 4)):
+        draft = ModelDrafter(model, num_tokens=n, top_k=top_k, depth=depth).propose(
+            _state([[5, 6, 7, 8]], round_=0))
+        tokens, parents = draft.tokens[0].tolist(), draft.parents.reshape(-1, n)[0].tolist()
+        for tok, parent in zip(tokens, parents):
+            prev = 8 if parent < 0 else tokens[parent]  # each node is one of its parent's top 2
+            assert tok - prev in (1, 2), (top_k, tokens, parents)
+
+
+def test_model_drafter_gives_the_model_back_after_generate():
+    target, model = tiny_llama(0), tiny_llama(1)
+    model.set_attn_implementation("eager")
+    drafter = ModelDrafter(model, num_tokens=6, top_k=2, depth=3)
+    assert model.config._attn_implementation == "eager"
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    out = generate(target, drafter, ids, max_new_tokens=8, eos_token_id=[])
+    assert out.stats.drafted > 0 and model.config._attn_implementation == "eager"
+    assert drafter.cache is None and drafter.fed_ids is None  # no per-call tensors held
+
+    def fail(draft, result, stats):
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        generate(target, drafter, ids, max_new_tokens=8, on_round=fail)
+    assert model.config._attn_implementation == "eager" and drafter.cache is None
+    # self-drafting: the target's own attention comes back too
+    generate(target, ModelDrafter(target, 6, top_k=2), ids, max_new_tokens=8, eos_token_id=[])
+    assert target.config._attn_implementation == "sdpa"

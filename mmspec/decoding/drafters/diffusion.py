@@ -84,10 +84,12 @@ class DiffusionDrafter:
     model: any HF model returning `.logits` `[B, L, Vd]` (run bidirectionally through a 4-D mask).
     target: the target model, its config, or its logits width (checked against the drafter's).
     eos_token_id: stop id(s) for CPS and ADL; default: the target's `generation_config`/`config`.
+        An `eos_token_id` passed to `generate` wins for that call (`DraftState.eos_token_id`).
     tokenizer, target_tokenizer: when both are given, the vocabularies are compared id by id.
     proxy: a zero-argument factory of `CausalProxy` (one per sequence); default: `NgramProxy`.
 
-    After each `propose`, the round can be inspected (e.g. from `generate(on_round=...)`):
+    After each `propose`, the round can be inspected (from `generate(on_round=...)`; `end()`, which
+    `generate` calls when the call is over, drops the lattice and the prefix cache):
     `lattice` (the round's `Lattice`), `paths` (per row, the candidate paths best first; `paths[b][0]`
     is the one drafted) and `generated` (per row, ADL's L_gen); `lengths[b].k` is the next block length.
     """
@@ -97,7 +99,7 @@ class DiffusionDrafter:
                  config: DiffusionDrafterConfig = DiffusionDrafterConfig()):
         self.model, self.mask_token_id, self.config = model, mask_token_id, config
         self.vocab_size = target_width(target)
-        self.eos_ids = _eos_ids(eos_token_id, target)
+        self.eos_ids = self.default_eos_ids = _eos_ids(eos_token_id, target)
         width = logits_width(model)
         check_mask_token(mask_token_id, width, self.eos_ids)
         extra = []
@@ -127,6 +129,12 @@ class DiffusionDrafter:
         if state.round == 0:  # a new generate call: fresh ADL controllers, proxies and cache
             self._start(len(self.histories))
             self.prefix.reset()
+            self.eos_ids = self.default_eos_ids
+            if state.eos_token_id is not None:  # the call's own EOS ids win, as in transformers
+                if self.mask_token_id in state.eos_token_id:
+                    raise ValueError(f"eos_token_id must not include the drafter's mask_token_id "
+                                     f"{self.mask_token_id}, got {list(state.eos_token_id)}")
+                self.eos_ids = list(state.eos_token_id)
         ks = [length.k for length in self.lengths]
         lattice = None
         suppressed = self.suppressed.to(state.input_ids.device)
@@ -149,6 +157,12 @@ class DiffusionDrafter:
     def update(self, result: VerifyResult) -> None:
         for length, gen, acc in zip(self.lengths, self.generated, result.num_accepted.tolist()):
             length.update(gen, acc)
+
+    def end(self) -> None:
+        """The call is over: drop its tensors (prefix KV, lattice, proxies' state)."""
+        self.prefix.reset()
+        self.lattice = self.histories = None
+        self.proxies = []
 
     def _fits_context(self, state: DraftState, ks: list[int]) -> bool:
         limit = self.config.max_context

@@ -9,15 +9,20 @@ Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec
 cumulative draft log-probability, keeps the best `top_k` as the next frontier, and finally the best
 `num_tokens` nodes over all levels form the tree. Frontier nodes are fed through the shared
 block-sparse layer with a tree mask (so a tree drafter switches its model to the attention
-implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed). Tree nodes are chosen, not sampled: a point-mass proposal.
-One deliberate difference from EAGLE: a child's score is its parent's minus a tiny epsilon at
-least, so the kept set is always closed under parents (EAGLE can keep an orphan on exact ties).
+implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed, from its first
+`propose` of a call to `end()`, which `generate` calls when the call is over, also on error; the
+switch costs about 1 ms for a 24-layer model, so it is not done per round). Tree nodes are chosen,
+not sampled: a point-mass proposal.
+One deliberate difference from EAGLE: the kept set is always closed under parents (EAGLE can keep
+an orphan on exact ties). A child's score is at most its parent's (minus a tiny epsilon, which
+float32 loses below about -32), and the final pick sorts stably, so on a tie the parent, always
+the earlier candidate, ranks first.
 
 KV cache "in step": the drafter keeps its cache in the engine's slot layout (`draft.py`). At each
 round it keeps the longest prefix of cached slots that are still right (the accepted part of its
 own chain survives, and its rejected tokens stay as masked holes; see `_reusable`), crops the rest
-and feeds the new slots in one forward. It resets at round 0 of every `generate` call, so its memory is bounded by
-one call's cache.
+and feeds the new slots in one forward. It resets at round 0 of every `generate` call, and `end()`
+drops it, so no cache outlives a call.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from ..tree import BLOCK_SIZE
 
 # vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
 DEFAULT_TREE_DEPTH = 4
-_EPS = 1e-6  # strict score decrease along a path (closure under parents)
+_EPS = 1e-6  # score decrease along a path where float32 can represent it
 
 
 class ModelDrafter:
@@ -59,8 +64,7 @@ class ModelDrafter:
         if top_k > self.vocab_size:
             raise ValueError(f"top_k must be at most the drafter's vocabulary "
                              f"({self.vocab_size} tokens), got {top_k}")
-        if top_k > 1:  # tree levels go through the shared layer; without a mask it is SDPA
-            model.set_attn_implementation(register_hf_attention())
+        self.restore_attn: str | None = None  # the model's own attention while switched
         self.cache = None
         self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
         self.fed_valid: torch.Tensor | None = None  # bool [B, F]
@@ -107,6 +111,9 @@ class ModelDrafter:
     # ------------------------------------------------------------------------------- drafting
 
     def propose(self, state: DraftState) -> Draft:
+        if self.top_k > 1 and self.restore_attn is None:  # tree levels need the shared layer
+            self.restore_attn = self.model.config._attn_implementation
+            self.model.set_attn_implementation(register_hf_attention())
         root_logits = self._catch_up(state)
         depth = min(self.depth, state.max_tokens)
         if self.top_k == 1:
@@ -171,7 +178,9 @@ class ModelDrafter:
         tokens, scores = torch.cat(cand_tok, 1), torch.cat(cand_score, 1)  # [B, C]
         parents = torch.cat(cand_parent, 1)
         n = min(self.num_tokens, tokens.shape[1])
-        sel = scores.topk(n, dim=-1).indices.sort(-1).values  # [B, N], parents first
+        # a stable sort: on a tie the parent (an earlier candidate) ranks before its child
+        order = scores.sort(dim=-1, descending=True, stable=True).indices
+        sel = order[:, :n].sort(-1).values  # [B, N], parents first
         where = torch.full_like(tokens, -1).scatter(1, sel, torch.arange(n, device=sel.device).expand(b, n))
         par = parents.gather(1, sel)
         new_par = torch.where(par < 0, -1, where.gather(1, par.clamp_min(0)))
@@ -179,3 +188,11 @@ class ModelDrafter:
 
     def update(self, result: VerifyResult) -> None:
         """Nothing to do: `propose` re-syncs the cache from the committed slots."""
+
+    def end(self) -> None:
+        """The call is over: drop the cache and give the model back its own attention."""
+        self.cache = self.fed_ids = self.fed_valid = None
+        if self.restore_attn is not None:
+            if self.model.config._attn_implementation != self.restore_attn:
+                self.model.set_attn_implementation(self.restore_attn)
+            self.restore_attn = None

@@ -200,6 +200,39 @@ def test_a_new_generate_call_starts_with_an_empty_prefix_cache(dlm, target):
     assert drafter.prefix.kv.get_seq_length() == 5
 
 
+def test_generate_drops_the_prefix_cache_and_lattice_when_the_call_ends(dlm, target):
+    from mmspec import generate
+
+    drafter = DiffusionDrafter(dlm, MASK, target,
+                               config=DiffusionDrafterConfig(fixed_k=4, prefix_cache=True))
+    seen = []
+    generate(target, drafter, torch.randint(2, 60, (1, 8)), max_new_tokens=10, eos_token_id=[],
+             on_round=lambda *_: seen.append(drafter.prefix.kv is not None))
+    assert any(seen)  # the cache served the call's rounds
+    assert drafter.prefix.kv is None and drafter.lattice is None  # and is gone after it
+
+
+def test_the_eos_token_id_passed_to_generate_wins_over_the_drafters(target):
+    from mmspec import generate
+
+    from .models import tiny_qwen2
+
+    def eos_everywhere(module, args, out):  # the DLM's argmax is EOS at every position
+        out.logits[..., EOS] = 100.0
+
+    dlm = tiny_qwen2(1)  # its own copy, for the hook
+    dlm.register_forward_hook(eos_everywhere)
+    ids = torch.randint(2, 60, (1, 6))
+    for eos, length in ((None, 1), ([], 4), ([7], 4)):  # None: the drafter's EOS, the target's
+        drafter, lengths = NaiveDiffusionDrafter(dlm, MASK, target, k=4), []
+        generate(target, drafter, ids, max_new_tokens=6, eos_token_id=eos,
+                 on_round=lambda draft, *_: lengths.append(draft.tokens.shape[1]))
+        assert lengths[0] == length, (eos, lengths)  # the path stops at an EOS id of the call
+    refused = rf"eos_token_id must not include .*mask_token_id {MASK}, got \[{MASK}\]"
+    with pytest.raises(ValueError, match=refused):
+        generate(target, NaiveDiffusionDrafter(dlm, MASK, target, k=4), ids, eos_token_id=MASK)
+
+
 def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
     drafter = NaiveDiffusionDrafter(dlm, MASK, 72, k=4, eos_token_id=EOS)
     assert drafter.vocab_size == 72  # the engine checks this against the target's logits
