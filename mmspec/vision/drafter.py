@@ -196,6 +196,10 @@ class ViSpecDrafter(nn.Module):
     def update(self, result: VerifyResult) -> None:
         """Nothing to do: the next `DraftState` carries the committed tokens and their features."""
 
+    def end(self) -> None:
+        """The `generate` call is over: drop its draft KV cache (rebuilt at round 0 anyway)."""
+        self._cache = None
+
     def _new_entries(self, state: DraftState) -> Entries:
         ids, mask = state.input_ids, state.attention_mask
         hidden = state.target_hidden.to(self.embed_weight.dtype)

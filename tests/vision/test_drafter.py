@@ -114,8 +114,11 @@ def test_ragged_batch_matches_each_row(llava, trained_llava):
 
 def _kv_after_prompt(target, drafter, ids, extras):
     # the prefill commits 1 token, so exactly one round drafts (the next has no depth left)
-    generate(target, drafter, ids, max_new_tokens=3, **extras)
-    return drafter.kv_length
+    lengths = []
+    generate(target, drafter, ids, max_new_tokens=3,
+             on_round=lambda *_: lengths.append(drafter.kv_length), **extras)
+    assert drafter.kv_length == 0  # dropped when the call is over
+    return lengths[0]
 
 
 def test_draft_kv_does_not_grow_with_image_tokens():
@@ -245,9 +248,11 @@ def test_prompt_without_images(request, model):
     ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
     ref = reference(target, ids, {}, NEW)
     drafter = request.getfixturevalue(f"trained_{model}")
-    out = generate(target, drafter, ids, max_new_tokens=NEW)
+    global_vecs = []
+    out = generate(target, drafter, ids, max_new_tokens=NEW,
+                   on_round=lambda *_: global_vecs.append(drafter._cache.global_vecs))
     assert torch.equal(out.sequences, ref)
-    assert not drafter._cache.global_vecs.any()  # no image: no global vector
+    assert global_vecs and not any(g.any() for g in global_vecs)  # no image: no global vector
 
 
 def test_llava_feature_overrides_passed_to_generate_reach_the_drafter(llava):
