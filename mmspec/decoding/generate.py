@@ -26,6 +26,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from mmspec.kernels import register_hf_attention
 from mmspec.kernels.hf import require_block_sparse_mask
@@ -36,6 +37,7 @@ from .positions import prefill_position_ids
 from .sampling import SamplingConfig, target_probs
 from .stats import SpecStats
 from .tree import build_tree, verify_mask
+from .windows import sliding_windows
 from .verify import verify_greedy, verify_sampling
 
 
@@ -183,14 +185,16 @@ def _hidden(out, layers):
     return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
 
-def _prefill(target, input_ids, attention_mask, model_kwargs, layers):
-    """The prompt forward, as `target.generate` runs it (no mask without padding, last logits only)."""
+def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
+    """The prompt forward, as `target.generate` runs it (no mask without padding, last logits only).
+    With sliding windows, into a cache that keeps every entry (`windows.py`)."""
     position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
         model_kwargs = {"logits_to_keep": 1, **model_kwargs}
     mask = None if bool(attention_mask.all()) else attention_mask
     inputs = target.prepare_inputs_for_generation(
-        input_ids, past_key_values=None, attention_mask=mask, position_ids=position_ids,
+        input_ids, past_key_values=DynamicCache() if windows else None, attention_mask=mask,
+        position_ids=position_ids,
         use_cache=True, is_first_iteration=True, **model_kwargs)
     out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
     hidden = _hidden(out, layers) if layers else None
@@ -298,11 +302,12 @@ class _Slots:
         self.root_pos = self.root_pos + (depth + 1)[:, None]
 
 
-def _verify_forward(target, tree, slots, cache, need_hidden):
+def _verify_forward(target, tree, slots, cache, need_hidden, windows):
     """One target forward over every row's root and tree; trees through the shared layer."""
     kwargs, audit = {}, nullcontext()
-    if not tree.is_chain:  # a chain's mask is causal: the model's own attention does it (tree.py)
-        kwargs["block_sparse_mask"] = verify_mask(tree, slots.cache_valid)
+    # a chain's mask is causal: the model's own attention does it, unless it has windows (tree.py)
+    if not tree.is_chain or windows:
+        kwargs["block_sparse_mask"] = verify_mask(tree, slots.cache_valid, windows)
         audit = require_block_sparse_mask(target)  # lossless only if every layer applies it
     attn_2d = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
     with audit:
@@ -334,9 +339,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
     need_hidden = bool(layers)
     vocab = vocab_size(target)
 
+    windows = sliding_windows(target)
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
-                                                 layers)
-    kv_cache.check_window(cache, input_ids.shape[1] + max_new_tokens)
+                                                 layers, windows)
     first = _pick(logits, cfg, generator)  # [B]
     rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
     rows.commit(first[:, None], torch.ones_like(first))
@@ -357,7 +362,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         tb = _sync(device)
         tree = build_tree(slots.ids[:, -1], draft, vocab)
         tc = _sync(device)
-        out = _verify_forward(target, tree, slots, cache, need_hidden)
+        out = _verify_forward(target, tree, slots, cache, need_hidden, windows)
         td = _sync(device)
         if cfg.do_sample:
             best, bonus = verify_sampling(tree, target_probs(out.logits, cfg), generator)

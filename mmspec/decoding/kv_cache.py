@@ -7,52 +7,27 @@ select per row into `[start, start + K)` and drops the rest. Rows that accepted 
 tokens leave holes there, which the engine masks out.
 
 Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` tensors (transformers'
-`DynamicCache` and its `DynamicLayer`s). Sliding-window layers (Gemma 2's every other layer) work
-while they still hold every entry, that is while the sequence is shorter than the window; after
-that, and for static and linear-attention layers, the cache is refused: its contents cannot be
-compacted this way.
+`DynamicCache` and its `DynamicLayer`s). Sliding-window, static and linear-attention layers are
+refused: their contents cannot be compacted this way (a model with sliding-window layers gets a
+cache of `DynamicLayer`s from the engine instead: `windows.py`).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import Cache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer
 
 
 def _layers(cache: Cache):
     for layer in cache.layers:
-        sliding = type(layer) is DynamicSlidingWindowLayer
-        if type(layer) is not DynamicLayer and not sliding:
+        if type(layer) is not DynamicLayer:
             raise TypeError(
                 f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "
-                f"needs DynamicLayer (full attention) or DynamicSlidingWindowLayer layers"
+                f"needs DynamicLayer (full attention) layers"
             )
-        if sliding and layer.is_initialized and layer.cumulative_length > layer.keys.shape[-2]:
-            raise NotImplementedError(
-                f"the sequence ({layer.cumulative_length} tokens) outgrew a sliding-window layer "
-                f"(sliding_window={layer.sliding_window}), which has dropped its oldest entries: "
-                f"speculative decoding cannot roll such a layer back; keep prompt + "
-                f"max_new_tokens + draft below the window")
         if layer.is_initialized and layer.keys.numel():
             yield layer
-
-
-def check_window(cache: Cache, length: int) -> None:
-    """Refuse up front a generation of `length` tokens (prompt + max_new_tokens) that would outgrow
-    a sliding-window layer of `cache`, rather than after its work is done."""
-    windows = [layer.sliding_window for layer in cache.layers
-               if type(layer) is DynamicSlidingWindowLayer]
-    if windows and length >= min(windows):
-        raise NotImplementedError(
-            f"prompt + max_new_tokens = {length} tokens reach a sliding-window layer's window "
-            f"(sliding_window={min(windows)}), which then drops its oldest entries: speculative "
-            f"decoding cannot roll such a layer back; ask for fewer tokens")
-
-
-def _set_length(layer, length: int) -> None:
-    if type(layer) is DynamicSlidingWindowLayer:  # its get_seq_length counts every update
-        layer.cumulative_length = length
 
 
 def commit_path(cache: Cache, start: int, keep: torch.Tensor) -> None:
@@ -75,7 +50,6 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor) -> None:
             picked = full[:, :, start:].gather(2, idx)  # [B, H, K, D]
             full[:, :, start : start + k] = picked
             setattr(layer, name, full[:, :, : start + k])
-        _set_length(layer, start + k)
 
 
 def crop(cache: Cache, length: int) -> None:
@@ -83,4 +57,3 @@ def crop(cache: Cache, length: int) -> None:
     for layer in _layers(cache):
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]
-        _set_length(layer, layer.keys.shape[2])

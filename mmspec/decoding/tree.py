@@ -9,6 +9,8 @@ A chain needs no tree mask: its mask is causal plus the rows' padding and holes,
 own attention builds from a 2-D attention mask. The engine verifies chains that way (SDPA), because
 on CPU the shared layer's torch backend costs about 2x SDPA's time for a few queries against a long
 cache (measured: 34 ms vs 16 ms per forward of the built-in 4-layer model, 6 queries, 206 keys).
+On a model with sliding-window layers chains go through the shared layer too: transformers counts
+the window in cache slots, which the holes of a batch's rejected tokens would shift (`windows.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.kernels import BlockSparseMask, tree_ancestors
+from mmspec.kernels import tree_ancestors
 
 from .draft import Draft
+from .windows import block_masks
 
 # key block of the verification mask; 16 runs on the torch (CPU) and triton backends
 BLOCK_SIZE = 16
@@ -106,12 +109,17 @@ def build_tree(roots: torch.Tensor, draft: Draft, vocab: int) -> Tree:
     )
 
 
-def verify_mask(tree: Tree, cache_valid: torch.Tensor) -> BlockSparseMask:
+def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] = ()):
     """Mask `[B, 1, N, C + N]`: node i sees the row's valid cache slots and its ancestors.
 
     cache_valid: bool `[B, C]`, False on left padding and holes.
+    windows: the target's sliding windows; with any, a dict of masks per window (`windows.py`),
+    positions counted over valid slots.
     """
     b, c = cache_valid.shape
     n = tree.num_nodes
     token = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], dim=-1)  # [B, N, C+N]
-    return BlockSparseMask.from_token_mask(token[:, None], BLOCK_SIZE)
+    cached = cache_valid.long()
+    q_pos = cached.sum(-1, keepdim=True) + tree.depth  # [B, N]
+    k_pos = torch.cat([cached.cumsum(-1) - 1, q_pos], dim=-1)  # [B, C + N]
+    return block_masks(token, q_pos, k_pos, windows, BLOCK_SIZE)

@@ -4,7 +4,9 @@
 transformers' `AttentionInterface` (and SDPA's mask builder under the same name). Load or switch a
 model with `attn_implementation="mmspec_block_sparse"`, then pass `block_sparse_mask=` to its
 forward: the keyword travels through the model's `**kwargs` to every attention layer. The mask is
-for `q_len` new tokens against `kv_len = cached + new` keys, shared by all layers. Without a
+for `q_len` new tokens against `kv_len = cached + new` keys, shared by all layers; a model with
+sliding-window layers (Gemma 2 and 3) takes a dict `{None: mask, window: mask within it}`, from
+which each layer picks by its `sliding_window` (`mmspec.decoding.windows`). Without a
 `block_sparse_mask` the layer runs transformers' own SDPA attention, so prefill and ordinary decoding
 are unchanged.
 """
@@ -77,18 +79,28 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
+    window = kwargs.get("sliding_window")
+    windowed = isinstance(block_sparse_mask, dict)
+    if windowed:  # one mask per sliding window (None: full-attention layers)
+        if window not in block_sparse_mask:
+            raise ValueError(
+                f"block_sparse_mask has masks for sliding windows {list(block_sparse_mask)}, but "
+                f"this layer's sliding_window is {window}")
+        block_sparse_mask = block_sparse_mask[window]
     if not isinstance(block_sparse_mask, BlockSparseMask):
         raise TypeError(
-            f"block_sparse_mask must be a BlockSparseMask, got {type(block_sparse_mask).__name__}"
+            f"block_sparse_mask must be a BlockSparseMask or a dict of them keyed by sliding "
+            f"window, got {type(block_sparse_mask).__name__}"
         )
     if dropout and module.training:
         raise ValueError(f"block-sparse attention has no dropout, got dropout={dropout} in training")
     # what the layer would do beyond softmax(q k^T) v must not be dropped silently
-    window = kwargs.get("sliding_window")
-    if window is not None and key.shape[2] > window:
+    if window is not None and not windowed and key.shape[2] > window:
         raise NotImplementedError(
             f"block_sparse_mask: this is a sliding-window layer (sliding_window={window}) over "
-            f"{key.shape[2]} keys, and block_sparse_attention would attend beyond the window")
+            f"{key.shape[2]} keys, and block_sparse_attention would attend beyond the window; "
+            f"pass a dict {{None: mask, {window}: mask within the window}} "
+            f"(mmspec.decoding.windows.block_masks)")
     # Gemma 2 soft-caps its logits (attn_logit_softcapping; None elsewhere)
     out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling,
                                  softcap=kwargs.get("softcap") or None)

@@ -6,11 +6,13 @@ from spec_helpers import BOS, EOS, PAD, VOCAB, OracleDrafter, RandomDrafter, tin
 
 from mmspec import ModelDrafter, generate
 
+WINDOW = 8  # far shorter than prompt + new tokens: the window slides through every call
 
-def tiny_gemma2(softcap=1.0, window=64):
+
+def tiny_gemma2(softcap=1.0, window=WINDOW, seed=0):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                        head_dim=16, attn_logit_softcapping=softcap, sliding_window=window,
@@ -23,34 +25,69 @@ def tiny_gemma2(softcap=1.0, window=64):
     return model
 
 
+NEW = 24
+
+
 @pytest.fixture(scope="module")
 def gemma2_and_ref():
     target = tiny_gemma2()
-    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
-    ref = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=[])
-    uncapped = tiny_gemma2(softcap=None).generate(ids, do_sample=False, max_new_tokens=24,
-                                                  eos_token_id=[])
-    assert not torch.equal(uncapped, ref)  # the soft cap decides tokens here
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=NEW, eos_token_id=[])
+    for other in (tiny_gemma2(softcap=None), tiny_gemma2(window=64)):  # both decide tokens here
+        assert not torch.equal(other.generate(ids, do_sample=False, max_new_tokens=NEW,
+                                               eos_token_id=[]), ref)
     return target, ids, ref
 
 
-@pytest.mark.parametrize("drafter", ["random_tree", "perfect_in_tree", "model_tree"])
-def test_tree_drafts_on_gemma2_are_token_identical(gemma2_and_ref, drafter):
-    # the layers soft-cap their logits and half of them have sliding-window caches: both used to
-    # be refused (the block-sparse layer had no soft cap, the cache could not be rolled back)
+DRAFTERS = {
+    "random_tree": lambda ref: RandomDrafter(6, seed=0),
+    "perfect_in_tree": lambda ref: OracleDrafter(ref[:, 10:], [10], 4, "tree"),
+    "perfect_chain": lambda ref: OracleDrafter(ref[:, 10:], [10], 5, "perfect"),
+    "model_tree": lambda ref: ModelDrafter(tiny_llama(1), 10, top_k=3, depth=3),
+    "gemma2_chain": lambda ref: ModelDrafter(tiny_gemma2(seed=1), 4),
+    "gemma2_tree": lambda ref: ModelDrafter(tiny_gemma2(seed=1), 10, top_k=3, depth=3),
+}
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_drafts_on_gemma2_are_token_identical(gemma2_and_ref, drafter):
+    # soft-capped logits and sliding-window layers whose window the call outgrows: the block-sparse
+    # layer had no soft cap, and transformers' sliding cache drops the entries a rollback needs
     target, ids, ref = gemma2_and_ref
-    make = {"random_tree": lambda: RandomDrafter(6, seed=0),
-            "perfect_in_tree": lambda: OracleDrafter(ref[:, 8:], [8], 4, "tree"),
-            "model_tree": lambda: ModelDrafter(tiny_llama(1), 10, top_k=3, depth=3)}[drafter]
-    out = generate(target, make(), ids, max_new_tokens=24, eos_token_id=[])
+    out = generate(target, DRAFTERS[drafter](ref), ids, max_new_tokens=NEW, eos_token_id=[])
     assert torch.equal(out.sequences, ref)
-    if drafter == "perfect_in_tree":
+    if drafter.startswith("perfect"):
         assert out.stats.accepted >= 12  # rolled back and compacted, rounds after rounds
     assert target.config._attn_implementation == "eager"  # given back as it came
 
 
-def test_a_generation_longer_than_the_window_is_refused_up_front(gemma2_and_ref):
-    target, ids, _ = gemma2_and_ref
-    with pytest.raises(NotImplementedError, match=r"prompt \+ max_new_tokens = 64 tokens reach "
-                                                  r"a sliding-window layer's window"):
-        generate(target, RandomDrafter(6, seed=0), ids, max_new_tokens=56, eos_token_id=[])
+def test_gemma2_drafter_is_accepted():
+    # a Gemma 2 drafter that is the target itself proposes what the target would say
+    target = tiny_gemma2()
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=NEW, eos_token_id=[])
+    for drafter in (ModelDrafter(tiny_gemma2(), 4), ModelDrafter(tiny_gemma2(), 10, top_k=2)):
+        out = generate(target, drafter, ids, max_new_tokens=NEW, eos_token_id=[])
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.accepted >= 0.9 * (NEW - 1 - out.stats.rounds)
+
+
+@pytest.mark.parametrize("drafter", ["random_tree", "perfect_chain", "model_chain"])
+def test_gemma2_batch_with_holes(drafter):
+    # rows accept different numbers of tokens, which leaves holes in the cache slots: the window
+    # counts positions, not slots
+    target = tiny_gemma2()
+    g = torch.Generator().manual_seed(5)
+    ids, mask = torch.full((3, 12), PAD), torch.zeros(3, 12, dtype=torch.long)
+    for b, n in enumerate([12, 5, 9]):
+        ids[b, 12 - n:] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[b, 12 - n:] = 1
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+                          pad_token_id=PAD, eos_token_id=[])
+    make = {"random_tree": lambda: RandomDrafter(6, seed=2),
+            "perfect_chain": lambda: OracleDrafter(ref[:, 12:], mask.sum(1).tolist(), 5,
+                                                   "perfect"),
+            "model_chain": lambda: ModelDrafter(tiny_gemma2(seed=1), 4)}[drafter]
+    out = generate(target, make(), ids, attention_mask=mask, max_new_tokens=NEW,
+                   pad_token_id=PAD, eos_token_id=[])
+    assert torch.equal(out.sequences, ref)

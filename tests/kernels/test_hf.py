@@ -4,6 +4,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from mmspec.kernels import (
     HF_ATTENTION_NAME,
+    BlockSparseMask,
     causal_block_mask,
     register_hf_attention,
     tree_block_mask,
@@ -73,6 +74,26 @@ def test_refuses_a_window_it_would_silently_drop():
     with torch.no_grad(), pytest.raises(
             NotImplementedError, match=r"sliding-window layer \(sliding_window=8\) over 24 keys"):
         model(ids, block_sparse_mask=causal_block_mask(24, 24, 16))
+
+
+def test_window_masks_are_picked_per_layer():
+    # Gemma 2's layers alternate sliding (window 8) and full attention: {window: mask} per layer
+    model, ids = _gemma2(None, 8), torch.randint(0, 64, (1, 24))
+    causal = torch.ones(24, 24, dtype=torch.bool).tril()
+    within = causal & ~torch.ones(24, 24, dtype=torch.bool).tril(-8)
+    masks = {None: causal_block_mask(24, 24, 16),
+             8: BlockSparseMask.from_token_mask(within[None, None], 16)}
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        ref = model(ids).logits
+        model.set_attn_implementation(register_hf_attention())
+        out = model(ids, block_sparse_mask=masks).logits
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        swapped = model(ids, block_sparse_mask={None: masks[8], 8: masks[None]}).logits
+        assert (swapped - ref).abs().max() > 1e-3
+        with pytest.raises(ValueError, match=r"masks for sliding windows \[None\], but this "
+                                             r"layer's sliding_window is 8"):
+            model(ids, block_sparse_mask={None: masks[None]})
 
 
 def test_gemma2_softcap_tree_forward_matches_eager():

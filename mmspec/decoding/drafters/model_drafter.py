@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.kernels import BlockSparseMask, register_hf_attention
+from mmspec.kernels import register_hf_attention
 
 from .. import kv_cache
 from ..draft import Draft, DraftState, VerifyResult
 from ..tree import BLOCK_SIZE
+from ..windows import block_masks, full_cache, sliding_windows
 
 # vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
 DEFAULT_TREE_DEPTH = 4
@@ -65,6 +66,7 @@ class ModelDrafter:
             raise ValueError(f"top_k must be at most the drafter's vocabulary "
                              f"({self.vocab_size} tokens), got {top_k}")
         self.restore_attn: str | None = None  # the model's own attention while switched
+        self.windows = sliding_windows(model)  # its cache keeps every entry then (windows.py)
         self.cache = None
         self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
         self.fed_valid: torch.Tensor | None = None  # bool [B, F]
@@ -79,7 +81,7 @@ class ModelDrafter:
         hole) is masked, so whatever it holds is right. Rejected chain tokens thus stay cached as
         holes, and a round re-feeds only the slots after the drafter's own chain.
         """
-        if self.cache is None or self.fed_ids.shape[0] != ids.shape[0]:
+        if self.fed_ids is None or self.fed_ids.shape[0] != ids.shape[0]:
             return 0
         m = min(self.fed_ids.shape[1], ids.shape[1] - 1)  # the root is always fed again
         fed_ids, fed_valid, ids, valid = self.fed_ids[:, :m], self.fed_valid[:, :m], ids[:, :m], valid[:, :m]
@@ -98,8 +100,8 @@ class ModelDrafter:
     def _catch_up(self, state: DraftState) -> torch.Tensor:
         """Feed the slots the cache lacks; returns the drafter's logits at the roots `[B, V]`."""
         ids, valid = state.input_ids, state.attention_mask.bool()
-        if state.round == 0:
-            self.cache = None
+        if state.round == 0:  # a new call: a new cache (None: the model makes its own)
+            self.cache, self.fed_ids, self.fed_valid = full_cache(self.model), None, None
         start = self._reusable(ids, valid)
         if self.cache is not None:
             kv_cache.crop(self.cache, start)
@@ -160,7 +162,9 @@ class ModelDrafter:
             new_rows = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=tok.device).expand(b, k, k)], -1)
             fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(b, m, k)], -1), new_rows], 1)
             token_mask = torch.cat([valid[:, None, :].expand(b, k, s), new_rows], -1)  # [B, K, S+M+K]
-            mask = BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)
+            fed_pos = root_pos + 1 + torch.arange(m + k, device=tok.device) // k  # [B, M+K]
+            k_pos = torch.cat([valid.long().cumsum(-1) - 1, fed_pos], -1)
+            mask = block_masks(token_mask, root_pos + level, k_pos, self.windows, BLOCK_SIZE)
             attn = torch.cat([valid, valid.new_ones(b, m + k)], 1).long()
             lg = self._forward(front_tok, attn, root_pos + level, mask)  # [B, K, V]
             child_logp, child_tok = lg.log_softmax(-1).topk(k, dim=-1)  # [B, K, K]

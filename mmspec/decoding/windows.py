@@ -1,0 +1,54 @@
+"""Sliding-window attention layers (Gemma 2 and 3, Mistral v0.1) under speculative decoding.
+
+transformers caches a sliding-window layer in a `DynamicSlidingWindowLayer`, which keeps only the
+last `window - 1` entries: a verified draft's rejected entries could then not be dropped again, and
+the oldest committed ones would be gone. So the engine (and `ModelDrafter`) give such a model a
+cache of plain `DynamicLayer`s (`full_cache`), which keeps every entry, and attend through the
+window with a mask: `block_sparse_mask` becomes a dict from the layer's `sliding_window` (None for
+full-attention layers) to its mask, which `mmspec.kernels.hf` picks per layer.
+
+The window is applied in positions, as transformers does it: a query at position p sees the keys
+at positions p - window < k <= p. (transformers compares cache indices, which equal positions up to
+a constant offset per row; in the engine's slot layout, where rejected draft tokens leave holes,
+positions are what still count.)
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from mmspec.kernels import BlockSparseMask
+
+
+def sliding_windows(model) -> tuple[int, ...]:
+    """The distinct sliding windows of the model's attention layers, as transformers would cache
+    them (empty for models without)."""
+    cache = DynamicCache(config=model.config)  # no tensors yet: cheap
+    return tuple(sorted({int(w) for layer in cache.layers
+                         if (w := getattr(layer, "sliding_window", None)) is not None}))
+
+
+def full_cache(model) -> DynamicCache | None:
+    """A cache that keeps every entry of every layer for a model with sliding-window layers; None
+    (the model's own cache) otherwise."""
+    return DynamicCache() if sliding_windows(model) else None
+
+
+def block_masks(token_mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                windows: tuple[int, ...], block_size: int):
+    """`block_sparse_mask` for a forward: the mask of `token_mask` (bool `[B, Nq, Nk]`) alone, or,
+    with `windows`, a dict `{None: that mask, w: that mask within window w, ...}`.
+
+    q_pos: long `[B, Nq]` positions of the queries; k_pos: long `[B, Nk]` positions of the keys
+    (only read with `windows`).
+    """
+    full = BlockSparseMask.from_token_mask(token_mask[:, None], block_size)
+    if not windows:
+        return full
+    distance = q_pos[:, :, None] - k_pos[:, None, :]  # [B, Nq, Nk]
+    masks = {None: full}
+    for window in windows:
+        masks[window] = BlockSparseMask.from_token_mask((token_mask & (distance < window))[:, None],
+                                                        block_size)
+    return masks
