@@ -1,4 +1,4 @@
-"""Gemma 2 targets: attention logits soft-capped and every other layer a sliding window."""
+"""Sliding-window targets and drafters (Gemma 2 with soft-capped logits, Gemma 3, Mistral)."""
 
 import pytest
 import torch
@@ -91,3 +91,34 @@ def test_gemma2_batch_with_holes(drafter):
     out = generate(target, make(), ids, attention_mask=mask, max_new_tokens=NEW,
                    pad_token_id=PAD, eos_token_id=[])
     assert torch.equal(out.sequences, ref)
+
+
+def _other(kind, seed=0):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, sliding_window=WINDOW,
+                  max_position_embeddings=256, pad_token_id=PAD, bos_token_id=BOS,
+                  eos_token_id=EOS)
+    if kind == "mistral":  # every layer slides
+        model = MistralForCausalLM(MistralConfig(num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, **common))
+    else:  # Gemma 3: sliding layers with their own RoPE, then a full one
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"], **common))
+    for layer in model.model.layers:
+        layer.self_attn.q_proj.weight.data *= 10
+        layer.self_attn.k_proj.weight.data *= 10
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma3"])
+def test_other_sliding_window_models(kind):
+    target = _other(kind)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=NEW, eos_token_id=[])
+    for drafter in (RandomDrafter(6, seed=0), ModelDrafter(_other(kind), 10, top_k=2)):
+        out = generate(target, drafter, ids, max_new_tokens=NEW, eos_token_id=[])
+        assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted >= 12  # the target drafting for itself
