@@ -186,8 +186,8 @@ def _hidden(out, layers):
 
 
 def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
-    """The prompt forward, as `target.generate` runs it (no mask without padding, last logits only).
-    With sliding windows, into a cache that keeps every entry (`windows.py`)."""
+    """The prompt forward, as `target.generate` runs it (no mask without padding, last logits
+    only). With sliding windows, into a cache that keeps every entry (`windows.py`)."""
     position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
         model_kwargs = {"logits_to_keep": 1, **model_kwargs}

@@ -49,6 +49,6 @@ def block_masks(token_mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tens
     distance = q_pos[:, :, None] - k_pos[:, None, :]  # [B, Nq, Nk]
     masks = {None: full}
     for window in windows:
-        masks[window] = BlockSparseMask.from_token_mask((token_mask & (distance < window))[:, None],
-                                                        block_size)
+        within = token_mask & (distance < window)
+        masks[window] = BlockSparseMask.from_token_mask(within[:, None], block_size)
     return masks

@@ -128,7 +128,8 @@ def softcapped_attention(q, k, v, mask, softcap):
     """Gemma 2's eager attention: logits scaled, soft-capped, masked, softmaxed (fp32)."""
     dense = mask.to_dense()
     group = q.shape[1] // k.shape[1]
-    scores = q.float() @ k.float().repeat_interleave(group, 1).transpose(-1, -2) * q.shape[-1]**-0.5
+    keys = k.float().repeat_interleave(group, 1)
+    scores = q.float() @ keys.transpose(-1, -2) * q.shape[-1] ** -0.5
     scores = torch.tanh(scores / softcap) * softcap
     probs = torch.softmax(scores.masked_fill(~dense, float("-inf")), -1).nan_to_num(0.0)
     return probs @ v.float().repeat_interleave(group, 1)

@@ -129,7 +129,8 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_forward(
         }
         // S^T (col-major w x bq) = Kbuf (w x D) . Q^T: S row-major [bq, w]
         gemm('T', 'N', w, bq, D, fscale, kbuf.data(), D, qrow, D, 0.f, s.data(), w);
-        if (fcap > 0.f) {  // before the masks below: tanh(-inf) would cap a dropped key to -softcap
+        // soft cap before the masks below: tanh(-inf) would turn a dropped key into -softcap
+        if (fcap > 0.f) {
           const Vec vcap(fcap), vinv(1.f / fcap);
           int64_t e = 0;
           for (; e + Vec::size() <= bq * w; e += Vec::size()) {
