@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mmspec.kernels import available_backends
+
 from .draft_map import check_mode, check_sparsity
 from .tiles import check_tile
 
@@ -34,6 +36,9 @@ class DraftAttentionConfig:
     backend: str = "auto"
 
     def __post_init__(self):
+        backends = ("auto", *available_backends())
+        if self.backend not in backends:  # else it fails at the first sparse step, minutes in
+            raise ValueError(f"backend must be one of {list(backends)}, got {self.backend!r}")
         check_sparsity(self.sparsity)
         check_mode(self.mode)
         object.__setattr__(self, "tile", check_tile(self.tile))

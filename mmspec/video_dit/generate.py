@@ -152,7 +152,7 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
 def run_settings(args, config) -> dict:
     """What a finished prompt's JSON must share with a run that resumes it."""
     return {"model": str(args.model), "seed": args.seed, "steps": args.steps,
-            "height": args.height, "width": args.width, "frames": args.frames,
+            "height": args.height, "width": args.width, "frames": args.frames, "fps": args.fps,
             "guidance": args.guidance, "negative_prompt": args.negative_prompt,
             "true_cfg_scale": args.true_cfg_scale,
             "dtype": args.dtype, "config": None if config is None else asdict(config)}
@@ -176,7 +176,8 @@ def main(argv=None) -> int:
             todo.append(i)
             continue
         old = json.loads(done.read_text())
-        theirs = {"prompt": old.get("prompt"), **old.get("settings", settings)}  # older: prompt
+        # JSONs of older versions lack some settings (all of them, or fps): those pass
+        theirs = {"prompt": old.get("prompt"), **settings, **old.get("settings", {})}
         ours = {"prompt": prompt, **settings}
         if theirs != ours:  # resuming must never mix runs or label one as the other
             differ = ", ".join(f"{k} {theirs.get(k)!r} there, {v!r} now"

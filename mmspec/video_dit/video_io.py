@@ -25,7 +25,9 @@ def write_mp4(path: Path, frames, fps: int = 16, crf: int = 12) -> None:
     _, h, w, _ = frames.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 yuv420p needs even frame sizes, got {h}x{w}")
-    with av.open(str(path), mode="w") as container:
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")  # a killed run never leaves a torn video
+    with av.open(str(partial), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.options = {"crf": str(crf)}
@@ -34,6 +36,7 @@ def write_mp4(path: Path, frames, fps: int = 16, crf: int = 12) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+    partial.replace(path)
 
 
 def read_video(path: Path) -> np.ndarray:

@@ -2,6 +2,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from mmspec.video_dit.compare import compare_dirs, psnr, ssim, table
 from mmspec.video_dit.video_io import write_mp4
@@ -34,5 +35,49 @@ def test_compare_dirs(tmp_path):
     assert "| x.mp4 | inf | 1.0000 |" in table(rows)
     with pytest.raises(FileNotFoundError, match="DENSE_DIR"):
         compare_dirs(tmp_path / "nope", tmp_path / "s")
-    with pytest.raises(ValueError, match="no video name"):
+    with pytest.raises(ValueError, match="no finished video name"):
         compare_dirs(tmp_path / "d", tmp_path)
+
+
+def _ssim_whole_video(a, b, window=11, sigma=1.5):
+    """The definition in one 2-D convolution over the whole video (what `ssim` did before it
+    went a few frames at a time with two 1-D passes)."""
+    x = torch.from_numpy(a).double().permute(0, 3, 1, 2)
+    y = torch.from_numpy(b).double().permute(0, 3, 1, 2)
+    g = torch.exp(-((torch.arange(window) - (window - 1) / 2) ** 2) / (2 * sigma**2)).double()
+    g = g / g.sum()
+    kernel = (g[:, None] * g[None, :]).expand(3, 1, window, window)
+
+    def blur(t):
+        return torch.nn.functional.conv2d(t, kernel, groups=3)
+
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    mx, my = blur(x), blur(y)
+    vx, vy, cxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
+    s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+    return float(s.mean())
+
+
+def test_ssim_by_frames_equals_the_whole_video_definition():
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, (7, 24, 40, 3), dtype=np.uint8)  # 7 frames: a ragged last pass
+    b = np.clip(a + rng.normal(0, 30, a.shape), 0, 255).astype(np.uint8)
+    assert ssim(a, b) == pytest.approx(_ssim_whole_video(a, b), rel=1e-12)
+    assert ssim(a, b, frames_per_pass=1) == pytest.approx(_ssim_whole_video(a, b), rel=1e-12)
+
+
+def test_compare_leaves_out_unfinished_videos(tmp_path, caplog):
+    # a run killed while writing (or still going) leaves a video without its JSON, maybe torn
+    import json
+
+    dense, sparse = tmp_path / "d", tmp_path / "s"
+    for d in (dense, sparse):
+        d.mkdir()
+        for name in ("0000", "0001"):
+            write_mp4(d / f"{name}.mp4", _video())
+        (d / "0000.json").write_text(json.dumps({"seconds": 1.0, "density": None}))
+    (sparse / "0001.mp4").write_bytes(b"\x00\x00\x00\x18ftypisom")  # torn: no moov atom
+    rows = compare_dirs(dense, sparse)
+    assert [r["video"] for r in rows] == ["0000.mp4"]
+    assert "leaving out 0001.mp4" in caplog.text
+    assert sorted(p.name for p in dense.iterdir()) == ["0000.json", "0000.mp4", "0001.mp4"]

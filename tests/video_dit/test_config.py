@@ -20,6 +20,9 @@ def test_defaults_follow_the_paper():
     ({"dense_steps": 1.5}, "dense_steps must be"),
     ({"dense_steps": True}, "dense_steps must be"),
     ({"dense_layers": -1}, "dense_layers must be"),
+    # a typo used to pass here and fail at the first sparse step, minutes into the first video
+    ({"backend": "tirton"}, r"backend must be one of \['auto', 'reference', 'torch', 'triton'\], "
+                            r"got 'tirton'"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -50,6 +50,9 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"0000.json was made by another prompt or settings "
                                          r"\(config .*sparsity.: 0.5.* there, .*sparsity.: 0.7"):
         generate.main([*args, "--out", str(sparse), "--sparsity", "0.7", "--dense-steps", "1"])
+    with pytest.raises(SystemExit, match=r"fps 16 there, 8 now"):  # frame rates mixed
+        generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1",
+                       "--fps", "8"])
     prompts.write_text("a blue cat\na dog on the beach\n")
     with pytest.raises(SystemExit, match=r"prompt 'a red cat' there, 'a blue cat' now"):
         generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"])
