@@ -16,7 +16,8 @@ prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM wit
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
 drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary; CPS + ADL
 with the prefix KV cache), `self` (the target drafts for itself: every token is accepted, a check
-of the engine).
+of the engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text preset's
+`model`) sample at the target's temperature; tree nodes are chosen, not sampled.
 """
 
 from __future__ import annotations
@@ -149,9 +150,22 @@ def _path_drafter(args, target):
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
                          f"diffusion:PATH, self or builtin for --target {args.target}, "
                          f"got {kind!r}")
-    return ModelDrafter(model.to(args.device), num_tokens=num_tokens,
-                        top_k=1 if args.tree_top_k is None else args.tree_top_k,
-                        depth=args.tree_depth)
+    top_k = 1 if args.tree_top_k is None else args.tree_top_k
+    if args.sample and top_k > 1:
+        _log("--sample with a tree: its nodes are chosen, not sampled (still exact, fewer accepted)")
+    return ModelDrafter(model.to(args.device), num_tokens=num_tokens, top_k=top_k,
+                        depth=args.tree_depth,
+                        temperature=_draft_temperature(args, target) if top_k == 1 else 0.0)
+
+
+def _draft_temperature(args, target) -> float:
+    """A chain drafter's temperature: the target's under --sample (a drafter proposing argmax
+    tokens gets only p(argmax) of them accepted), 0 (greedy) otherwise."""
+    if not args.sample:
+        return 0.0
+    from mmspec.decoding.generate import sampling_config
+
+    return sampling_config(target, True, args.temperature, args.top_k, args.top_p).temperature
 
 
 def _on_device(drafter, target, device):
@@ -183,8 +197,11 @@ def _setup(args):
                              f"{sorted(preset.drafters)}, got {name!r}")
         _refuse_draft_shape(args, f"--target {args.target}")
         _log(f"{preset.description}; drafter: {name}")
-        return (preset.target, preset.tokenizer, preset.inputs, preset.drafters[name],
-                preset.eos_token_id)
+        make = preset.drafters[name]
+        if name == "model":  # a chain: it samples at the target's temperature under --sample
+            temperature = _draft_temperature(args, preset.target)
+            make = lambda: preset.drafters["model"](temperature=temperature)  # noqa: E731
+        return preset.target, preset.tokenizer, preset.inputs, make, preset.eos_token_id
     target, tokenizer, inputs = _load_path_target(args)
     return target, tokenizer, inputs, lambda: _path_drafter(args, target), None
 

@@ -96,5 +96,7 @@ def encode_prompts(tokenizer, text_encoder, prompts: list[str]) -> torch.Tensor:
     for i, row in enumerate(ids):
         input_ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
-    hidden = text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
-    return hidden * mask[..., None].to(hidden.dtype)
+    device = text_encoder.device  # on a GPU under `pipe.to("cuda")`
+    hidden = text_encoder(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+    hidden = hidden.last_hidden_state
+    return hidden * mask[..., None].to(hidden)

@@ -15,6 +15,19 @@ def test_generate_with_the_builtin_target(capsys):
     assert len(captured.out.strip("\n")) == 12  # one character per token, streamed
 
 
+def test_sampling_self_drafter_samples_like_the_target(capsys):
+    # under --sample the chain drafter proposed argmax tokens: 1 of 95 accepted. Sampling at the
+    # target's temperature (no top-k: the same distribution), every draft token is accepted
+    import re
+
+    assert main(["generate", "--target", "builtin", "--drafter", "self", "--sample", "--top-k",
+                 "0", "--temperature", "0.8", "--max-new-tokens", "30", "--prompt", "abcabc",
+                 "--device", "cpu", "--no-baseline"]) == 0
+    accepted, drafted = map(int, re.search(r"accepted (\d+)/(\d+) drafted",
+                                           capsys.readouterr().err).groups())
+    assert drafted > 10 and accepted == drafted
+
+
 def test_unknown_drafter_is_refused(capsys):
     import pytest
 

@@ -200,3 +200,21 @@ def test_generate_cli_runs_the_zoo_entry(entry, tmp_path):
                           "--sparsity", "0.9", "--dense-steps", "1"]) == 0
     meta = json.loads((tmp_path / "out" / "0000.json").read_text())
     assert meta["frames"] == 4 and meta["density"]["by_step"]["2"] < 1.0
+
+
+def test_prompts_are_encoded_on_the_text_encoders_device(entry):
+    # the token ids were built on the CPU: under `pipe.to("cuda")` the encoder got CPU ids
+    from types import SimpleNamespace
+
+    from mmspec.zoo.video_model import MAX_TEXT_LEN, encode_prompts
+
+    class Encoder(torch.nn.Module):
+        device = torch.device("meta")  # any device but the CPU's
+
+        def forward(self, input_ids, attention_mask):
+            assert input_ids.device == attention_mask.device == self.device
+            return SimpleNamespace(last_hidden_state=torch.zeros(
+                *input_ids.shape, 8, device=self.device))
+
+    out = encode_prompts(entry.model.tokenizer, Encoder(), ["a red cat", "a dog"])
+    assert out.shape == (2, MAX_TEXT_LEN, 8) and out.device.type == "meta"
