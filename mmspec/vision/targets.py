@@ -136,13 +136,14 @@ def adapter_for(target) -> TargetAdapter:
 def target_signature(target) -> dict:
     """What a saved drafter records about its target: class, sizes, an embedding signature."""
     adapter = adapter_for(target)
-    weight = adapter.embed_weight.detach().float()
+    weight = adapter.embed_weight.detach()
     return {"class": type(target).__name__,
             "name_or_path": getattr(target.config, "_name_or_path", ""),
             "hidden_size": int(weight.shape[1]),
             "vocab_size": int(adapter.lm_head.weight.shape[0]),
-            # column sums over the vocabulary: differ between checkpoints, survive dtype casts
-            "embedding_signature": [round(float(x), 4) for x in weight.sum(0)[:8]]}
+            # column sums over the vocabulary: differ between checkpoints, survive dtype casts;
+            # 8 columns in fp32, not the whole matrix (2 GB for a 7B Qwen)
+            "embedding_signature": [round(float(x), 4) for x in weight[:, :8].float().sum(0)]}
 
 
 def signature_mismatch(saved: dict, target) -> str:

@@ -57,12 +57,19 @@ class PixelWanPipeline(DiffusionPipeline):
             raise ValueError(f"height and width must be even (patch 2), got {height}x{width}")
         negative = negative_prompt if negative_prompt is not None else ""
         negatives = [negative] * len(prompts) if isinstance(negative, str) else list(negative)
+        if len(negatives) != len(prompts):
+            raise ValueError(f"negative_prompt must be a string or {len(prompts)} strings (one "
+                             f"per prompt), got {len(negatives)}")
+        shape = (len(prompts), 3, num_frames, height, width)
+        if latents is not None and tuple(latents.shape) != shape:
+            raise ValueError(f"latents must be [prompts, 3, num_frames, height, width] = "
+                             f"{list(shape)}, got {list(latents.shape)}")
         device, dtype = self.transformer.device, self.transformer.dtype
         cfg = guidance_scale > 1.0
         text = encode_prompts(self.tokenizer, self.text_encoder, prompts + (negatives if cfg else []))
         text = text.to(device, dtype)
         if latents is None:
-            latents = torch.randn((len(prompts), 3, num_frames, height, width), generator=generator)
+            latents = torch.randn(shape, generator=generator)
         latents = latents.to(device, torch.float32)
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):

@@ -218,3 +218,12 @@ def test_prompts_are_encoded_on_the_text_encoders_device(entry):
 
     out = encode_prompts(entry.model.tokenizer, Encoder(), ["a red cat", "a dog"])
     assert out.shape == (2, MAX_TEXT_LEN, 8) and out.device.type == "meta"
+
+
+def test_pipeline_input_errors_name_the_argument(entry):
+    pipe = entry.model
+    with pytest.raises(ValueError, match="negative_prompt must be a string or 2 strings"):
+        pipe(["a", "b"], negative_prompt=["x"], num_inference_steps=1, **SIZE)
+    with pytest.raises(ValueError, match=r"latents must be .* = \[1, 3, 4, 32, 32\], got "
+                                         r"\[2, 3, 4, 32, 32\]"):
+        pipe("a", latents=torch.zeros(2, 3, 4, 32, 32), num_inference_steps=1, **SIZE)
