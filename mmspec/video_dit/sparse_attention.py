@@ -93,7 +93,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             (t, h, w) order, or already in tile order with padding (`tiled=True`, L = Np + text).
         layout: the `TileLayout` of the video grid and tile.
         text_len: text tokens, after the video (HunyuanVideo) or before it (`text_first`, CogVideoX).
-        key_valid: optional bool `[B, L]` (model order), False for keys to ignore (text padding).
+        key_valid: optional bool `[B, L]` in the order of q, k, v (model order; tile order with
+            padding slots when `tiled`), False for keys to ignore (text padding).
         on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nTiles, nTiles]`
             (tile order) before the blocks are selected, e.g. to plot it.
 
@@ -110,6 +111,11 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             f"grid {layout.grid} has {expected} {'tiled ' if tiled else ''}tokens but the sequence "
             f"has {parts[0][0].shape[2]} video tokens ({q.shape[2]} tokens, {text_len} of them text)"
         )
+    shapes = ((b, q.shape[2]), (1, q.shape[2]))
+    if key_valid is not None and (key_valid.dtype != torch.bool
+                                  or tuple(key_valid.shape) not in shapes):
+        raise ValueError(f"key_valid must be bool [B={b}, L={q.shape[2]}] in the order of q, k, v, "
+                         f"got {key_valid.dtype} {list(key_valid.shape)}")
     if not tiled:
         videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
     elif layout.has_padding:

@@ -129,3 +129,21 @@ def test_padding_correction_and_its_fallback(logit_shift, monkeypatch):
     out, _ = sparse_attention.draft_attention(q, k, v, layout, sparsity=0.0)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-4)
     assert len(calls) == (1 if logit_shift else 0)
+
+
+def test_key_valid_of_another_length_is_named():
+    # with tiled=True the keys are the padded tile order (Np + text), not the model order
+    q, k, v = _qkv(length=N + 5)
+    layout = tile_layout(GRID, TILE)
+    with pytest.raises(ValueError, match=r"key_valid must be bool \[B=2, L=125\] in the order of "
+                                         r"q, k, v, got torch.bool \[2, 120\]"):
+        draft_attention(q, k, v, layout, sparsity=0.5, text_len=5,
+                        key_valid=torch.ones(2, N, dtype=torch.bool))
+    tiled = [torch.cat([layout.to_tiles(x[:, :, :N]), x[:, :, N:]], 2) for x in (q, k, v)]
+    valid = torch.ones(2, layout.padded_tokens + 5, dtype=torch.bool)
+    out, _ = draft_attention(*tiled, layout, sparsity=0.0, text_len=5, tiled=True,
+                             key_valid=valid)
+    ref, _ = draft_attention(q, k, v, layout, sparsity=0.0, text_len=5)
+    torch.testing.assert_close(out[:, :, layout.valid.nonzero()[:, 0]],
+                               layout.to_tiles(ref[:, :, :N])[:, :, layout.valid], atol=1e-5,
+                               rtol=1e-5)
