@@ -12,8 +12,9 @@ One step on one sample:
     L                = w_f SmoothL1(feature) + w_tv sum|p_d - p_t| + w_rank ListMLE(top 10) + w_ce CE
 The rollout is ViSpec's anti-shortcut pass (`--rollout-steps`, README: 1).
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay.
-Checkpoints (`<out>/checkpoint`) resume with `--resume`; held-out tau (with bonus, EAGLE's
-convention) every `--eval-every` steps through `mmspec.generate`.
+Checkpoints (`<out>/checkpoint`, swapped in whole) resume with `--resume` (without it an existing
+checkpoint is refused, never overwritten); the answers are saved as they come. Held-out tau
+(with bonus, EAGLE's convention) every `--eval-every` steps through `mmspec.generate`.
 
 Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
 or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.
@@ -27,6 +28,8 @@ import hashlib
 import json
 import math
 import random
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,23 +91,64 @@ def _key(index: int, sample: dict, max_new_tokens: int) -> str:
     return f"{index}:{digest.hexdigest()[:16]}"
 
 
-def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None) -> list:
-    """The target's greedy answer to each sample (long `[A_i]`), cached as token ids."""
-    cache = torch.load(cache_path, weights_only=True) if cache_path is not None and cache_path.is_file() else {}
+def save_atomic(obj, path: Path) -> None:
+    """`torch.save` to a temporary sibling, then a rename: a kill mid-save keeps the old file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+class AnswerCache:
+    """The answer cache file, `{_key: long [A]}`. New answers are saved every `save_every_s`
+    seconds (and by `save`) through `save_atomic`, so an interrupted run keeps the answers made so
+    far and a rerun makes only the missing ones (as `mmspec.zoo.distill.target_continuations`).
+    With `path` None it is a plain dict in memory."""
+
+    def __init__(self, path: Path | None, save_every_s: float = 120.0):
+        self.path = Path(path) if path is not None else None
+        self.answers = torch.load(self.path, weights_only=True) \
+            if self.path is not None and self.path.is_file() else {}
+        self.save_every_s, self.last_save, self.unsaved = save_every_s, time.time(), False
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.answers
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.answers[key]
+
+    def add(self, key: str, answer: torch.Tensor) -> None:
+        self.answers[key] = answer
+        self.unsaved = True
+        if time.time() - self.last_save >= self.save_every_s:
+            self.save()
+
+    def save(self) -> None:
+        if self.path is not None and self.unsaved:
+            save_atomic(self.answers, self.path)
+        self.unsaved, self.last_save = False, time.time()
+
+
+def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None,
+                   save_every_s: float = 120.0) -> list:
+    """The target's greedy answer to each sample (long `[A_i]`), cached as token ids in
+    `cache_path` (saved every `save_every_s` seconds: a rerun resumes)."""
+    cache = AnswerCache(cache_path, save_every_s)
     answers = []
-    for i, s in enumerate(tqdm(samples, desc="target answers", leave=False)):
-        key = _key(i, s, max_new_tokens)
-        if key not in cache:
-            ids = s["input_ids"]
-            extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
-            with torch.no_grad():
-                out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                      do_sample=False, max_new_tokens=max_new_tokens, **extras)
-            cache[key] = out[0, ids.shape[1]:].cpu()
-        answers.append(cache[key])
-    if cache_path is not None:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(cache, cache_path)
+    try:
+        for i, s in enumerate(tqdm(samples, desc="target answers", leave=False)):
+            key = _key(i, s, max_new_tokens)
+            if key not in cache:
+                ids = s["input_ids"]
+                extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
+                with torch.no_grad():
+                    out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                          do_sample=False, max_new_tokens=max_new_tokens,
+                                          **extras)
+                cache.add(key, out[0, ids.shape[1]:].cpu().clone())  # not the prompt's storage
+            answers.append(cache[key])
+    finally:  # an interrupt (Ctrl-C) keeps every answer made; a kill, those of the last save
+        cache.save()
     return answers
 
 
@@ -183,6 +227,8 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
     the answer cache and the final drafter."""
     out_dir = Path(out_dir) if out_dir is not None else None
+    if out_dir is not None and not resume:
+        refuse_to_overwrite(out_dir)
     target.eval().requires_grad_(False)
     if held_out:  # `held_out_tau` runs mmspec.generate: refuse its settings now, not at the eval
         sampling_config(target, False, None, None, None)
@@ -222,17 +268,52 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     return losses
 
 
+def refuse_to_overwrite(out_dir: Path) -> None:
+    """FileExistsError if `out_dir` holds a run's checkpoint: as mmspec.zoo's trainers, a run
+    without `--resume` never overwrites another's state."""
+    ckpt, _, previous = _checkpoint_dirs(Path(out_dir))  # previous: a save killed mid-swap
+    for path in (ckpt, previous):
+        if path.exists():
+            raise FileExistsError(f"{path} exists: pass --resume (resume=True) to continue it, "
+                                  "or delete it")
+
+
+def _checkpoint_dirs(out_dir: Path) -> tuple[Path, Path, Path]:
+    """(the checkpoint, the one being written, the previous one while the new is swapped in)."""
+    return out_dir / "checkpoint", out_dir / "checkpoint.new", out_dir / "checkpoint.old"
+
+
+def _settle_checkpoint(out_dir: Path) -> None:
+    """Clear up after a killed save: killed between its two renames, the previous checkpoint is
+    put back; a half-written `checkpoint.new` (or a half-deleted `checkpoint.old`) is removed."""
+    ckpt, new, old = _checkpoint_dirs(out_dir)
+    if old.is_dir() and not ckpt.exists():
+        old.rename(ckpt)
+    for leftover in (new, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+
+
 def _save_checkpoint(drafter, opt, sched, rng, generator, step: int, out_dir: Path) -> None:
-    """Everything a resumed run needs to continue exactly as an uninterrupted one."""
-    ckpt = out_dir / "checkpoint"
-    drafter.save_pretrained(ckpt)
+    """Everything a resumed run needs to continue exactly as an uninterrupted one. Written whole
+    into `checkpoint.new`, then swapped in by renames: `checkpoint` is always one complete save
+    (weights, step, optimizer and RNG states of the same step), whenever the run is killed."""
+    ckpt, new, old = _checkpoint_dirs(out_dir)
+    _settle_checkpoint(out_dir)
+    drafter.save_pretrained(new)
     torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "sample_rng": rng.getstate(), "noise_rng": generator.get_state()},
-               ckpt / "trainer.pt")
+               new / "trainer.pt")
+    if ckpt.exists():
+        ckpt.rename(old)
+    new.rename(ckpt)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
-    ckpt = out_dir / "checkpoint"
+    _settle_checkpoint(out_dir)
+    ckpt = _checkpoint_dirs(out_dir)[0]
     if not (ckpt / "trainer.pt").is_file():
         return 0
     loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
@@ -288,9 +369,19 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     for f in dataclasses.fields(TrainConfig):
-        if f.name != "betas":
+        if f.name == "warmup_steps":  # default None: min(the config's, --steps), as the zoo does
+            p.add_argument("--warmup-steps", type=int, default=None,
+                           help=f"linear warm-up steps (default: {f.default}, at most --steps)")
+        elif f.name != "betas":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     args = p.parse_args(argv)
+    if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
+        p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
+    if args.warmup_steps is None:  # a warm-up longer than the run never reaches the peak LR
+        args.warmup_steps = min(TrainConfig.warmup_steps, args.steps)
+    elif args.warmup_steps > args.steps:
+        p.error(f"--warmup-steps must be at most --steps ({args.steps}): the LR would never "
+                f"reach --lr; got {args.warmup_steps}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                          if f.name != "betas"})
     from transformers import AutoModelForImageTextToText

@@ -36,7 +36,14 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.vision import ViSpecDrafter
-from mmspec.vision.train import TrainConfig, _key, held_out_tau, train
+from mmspec.vision.train import (
+    AnswerCache,
+    TrainConfig,
+    _key,
+    held_out_tau,
+    refuse_to_overwrite,
+    train,
+)
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, git_show
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
@@ -452,27 +459,34 @@ def drafter_samples(processor, seeds) -> list[dict]:
 
 
 @torch.no_grad()
-def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: Path) -> None:
+def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: Path,
+                       save_every_s: float = 120.0) -> None:
     """Fill `mmspec.vision.train`'s answer cache: greedy answers, prompts of equal length batched
-    (no padding, so each row is the answer `target.generate` gives it alone)."""
-    cache = torch.load(cache_path, weights_only=True) if cache_path.is_file() else {}
+    (no padding, so each row is the answer `target.generate` gives it alone: cut after its first
+    EOS, any of them when the generation config lists several). Saved every `save_every_s`
+    seconds as `target_answers` does: a rerun makes only the missing answers."""
+    cache = AnswerCache(cache_path, save_every_s)
     groups: dict = {}
     for i, s in enumerate(samples):
         if _key(i, s, max_new_tokens) not in cache:
             groups.setdefault(s["input_ids"].shape[1], []).append(i)
-    eos = target.generation_config.eos_token_id
+    eos = target.generation_config.eos_token_id  # None, an id or a list of ids
+    eos = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos),
+                       dtype=torch.long)
     todo = [idx[j:j + 16] for idx in groups.values() for j in range(0, len(idx), 16)]
-    for chunk in tqdm(todo, desc="target answers", file=sys.stdout, mininterval=10):
-        ids = torch.cat([samples[i]["input_ids"] for i in chunk])
-        pixels = torch.cat([samples[i]["pixel_values"] for i in chunk])
-        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                              pixel_values=pixels, do_sample=False, max_new_tokens=max_new_tokens)
-        for row, i in zip(out[:, ids.shape[1]:], chunk):
-            stop = (row == eos).nonzero()
-            cache[_key(i, samples[i], max_new_tokens)] = row[:int(stop[0]) + 1] if len(stop) \
-                else row
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(cache, cache_path)
+    try:
+        for chunk in tqdm(todo, desc="target answers", file=sys.stdout, mininterval=10):
+            ids = torch.cat([samples[i]["input_ids"] for i in chunk])
+            pixels = torch.cat([samples[i]["pixel_values"] for i in chunk])
+            out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  pixel_values=pixels, do_sample=False,
+                                  max_new_tokens=max_new_tokens)
+            for row, i in zip(out[:, ids.shape[1]:].cpu(), chunk):
+                stop = torch.isin(row, eos).nonzero()
+                cache.add(_key(i, samples[i], max_new_tokens),
+                          (row[:int(stop[0]) + 1] if len(stop) else row).clone())
+    finally:  # an interrupt (Ctrl-C) keeps every answer made; a kill, those of the last save
+        cache.save()
 
 
 def answers_cache_path(out: Path, spec: DrafterSpec, target_dir: Path) -> Path:
@@ -491,6 +505,8 @@ def cmd_drafter(args) -> None:
     target_entry = load(spec.target, Path(args.zoo))
     target, processor = target_entry.model, target_entry.tokenizer
     out_dir = Path(args.out) / spec.name
+    if not args.resume:  # before the answers, which can take long
+        refuse_to_overwrite(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     samples = drafter_samples(processor, range(DRAFTER_SEEDS, DRAFTER_SEEDS + spec.samples))
     held = drafter_samples(processor, heldout_seeds(spec.held_out))
@@ -498,7 +514,7 @@ def cmd_drafter(args) -> None:
     t0 = time.time()
     # both drafters train on the same prompts: the target answers them once
     shared = answers_cache_path(Path(args.out), spec, Path(args.zoo) / spec.target)
-    precompute_answers(target, samples, spec.answer_tokens, shared)
+    precompute_answers(target, samples, spec.answer_tokens, shared, args.save_every_s)
     shutil.copyfile(shared, out_dir / "answers.pt")
     answers_s = time.time() - t0
     cfg = TrainConfig(steps=steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, steps),

@@ -1,6 +1,7 @@
 """Training: a few steps lower the loss, checkpoints resume exactly, the command line runs."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,3 +147,144 @@ def test_a_refused_generation_setting_fails_before_training(llava, samples):
             train(_fresh(llava), llava, samples, CFG, held_out=samples[:1])
     finally:
         llava.generation_config.repetition_penalty = None
+
+
+def _kill_the_second_save_at(point, monkeypatch):
+    """Make the step-6 checkpoint save (the second) die: while writing its trainer.pt (its weights
+    already written), or between the renames that swap it in (no `checkpoint` on disk)."""
+    calls = [0]
+    if point == "trainer.pt":
+        real = torch.save
+
+        def dies(obj, f, *args, **kwargs):
+            if str(f).endswith("trainer.pt"):
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise KeyboardInterrupt
+            return real(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "save", dies)
+    else:
+        real = Path.rename
+
+        def dies(self, to):
+            if Path(to).name == "checkpoint":
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise KeyboardInterrupt
+            return real(self, to)
+
+        monkeypatch.setattr(Path, "rename", dies)
+    return calls
+
+
+@pytest.mark.parametrize("point", ["trainer.pt", "swap"])
+def test_a_run_killed_while_saving_a_checkpoint_resumes_exactly(tmp_path, llava, samples,
+                                                                monkeypatch, point):
+    # the weights were overwritten in place before trainer.pt: a kill between the two left the
+    # step-6 weights with the step-3 step, optimizer and RNG states, and --resume took them
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 6, "checkpoint_every": 3, "noise": 0.2})
+    full = _fresh(llava)
+    train(full, llava, samples, cfg, out_dir=tmp_path / "full")
+
+    with monkeypatch.context() as patch:
+        calls = _kill_the_second_save_at(point, patch)
+        with pytest.raises(KeyboardInterrupt):
+            train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path / "cut")
+        assert calls[0] == 2
+    cut = tmp_path / "cut"
+    resumed = _fresh(llava)
+    losses = train(resumed, llava, samples, cfg, out_dir=cut, resume=True)
+    assert len(losses) == 3  # steps 4-6, from the whole step-3 checkpoint
+    a, b = full.state_dict(), resumed.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert sorted(p.name for p in cut.glob("checkpoint*")) == ["checkpoint"]  # no leftovers
+    assert torch.load(cut / "checkpoint" / "trainer.pt", weights_only=True)["step"] == 6
+
+
+def test_a_rerun_without_resume_refuses_to_overwrite_the_checkpoint(tmp_path, llava, samples):
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 2})
+    train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path)
+    before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match=r"checkpoint exists: pass --resume"):
+        train(_fresh(llava), llava, samples, TrainConfig(**{**cfg.__dict__, "seed": 1}),
+              out_dir=tmp_path)
+    assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before
+    assert torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)["step"] == 2
+
+
+def test_interrupted_target_answers_are_kept_and_resumed(tmp_path, llava, monkeypatch):
+    # answers.pt was written once, after the last answer: an interrupt lost every answer
+    samples = [{"input_ids": i, **e} for i, e in (llava_prompt(seed=s) for s in range(5))]
+    expected = target_answers(llava, samples, 8, None)
+    cache, real, on_disk = tmp_path / "answers.pt", llava.generate, []
+
+    def killed_at_the_4th(*args, **kwargs):  # a kill: what is on disk is what was saved
+        if len(on_disk) == 3:
+            on_disk.append(len(torch.load(cache, weights_only=True)))
+            raise KeyboardInterrupt
+        on_disk.append(None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llava, "generate", killed_at_the_4th)
+    with pytest.raises(KeyboardInterrupt):
+        target_answers(llava, samples, 8, cache, save_every_s=0)
+    assert on_disk[-1] == 3  # saved as they came, not only at the end
+    assert len(torch.load(cache, weights_only=True)) == 3
+    calls = []
+    monkeypatch.setattr(llava, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    answers = target_answers(llava, samples, 8, cache)
+    assert len(calls) == 2  # only the missing ones
+    assert all(torch.equal(a, b) for a, b in zip(answers, expected))
+    assert len(torch.load(cache, weights_only=True)) == 5
+    assert [p.name for p in tmp_path.iterdir()] == ["answers.pt"]  # no temp file left
+
+
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory, llava):
+    """A saved tiny target and 20 ready samples, for `main`."""
+    folder = tmp_path_factory.mktemp("cli")
+    llava.save_pretrained(folder / "target")
+    torch.save([{"input_ids": i, **e} for i, e in (llava_prompt(seed=s) for s in range(20))],
+               folder / "samples.pt")
+    return ["--target", str(folder / "target"), "--data", str(folder / "samples.pt"),
+            "--out", str(folder / "out")]
+
+
+@pytest.fixture
+def main_train(monkeypatch):
+    """Runs `main` up to `train`, recording what it would train on."""
+    seen = {}
+
+    def record(drafter, target, train_set, cfg, held_out, out_dir, resume):
+        seen.update(train=len(train_set), held=len(held_out), cfg=cfg)
+
+    monkeypatch.setattr(train_mod, "train", record)
+    return seen
+
+
+@pytest.mark.parametrize("held_out", ["5", "1.0", "-0.5", "nan"])
+def test_command_line_refuses_a_held_out_share_outside_0_to_1(cli_files, main_train, capsys,
+                                                              held_out):
+    # 5 (meaning 5%) or 1.0 left one training sample; a negative share sliced from the end
+    with pytest.raises(SystemExit):
+        main([*cli_files, "--held-out", held_out])
+    assert f"--held-out must be a fraction in [0, 1), got {float(held_out)}" in \
+        capsys.readouterr().err
+    main([*cli_files, "--held-out", "0.1"])
+    assert (main_train["train"], main_train["held"]) == (18, 2)
+
+
+def test_command_line_warm_up_never_outlasts_the_run(cli_files, main_train, capsys):
+    # the default warm-up (100 steps) with --steps 10 never reached --lr: the peak was 0.1 * lr
+    main([*cli_files, "--steps", "10"])
+    cfg = main_train["cfg"]
+    assert cfg.warmup_steps == 10
+    assert max(map(train_mod._schedule(cfg), range(cfg.steps))) == 1.0
+    main([*cli_files, "--steps", "300"])
+    assert main_train["cfg"].warmup_steps == TrainConfig.warmup_steps  # 100, the default
+    main([*cli_files, "--steps", "10", "--warmup-steps", "4"])
+    assert main_train["cfg"].warmup_steps == 4
+    with pytest.raises(SystemExit):
+        main([*cli_files, "--steps", "10", "--warmup-steps", "20"])
+    assert "--warmup-steps must be at most --steps (10)" in capsys.readouterr().err

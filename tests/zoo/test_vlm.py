@@ -415,3 +415,51 @@ def test_precomputed_answers_are_the_ones_training_reads(target, tmp_path, monke
     monkeypatch.setattr(target.model, "generate", no_generate)
     answers = target_answers(target.model, samples, 8, cache)
     assert len(answers) == 2 and all(0 < len(a) <= 8 for a in answers)
+
+
+@pytest.mark.parametrize("eos", [[2, 17], None])
+def test_precomputed_answers_stop_where_the_target_alone_stops(target, tmp_path, monkeypatch,
+                                                               eos):
+    # `row == eos` with a list of EOS ids (as many real checkpoints have), or none, is a Python
+    # bool: `.nonzero()` raised AttributeError
+    from mmspec.vision.train import target_answers
+    from mmspec.zoo.train_vlm import drafter_samples, precompute_answers
+
+    monkeypatch.setattr(target.model.generation_config, "eos_token_id", eos)
+    samples = drafter_samples(target.tokenizer, range(7, 15))  # 2 prompt lengths: 2 batches
+    cache = tmp_path / "answers.pt"
+    precompute_answers(target.model, samples, 12, cache)
+    batched = target_answers(target.model, samples, 12, cache)
+    alone = target_answers(target.model, samples, 12, None)
+    assert all(torch.equal(a, b) for a, b in zip(batched, alone))
+    lengths = {len(a) for a in alone}
+    assert lengths == ({12} if eos is None else {5, 10})  # 17 ends every answer here
+
+
+def test_interrupted_precomputed_answers_are_kept_and_resumed(target, tmp_path, monkeypatch):
+    from mmspec.zoo.train_vlm import drafter_samples, precompute_answers
+
+    samples = drafter_samples(target.tokenizer, range(7, 15))  # batches of 6 and 2 prompts
+    precompute_answers(target.model, samples, 8, tmp_path / "straight.pt")
+    cache, real, on_disk = tmp_path / "answers.pt", target.model.generate, []
+
+    def killed_at_the_2nd(*args, **kwargs):  # a kill: what is on disk is what was saved
+        if on_disk:
+            on_disk.append(len(torch.load(cache, weights_only=True)))
+            raise KeyboardInterrupt
+        on_disk.append(None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target.model, "generate", killed_at_the_2nd)
+    with pytest.raises(KeyboardInterrupt):
+        precompute_answers(target.model, samples, 8, cache, save_every_s=0)
+    assert on_disk[-1] == 6  # the first batch was saved before the second began
+    calls = []
+    monkeypatch.setattr(target.model, "generate",
+                        lambda **kwargs: calls.append(kwargs["input_ids"]) or real(**kwargs))
+    precompute_answers(target.model, samples, 8, cache)
+    assert [len(ids) for ids in calls] == [2]  # only the missing batch
+    straight = torch.load(tmp_path / "straight.pt", weights_only=True)
+    resumed = torch.load(cache, weights_only=True)
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
