@@ -110,7 +110,8 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
                              "set tokenizer.padding_side = 'left'")
     if input_ids.shape[0] > 1 and pad_token_id is None:
         raise ValueError(f"a batch of {input_ids.shape[0]} rows needs a padding token: pass "
-                         f"pad_token_id= or set target.generation_config.pad_token_id")
+                         f"pad_token_id=, set target.generation_config.pad_token_id or give "
+                         f"the target an EOS id (which then pads, as in target.generate)")
     drafter_vocab = getattr(drafter, "vocab_size", None)
     if drafter_vocab is not None and drafter_vocab != vocab_size(target):
         raise ValueError(f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
@@ -134,6 +135,8 @@ _UNSUPPORTED = (
     # other decoding strategies than greedy / multinomial sampling
     ("num_beams", (None, 1), False), ("penalty_alpha", (None, 0.0), False),
     ("dola_layers", (None,), False),
+    # one sequence per prompt
+    ("num_return_sequences", (None, 1), False),
 )
 
 # what `target.generate` uses for a generation-config field left at None
@@ -147,11 +150,40 @@ def _hf_default(name: str):
     return defaults.get(name, _HF_DEFAULTS[name])
 
 
-def sampling_config(target, do_sample, temperature, top_k, top_p) -> SamplingConfig:
+def _generation_settings(model_kwargs: dict) -> dict:
+    """Take the generation-config settings (`repetition_penalty`, `num_return_sequences`, ...) out
+    of `model_kwargs`: `target.generate` reads them from its kwargs, the model never sees them."""
+    from transformers import GenerationConfig
+
+    fields = {k for k in vars(GenerationConfig()) if not k.startswith("_")}
+    return {k: model_kwargs.pop(k) for k in list(model_kwargs) if k in fields}
+
+
+def _mask_from_padding(input_ids: torch.Tensor, pad: int, eos: torch.Tensor):
+    """transformers' rule without an attention_mask: a prompt holding the pad id (one that is not
+    an EOS id) is padded there; otherwise None (no padding)."""
+    if pad in eos.tolist() or not bool((input_ids == pad).any()):
+        return None
+    return (input_ids != pad).long()
+
+
+def sampling_config(target, do_sample, temperature, top_k, top_p,
+                    settings: dict | None = None) -> SamplingConfig:
     """The target's sampling rule, resolved as `target.generate` does: an argument left at None
     takes the target's generation config, and a field unset there transformers' global default
-    (greedy; when sampling, temperature 1.0, top-k 50, top-p 1.0)."""
+    (greedy; when sampling, temperature 1.0, top-k 50, top-p 1.0). `settings`: other generation
+    settings passed to the call, which must leave the output as `generate` makes it."""
+    from transformers import GenerationConfig
+
     gen = target.generation_config
+    settings = dict(settings or {})
+    blank = GenerationConfig()
+    unsupported = {name for name, _, _ in _UNSUPPORTED}
+    for name, value in settings.items():  # a setting no logits processor here would apply
+        if name not in unsupported and value != getattr(blank, name):
+            raise ValueError(f"{name}={value!r}: mmspec.generate does not apply this generation "
+                             f"setting (its output would differ from target.generate's); leave it "
+                             f"out or use target.generate")
 
     def resolve(name, value):
         if value is None:
@@ -160,6 +192,13 @@ def sampling_config(target, do_sample, temperature, top_k, top_p) -> SamplingCon
 
     do_sample = bool(resolve("do_sample", do_sample))
     for name, neutral, sampling_only in _UNSUPPORTED:
+        if name in settings:
+            value = settings[name]
+            if value not in neutral and (do_sample or not sampling_only):
+                raise ValueError(
+                    f"{name}={value!r} changes the target's distribution and mmspec.generate "
+                    f"does not apply it; leave it out (or {name}={neutral[-1]!r})")
+            continue
         value = getattr(gen, name, None)
         if value not in neutral and (do_sample or not sampling_only):
             raise ValueError(
@@ -245,30 +284,42 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             as `target.generate` resolves them.
             Generation-config settings that `generate` does not apply (repetition penalty,
             min length, ...) raise a ValueError instead of silently changing the output.
-        eos_token_id: int or list; None means `target.generation_config.eos_token_id`. Given,
+        eos_token_id: int or list; None means `target.generation_config.eos_token_id` (as
+            `target.generate` called without it; `[]` stops on no token). Given,
             it also overrides a drafter's own EOS ids (`DraftState.eos_token_id`).
         streamer: a transformers `TextStreamer` / `TextIteratorStreamer` (batch 1).
-        pad_token_id: fills rows after their EOS; None means the target's generation config.
-            Required when B > 1.
+        pad_token_id: fills rows after their EOS; None means the target's generation config,
+            then (as `target.generate`) the first EOS id. Without an `attention_mask`, a prompt
+            holding this id (not an EOS id) is read as left-padded there, as transformers does.
         generator: optional `torch.Generator` for the sampling draws.
         on_round: optional `on_round(draft, result, stats)`, called after every round with the
             round's `Draft`, its `VerifyResult` and the running `SpecStats` (to watch a call
             round by round, e.g. in a demo; the drafter has already seen `result`).
-        **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...).
+        **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...);
+            as in `target.generate`, a name the model does not take is an error, and so is a
+            generation setting `generate` does not apply (`repetition_penalty=`, ...).
     """
-    cfg = sampling_config(target, do_sample, temperature, top_k, top_p)
-    if pad_token_id is None:
-        pad_token_id = target.generation_config.pad_token_id
-    _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
     engine_owned = sorted(set(model_kwargs) & _ENGINE_KWARGS)
     if engine_owned:
         raise ValueError(f"{', '.join(engine_owned)}: generate runs the target's cache, positions "
                          f"and outputs itself; pass only model inputs (pixel_values, ...)")
+    settings = _generation_settings(model_kwargs)  # taken out of model_kwargs
+    cfg = sampling_config(target, do_sample, temperature, top_k, top_p, settings)
+    validate = getattr(target, "_validate_model_kwargs", None)  # transformers' typo check
+    if validate is not None:
+        validate(dict(model_kwargs))
+    eos = _eos_ids(target, eos_token_id)
+    if pad_token_id is None:
+        pad_token_id = target.generation_config.pad_token_id
+    if pad_token_id is None and len(eos):  # target.generate's fallback
+        pad_token_id = int(eos[0])
+    if attention_mask is None and pad_token_id is not None and isinstance(input_ids, torch.Tensor):
+        attention_mask = _mask_from_padding(input_ids, pad_token_id, eos)
+    _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    eos = _eos_ids(target, eos_token_id)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
     with block_sparse_attention_of(target), torch.no_grad():
         try:
@@ -295,11 +346,13 @@ class _Slots:
         """bool `[B, S - 1]`: the slots whose keys are cached (all but the roots)."""
         return self.valid[:, :-1]
 
-    def append(self, path_tokens, path_valid, bonus, depth) -> None:
-        """path_tokens/path_valid `[B, K-1]` accepted tokens (holes False); bonus, depth `[B]`."""
+    def append(self, path_tokens, path_valid, bonus, depth, live) -> None:
+        """path_tokens/path_valid `[B, K-1]` accepted tokens (holes False); bonus, depth, live
+        `[B]`. A finished row gets holes and keeps its root position: no position (target's or
+        drafter's) grows past where the row stopped."""
         self.ids = torch.cat([self.ids, path_tokens, bonus[:, None]], dim=1)
-        self.valid = torch.cat([self.valid, path_valid, torch.ones_like(bonus[:, None], dtype=torch.bool)], 1)
-        self.root_pos = self.root_pos + (depth + 1)[:, None]
+        self.valid = torch.cat([self.valid, path_valid & live[:, None], live[:, None]], 1)
+        self.root_pos = self.root_pos + ((depth + 1) * live)[:, None]
 
 
 def _verify_forward(target, tree, slots, cache, need_hidden, windows):
@@ -312,7 +365,7 @@ def _verify_forward(target, tree, slots, cache, need_hidden, windows):
     attn_2d = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
     with audit:
         return target(input_ids=tree.tokens, attention_mask=attn_2d,
-                      position_ids=slots.root_pos + tree.depth,  # [..., B, N]
+                      position_ids=slots.root_pos + tree.depth * tree.valid,  # [..., B, N]
                       past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
                       return_dict=True, **kwargs)
 
@@ -361,6 +414,11 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
         tb = _sync(device)
         tree = build_tree(slots.ids[:, -1], draft, vocab)
+        # finished rows and nodes deeper than a row's budget are never committed: drop them, so
+        # no position runs past prompt + max_new_tokens (GPT-2's table ends there) or grows in a
+        # finished row
+        remaining = max_new_tokens - rows.count - 1  # [B] draft tokens a row can still commit
+        tree.valid &= (rows.live[:, None] & (tree.depth <= remaining[:, None])) | (tree.depth == 0)
         tc = _sync(device)
         out = _verify_forward(target, tree, slots, cache, need_hidden, windows)
         td = _sync(device)
@@ -377,7 +435,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         new[torch.arange(len(depth)), depth] = bonus  # right after each row's accepted tokens
         live = rows.live.clone()
         num = rows.commit(new, depth + 1)  # cut at EOS and max_new_tokens
-        slots.append(path_tokens, keep_valid[:, 1:], bonus, depth)
+        slots.append(path_tokens, keep_valid[:, 1:], bonus, depth, live)
         if need_hidden:
             h = _hidden(out, layers)  # [B, N, H']
             hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H]

@@ -45,7 +45,13 @@ def test_batch_without_pad_token(target):
     target.generation_config.pad_token_id = None
     try:
         with pytest.raises(ValueError, match="batch of 2 rows needs a padding token.*pad_token_id"):
-            generate(target, PromptLookupDrafter(), IDS.repeat(2, 1))
+            generate(target, PromptLookupDrafter(), IDS.repeat(2, 1), eos_token_id=[])
+        # with an EOS id, target.generate pads with it (and so does generate now; it refused)
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+        ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=12)
+        out = generate(target, PromptLookupDrafter(), ids, max_new_tokens=12)
+        assert torch.equal(out.sequences, ref)
     finally:
         target.generation_config.pad_token_id = 0
 
@@ -146,3 +152,23 @@ def test_engine_owned_forward_arguments_are_refused(target):
     with pytest.raises(ValueError, match="output_hidden_states, past_key_values: generate runs"):
         generate(target, PromptLookupDrafter(), IDS, max_new_tokens=4, past_key_values=None,
                  output_hidden_states=True)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    # generation settings passed to the call reached the prefill's **kwargs and were dropped
+    ({"repetition_penalty": 5.0}, r"repetition_penalty=5.0 changes the target's distribution"),
+    ({"no_repeat_ngram_size": 1}, r"no_repeat_ngram_size=1 changes the target's distribution"),
+    ({"num_return_sequences": 3}, r"num_return_sequences=3 changes the target's distribution"),
+    ({"output_scores": True}, r"output_scores=True: mmspec.generate does not apply this"),
+    ({"bogus_arg": 1}, r"model_kwargs` are not used by the model: \['bogus_arg'\]"),
+])
+def test_generation_settings_and_typos_in_kwargs_are_refused(target, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(target, PromptLookupDrafter(), IDS, **kwargs)
+
+
+def test_neutral_generation_settings_in_kwargs_pass(target):
+    ref = generate(target, PromptLookupDrafter(), IDS, max_new_tokens=6).sequences
+    out = generate(target, PromptLookupDrafter(), IDS, max_new_tokens=6, repetition_penalty=1.0,
+                   num_return_sequences=1)
+    assert torch.equal(out.sequences, ref)

@@ -204,3 +204,41 @@ def test_tau_counts_only_committed_tokens():
     assert out.sequences.shape[1] - ids.shape[1] == 4 and stats.row_rounds == 1
     assert stats.committed == 3 and stats.mean_accepted == 3.0  # the prefill's token not a round
     assert stats.mean_accepted_no_bonus == 3.0  # all three came from the draft
+
+
+def test_a_pad_token_in_a_prompt_without_mask_is_padding():
+    # target.generate reads a prompt holding the pad id (not an EOS id) as left-padded there
+    target = tiny_llama(0)
+    ids = torch.tensor([[PAD, PAD, 5, 6, 7], [8, 9, 10, 11, 12]])
+    ref = target.generate(ids, do_sample=False, max_new_tokens=10, pad_token_id=PAD,
+                          eos_token_id=[])
+    assert not torch.equal(ref, target.generate(ids, attention_mask=torch.ones_like(ids),
+                                                do_sample=False, max_new_tokens=10,
+                                                pad_token_id=PAD, eos_token_id=[]))
+    out = generate(target, RandomDrafter(6, seed=0), ids, max_new_tokens=10, pad_token_id=PAD,
+                   eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
+
+
+def test_positions_stay_within_the_budget():
+    # GPT-2's position table ends at prompt + max_new_tokens: a finished row kept drafting and
+    # advancing, and a draft deeper than the budget was verified past the table (IndexError)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    target = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                        n_positions=24, pad_token_id=PAD, bos_token_id=BOS,
+                                        eos_token_id=EOS)).eval()
+    ids = torch.randint(3, VOCAB, (2, 4), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                          pad_token_id=PAD, eos_token_id=[])
+    eos = int(ref[0, 6])  # row 0 stops at its 3rd new token, row 1 runs to the budget
+    assert eos not in ref[1, 4:].tolist()
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                          pad_token_id=PAD, eos_token_id=eos)
+    for drafter in (OracleDrafter(ref[:, 4:], [4, 4], 3, "perfect"),
+                    OracleDrafter(ref[:, 4:], [4, 4], 30, "wrong"), RandomDrafter(30, seed=3)):
+        out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=20,
+                       pad_token_id=PAD, eos_token_id=eos)
+        assert torch.equal(out.sequences, ref)
