@@ -20,18 +20,24 @@ validates its tensors at construction, because a wrong index here is a silent wr
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 
+def _is_int(value) -> bool:
+    """An integer, Python's or NumPy's (`numbers.Integral`), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _pair(block_size) -> tuple[int, int]:
-    if isinstance(block_size, int) and not isinstance(block_size, bool):
+    if _is_int(block_size):
         block_size = (block_size, block_size)
     if (
         not isinstance(block_size, (tuple, list))
         or len(block_size) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_size)
+        or not all(_is_int(b) and b > 0 for b in block_size)
     ):
         raise ValueError(
             f"block_size must be a positive int or a pair (bq, bk) of positive ints, got {block_size!r}"
@@ -73,8 +79,9 @@ class BlockSparseMask:
         object.__setattr__(self, "block_size", (bq, bk))
         for name in ("q_len", "kv_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, int(value))
         mq, nk = self.num_q_blocks, self.num_kv_blocks
         tensors = {
             "kv_num_blocks": (self.kv_num_blocks, torch.int32, 3),
@@ -177,8 +184,9 @@ class BlockSparseMask:
                 f"block_bool has {tuple(block_bool.shape[2:])} blocks but q_len={q_len}, "
                 f"kv_len={kv_len} with block_size {(bq, bk)} need {(mq, nk)}"
             )
-        if not (isinstance(q_len, int) and isinstance(kv_len, int) and q_len > 0 and kv_len > 0):
+        if not (_is_int(q_len) and _is_int(kv_len) and q_len > 0 and kv_len > 0):
             raise ValueError(f"q_len and kv_len must be positive ints, got {q_len!r}, {kv_len!r}")
+        q_len, kv_len = int(q_len), int(kv_len)
         full_num, full_idx = _dense_to_ordered(block_bool)
         b, h = block_bool.shape[:2]
         dev = block_bool.device
@@ -246,6 +254,7 @@ class BlockSparseMask:
         it finds empty are dropped.
         """
         bq, bk = _pair(block_size)
+        full, partial = torch.broadcast_tensors(full, partial)  # [B|1, H|1] each, as documented
         full, partial = full & ~partial, partial.clone()
         cand = partial.nonzero(as_tuple=True)  # (b, h, m, n) of each candidate block
         bi, hi, mi, ni = cand
@@ -346,7 +355,7 @@ class BlockSparseMask:
 
         def pad(idx):  # FlexAttention reads the KV length from the index width
             out = torch.zeros(*idx.shape[:-1], nk, dtype=torch.int32, device=self.device)
-            out[..., : idx.shape[-1]] = idx
+            out[..., : min(idx.shape[-1], nk)] = idx[..., :nk]  # a row keeps at most nk blocks
             return out
 
         dense = self.to_dense()

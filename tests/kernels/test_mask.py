@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,43 @@ def test_from_dense_rejects_wrong_block_count():
         BlockSparseMask.from_dense(torch.ones(1, 1, 2, 3, dtype=torch.bool), 16, 64, 48)
     with pytest.raises(TypeError, match="bool"):
         BlockSparseMask.from_dense(torch.ones(1, 1, 2, 3), 16, 32, 48)
+
+
+def test_from_block_flags_broadcasts_full_and_partial():
+    # documented [B|1, H|1, ...] each: a batch-2 `full` with a shared `partial` crashed
+    full = torch.zeros(2, 1, 2, 2, dtype=torch.bool)
+    full[1, :, 0, 0] = True
+    partial = torch.zeros(1, 1, 2, 2, dtype=torch.bool)
+    partial[..., 1, :] = True
+    mask = BlockSparseMask.from_block_flags(full, partial, lambda b, h, q, k: q >= k, 16, 32, 32)
+    dense = mask.to_dense()
+    causal = torch.ones(32, 32, dtype=torch.bool).tril()
+    assert torch.equal(dense[0, 0, 16:], causal[16:]) and not dense[0, 0, :16].any()
+    assert dense[1, 0, :16, :16].all() and not dense[1, 0, :16, 16:].any()
+
+
+def test_to_flex_takes_index_lists_wider_than_the_key_blocks():
+    # the constructor accepts index lists wider than the key blocks (counts bound what is read)
+    mask = BlockSparseMask(
+        torch.zeros(1, 1, 1, dtype=torch.int32), torch.zeros(1, 1, 1, 0, dtype=torch.int32),
+        torch.tensor([[[2]]], dtype=torch.int32), torch.tensor([[[[0, 1, 0]]]], dtype=torch.int32),
+        torch.zeros(1, 1, 1, 0, 16, 16, dtype=torch.bool), 16, 16, 32)
+    assert mask.to_dense().all()
+    flex = mask.to_flex()
+    assert flex.full_kv_num_blocks.tolist() == [[[2]]] and flex.kv_num_blocks.tolist() == [[[0]]]
+
+
+def test_numpy_lengths_are_ints():
+    mask = causal_block_mask(np.int64(40), np.int64(40), np.int64(16))
+    assert mask.q_len == 40 and type(mask.q_len) is int and mask.block_size == (16, 16)
+    with pytest.raises(ValueError, match="q_len must be a positive int, got True"):
+        BlockSparseMask(*[getattr(mask, f) for f in ("kv_num_blocks", "kv_indices",
+                                                     "full_kv_num_blocks", "full_kv_indices",
+                                                     "partial_masks")], 16, True, 40)
+
+
+@pytest.mark.parametrize("parents", [[-1.0, 0.7, 1.5], torch.tensor([-1.0, 0.0])])
+def test_tree_parents_must_be_integers(parents):
+    # [-1., 0.7, 1.5] was truncated to [-1, 0, 1]: a mask for another tree
+    with pytest.raises(ValueError, match="parents must be integer node indices, got torch.float"):
+        tree_block_mask(parents, 4, 16)

@@ -15,7 +15,10 @@ from ..mask import BlockSparseMask, _pair
 
 
 def _check_parents(parents: torch.Tensor) -> torch.Tensor:
-    parents = torch.as_tensor(parents, dtype=torch.long)
+    raw = torch.as_tensor(parents)
+    if raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool:
+        raise ValueError(f"parents must be integer node indices, got {raw.dtype} {raw.tolist()}")
+    parents = raw.long()
     if parents.ndim != 1 or parents.numel() == 0:
         raise ValueError(f"parents must be a non-empty 1-D tensor, got shape {tuple(parents.shape)}")
     idx = torch.arange(parents.numel(), device=parents.device)
