@@ -174,7 +174,7 @@ def launch_configs(bq: int, bk: int, block_d: int) -> list[tuple[int, int, int, 
     return list(dict.fromkeys([fast, safe, small]))
 
 
-_CHOSEN: dict = {}  # (device, bq, bk, block_d, dtype) -> the config that launched there
+_CHOSEN: dict = {}  # (device, bq, bk, block_d, dtype, softcap) -> the config that launched
 # a launch config the compiler rejects for this GPU (shared memory, registers)
 _OUT_OF_RESOURCES = triton.runtime.OutOfResources if triton is not None else RuntimeError
 
@@ -202,7 +202,7 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: floa
         full_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
 
     block_d = max(16, triton.next_power_of_2(d))
-    key = (q.device, bq, bk, block_d, q.dtype)
+    key = (q.device, bq, bk, block_d, q.dtype, bool(softcap))  # soft-capping uses more registers
     candidates = [_CHOSEN[key]] if key in _CHOSEN else launch_configs(bq, bk, block_d)
     for i, config in enumerate(candidates):
         try:
