@@ -134,7 +134,9 @@ class DiffusionDrafter:
                 if self.mask_token_id in state.eos_token_id:
                     raise ValueError(f"eos_token_id must not include the drafter's mask_token_id "
                                      f"{self.mask_token_id}, got {list(state.eos_token_id)}")
-                self.eos_ids = list(state.eos_token_id)
+                # an id outside the vocabulary is never produced: it stops nothing (as in
+                # target.generate) rather than failing at the lattice's index
+                self.eos_ids = [e for e in state.eos_token_id if 0 <= e < self.vocab_size]
         ks = [length.k for length in self.lengths]
         lattice = None
         suppressed = self.suppressed.to(state.input_ids.device)

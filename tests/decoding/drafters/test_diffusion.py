@@ -223,7 +223,7 @@ def test_the_eos_token_id_passed_to_generate_wins_over_the_drafters(target):
     dlm = tiny_qwen2(1)  # its own copy, for the hook
     dlm.register_forward_hook(eos_everywhere)
     ids = torch.randint(2, 60, (1, 6))
-    for eos, length in ((None, 1), ([], 4), ([7], 4)):  # None: the drafter's EOS, the target's
+    for eos, length in ((None, 1), ([], 4), ([7], 4), ([7, 10_000], 4)):  # None: the target's
         drafter, lengths = NaiveDiffusionDrafter(dlm, MASK, target, k=4), []
         generate(target, drafter, ids, max_new_tokens=6, eos_token_id=eos,
                  on_round=lambda draft, *_: lengths.append(draft.tokens.shape[1]))
