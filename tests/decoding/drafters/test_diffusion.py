@@ -223,11 +223,16 @@ def test_the_eos_token_id_passed_to_generate_wins_over_the_drafters(target):
     dlm = tiny_qwen2(1)  # its own copy, for the hook
     dlm.register_forward_hook(eos_everywhere)
     ids = torch.randint(2, 60, (1, 6))
-    for eos, length in ((None, 1), ([], 4), ([7], 4), ([7, 10_000], 4)):  # None: the target's
+    for eos, length in ((None, 1), ([], 4), ([7], 4)):  # None: the drafter's EOS, the target's
         drafter, lengths = NaiveDiffusionDrafter(dlm, MASK, target, k=4), []
         generate(target, drafter, ids, max_new_tokens=6, eos_token_id=eos,
                  on_round=lambda draft, *_: lengths.append(draft.tokens.shape[1]))
         assert lengths[0] == length, (eos, lengths)  # the path stops at an EOS id of the call
+    # an id outside the vocabulary stops nothing; CPS indexed the lattice with it
+    config = DiffusionDrafterConfig(fixed_k=4)
+    for eos in ([7], [7, 10_000]):
+        generate(target, DiffusionDrafter(dlm, MASK, target, config=config), ids,
+                 max_new_tokens=6, eos_token_id=eos)
     refused = rf"eos_token_id must not include .*mask_token_id {MASK}, got \[{MASK}\]"
     with pytest.raises(ValueError, match=refused):
         generate(target, NaiveDiffusionDrafter(dlm, MASK, target, k=4), ids, eos_token_id=MASK)
