@@ -28,10 +28,13 @@ def write_card(directory: str | Path, card: dict) -> None:
         attempts = json.loads(old.read_text()).get("attempts")
         if attempts:
             card = {**card, "attempts": attempts}
-    (directory / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     title = f"# {card['name']}\n\n{card.get('summary', '')}\n\n"
     body = {k: v for k, v in card.items() if k not in ("name", "summary")}
-    (directory / "README.md").write_text(title + "\n".join(_render(body)) + "\n")
+    for name, text in (("README.md", title + "\n".join(_render(body)) + "\n"),
+                       ("card.json", json.dumps(card, indent=2) + "\n")):  # the card last
+        partial = directory / f"{name}.tmp"  # a killed write never leaves a torn card
+        partial.write_text(text)
+        partial.replace(directory / name)
 
 
 def read_card(directory: str | Path) -> dict:

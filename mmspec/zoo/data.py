@@ -19,18 +19,24 @@ CACHE_DIR = OUT_DIR / "data"
 
 
 def token_stream(tokenizer, split: str, cache_dir: Path = CACHE_DIR) -> torch.Tensor:
-    """long `[N]`: the split's files tokenized and joined with EOS. Cached by tokenizer content."""
-    key = hashlib.sha1(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:12]
-    path = Path(cache_dir) / f"{split}-{key}.pt"
+    """long `[N]`: the split's files tokenized and joined with EOS. Cached by tokenizer content
+    and by the texts themselves (the corpus is this Python's stdlib, which differs by version)."""
+    texts = read_texts(split)
+    digest = hashlib.sha1(tokenizer.backend_tokenizer.to_str().encode())
+    for text in texts:
+        digest.update(hashlib.sha1(text.encode()).digest())
+    path = Path(cache_dir) / f"{split}-{digest.hexdigest()[:12]}.pt"
     if path.exists():
         return torch.load(path, weights_only=True).long()
     ids = []
-    for enc in tokenizer.backend_tokenizer.encode_batch(read_texts(split)):
+    for enc in tokenizer.backend_tokenizer.encode_batch(texts):
         ids.extend(enc.ids)
         ids.append(tokenizer.eos_token_id)
     stream = torch.tensor(ids, dtype=torch.int16)  # vocab < 32768
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(stream, path)
+    partial = path.with_name(path.name + ".tmp")  # a killed write never leaves a torn cache
+    torch.save(stream, partial)
+    partial.replace(path)
     return stream.long()
 
 

@@ -33,6 +33,9 @@ def diffusion_noise(tokens: torch.Tensor, mask_token_id: int, generator: torch.G
     `block_share` of the rows (with `cut` only) instead mask *every* token from a random start in
     `[cut, L)` on, with t = 1: the drafting case, a clean prefix then a block of masks only."""
     b, n = tokens.shape
+    if block_share > 0 and cut is None:  # every row drawing one cut is not a fixed prefix
+        raise ValueError(f"block_share={block_share} needs a fixed cut (the clean prefix the "
+                         f"blocks start after), got cut=None")
     t = t_min + (1 - t_min) * torch.rand(b, generator=generator)  # t ~ U(t_min, 1]
     masked = torch.rand(b, n, generator=generator) < t[:, None]
     if cut is not None:
@@ -45,8 +48,6 @@ def diffusion_noise(tokens: torch.Tensor, mask_token_id: int, generator: torch.G
         cut = torch.where(use_prefix, cut, torch.ones_like(cut))
     masked &= torch.arange(n)[None, :] >= cut[:, None]
     if block_share > 0:
-        if not isinstance(cut, torch.Tensor) or cut.unique().numel() != 1:
-            raise ValueError("block_share needs a fixed cut")
         start = torch.randint(int(cut[0]), n, (b,), generator=generator)
         block = torch.rand(b, generator=generator) < block_share
         masked = torch.where(block[:, None], torch.arange(n)[None, :] >= start[:, None], masked)

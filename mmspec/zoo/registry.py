@@ -8,6 +8,7 @@ HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bou
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -45,12 +46,31 @@ class ZooModel:
     path: Path = field(default=ZOO_DIR)
 
 
+def _from_pretrained(cls, directory: Path):
+    """`cls.from_pretrained` of a zoo folder that refuses weights not matching the config:
+    transformers only logs missing tensors and initialises them at random."""
+    model, info = cls.from_pretrained(str(directory), dtype=torch.float32, use_safetensors=True,
+                                      local_files_only=True, output_loading_info=True)
+    tied = {"lm_head.weight"} if model.config.get_text_config().tie_word_embeddings else set()
+    problems = {kind: sorted(set(info.get(kind) or ()) - tied)
+                for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    problems = {kind: keys for kind, keys in problems.items() if keys}
+    if problems:
+        raise ValueError(f"{directory}/model.safetensors does not match its {cls.__name__} "
+                         f"config: " + "; ".join(f"{kind.replace('_', ' ')} {keys[:6]}"
+                                                 f"{' ...' if len(keys) > 6 else ''}"
+                                                 for kind, keys in problems.items()))
+    return model
+
+
 def _load_text(name: str, directory: Path, card: dict) -> ZooModel:
-    model = Qwen2ForCausalLM.from_pretrained(str(directory), dtype=torch.float32,
-                                             use_safetensors=True, local_files_only=True)
+    model = _from_pretrained(Qwen2ForCausalLM, directory)
     model.eval()
     tokenizer = load_tokenizer(directory)
     if card["kind"] == "diffusion-lm":
+        if getattr(model.config, "mask_token_id", None) is None:
+            raise ValueError(f"{directory}: the card says diffusion-lm but config.json has no "
+                             f"mask_token_id (a causal LM's config?)")
         make_bidirectional(model)
         return ZooModel(name, model, tokenizer, card, mask_token_id=model.config.mask_token_id,
                         shift=model.config.diffusion_shift, path=directory)
@@ -106,15 +126,13 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
 
 
 def _load_vlm(name: str, directory: Path, card: dict) -> ZooModel:
-    model = LlavaForConditionalGeneration.from_pretrained(
-        str(directory), dtype=torch.float32, use_safetensors=True, local_files_only=True)
+    model = _from_pretrained(LlavaForConditionalGeneration, directory)
     return ZooModel(name, model.eval(), load_processor(directory), card,
                     drafters=tuple(card.get("drafters", ())), path=directory)
 
 
 def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
-    model = LlamaForCausalLM.from_pretrained(str(directory), dtype=torch.float32,
-                                             use_safetensors=True, local_files_only=True)
+    model = _from_pretrained(LlamaForCausalLM, directory)
     return ZooModel(name, model.eval(), load_tokenizer(directory), card, path=directory)
 
 
@@ -151,8 +169,19 @@ def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
     zoo_dir = Path(zoo_dir)
     if not zoo_dir.is_dir():
         return []
-    return sorted(d.name for d in zoo_dir.iterdir()
-                  if (d / "card.json").is_file() and read_card(d).get("kind") in _LOADERS)
+    names = []
+    for d in sorted(zoo_dir.iterdir()):
+        if not (d / "card.json").is_file():
+            continue
+        try:
+            kind = read_card(d).get("kind")
+        except (ValueError, OSError) as err:  # one torn card must not hide the other entries
+            logging.getLogger(__name__).warning("zoo: skipping %s, unreadable card.json: %s",
+                                                d.name, err)
+            continue
+        if kind in _LOADERS:
+            names.append(d.name)
+    return names
 
 
 def load(name: str, zoo_dir: str | Path = ZOO_DIR, *, target: Optional[torch.nn.Module] = None

@@ -74,5 +74,10 @@ def test_block_rows_mask_a_whole_suffix_like_a_draft_block():
     _, _, t_half = diffusion_noise(tokens, 49, torch.Generator().manual_seed(6), cut=9,
                                    block_share=0.5)
     assert 0 < int((t_half == 1).sum()) < 64
-    with pytest.raises(ValueError, match="block_share needs a fixed cut"):
+    with pytest.raises(ValueError, match="block_share=0.5 needs a fixed cut"):
         diffusion_noise(tokens, 49, torch.Generator(), block_share=0.5)
+    # a batch of 1 (or prefix_fraction=0) draws one cut for every row: it passed as "fixed"
+    for rows, fraction in ((tokens[:1], 0.5), (tokens, 0.0)):
+        with pytest.raises(ValueError, match="needs a fixed cut .*got cut=None"):
+            diffusion_noise(rows, 49, torch.Generator(), prefix_fraction=fraction,
+                            block_share=0.5)

@@ -50,3 +50,47 @@ def test_zoo_dir_may_be_a_string(tmp_path):
     with pytest.raises(ValueError, match="unknown zoo model 'text-target'.*none"):
         mmspec.zoo.load("text-target", str(tmp_path))
     assert mmspec.zoo.load("text-drafter", str(ZOO_DIR)).name == "text-drafter"
+
+
+def _copy_entry(name, tmp_path):
+    import shutil
+
+    shutil.copytree(ZOO_DIR / name, tmp_path / name)
+    return tmp_path / name
+
+
+def test_a_checkpoint_missing_weights_is_refused(tmp_path):
+    # transformers only logs missing tensors and initialises them at random: load accepted it
+    from safetensors.torch import load_file, save_file
+
+    entry = _copy_entry("text-drafter", tmp_path)
+    state = load_file(str(entry / "model.safetensors"))
+    dropped = sorted(k for k in state if ".layers.0." in k)
+    save_file({k: v for k, v in state.items() if k not in dropped},
+              str(entry / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"does not match its Qwen2ForCausalLM config: missing "
+                                         r"keys \['model.layers.0"):
+        mmspec.zoo.load("text-drafter", tmp_path)
+
+
+def test_one_torn_card_does_not_hide_the_other_entries(tmp_path, caplog):
+    _copy_entry("text-drafter", tmp_path)
+    (_copy_entry("text-target", tmp_path) / "card.json").write_text('{"name": "text-tar')
+    assert mmspec.zoo.available(tmp_path) == ["text-drafter"]
+    assert "skipping text-target, unreadable card.json" in caplog.text
+    assert mmspec.zoo.load("text-drafter", tmp_path).name == "text-drafter"
+
+
+def test_cards_are_written_whole(tmp_path, monkeypatch):
+    # card.json was overwritten first, then README.md: a failure between left them disagreeing
+    from mmspec.zoo import cards
+
+    cards.write_card(tmp_path, {"name": "x", "summary": "s", "kind": "causal-lm"})
+    monkeypatch.setattr(cards, "_render", lambda body: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cards.write_card(tmp_path, {"name": "x", "summary": "s", "kind": "diffusion-lm"})
+    assert cards.read_card(tmp_path)["kind"] == "causal-lm"
+    monkeypatch.undo()
+    cards.write_card(tmp_path, {"name": "x", "summary": "s", "kind": "diffusion-lm"})
+    assert cards.read_card(tmp_path)["kind"] == "diffusion-lm"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "card.json"]
