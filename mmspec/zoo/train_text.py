@@ -7,18 +7,22 @@ diffusion drafter, on the Python standard library's source.
 Seeded and resumable: model, optimizer and step go to `out/zoo/<name>/ckpt.pt` every
 `--save-every-s` seconds, and a rerun of the same command continues from there (batches are drawn
 from a generator seeded by the step, so a resumed run sees the same data). At the end the weights
-are written as fp16 safetensors to `assets/zoo/<name>/` with config.json, the tokenizer and a card
-whose held-out figures are measured on the shipped fp16 weights.
+are written as fp16 safetensors to `assets/zoo/<name>/` (`--assets DIR`: `DIR/<name>/`, e.g. a
+candidate for `benchmarks/dlm_compare.py --candidate DIR`) with config.json, the tokenizer and a
+card whose held-out figures are measured on the shipped fp16 weights. The entry is staged beside
+its folder and swapped in whole once the card is written (`staged_export`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -52,7 +56,7 @@ def build_model(spec: TextModelSpec, tokenizer, assets: Path = ZOO_DIR) -> Qwen2
         path = assets / spec.init_from / "model.safetensors"
         if not path.is_file():
             raise FileNotFoundError(f"init_from={spec.init_from!r}: {path} not found; "
-                                    f"train {spec.init_from} first")
+                                    f"train {spec.init_from} first (into the same --assets)")
         state = load_file(str(path))
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()},
                                                     strict=False)
@@ -63,6 +67,35 @@ def build_model(spec: TextModelSpec, tokenizer, assets: Path = ZOO_DIR) -> Qwen2
     if spec.objective == "diffusion":
         make_bidirectional(model)
     return model
+
+
+@contextlib.contextmanager
+def staged_export(out_dir: Path):
+    """Yield an empty folder to write an entry into; when the block ends without an exception,
+    swap it in as `out_dir` by two renames (the previous export moved aside, then deleted).
+
+    `out_dir` is so always one complete export (but for the instant between the renames, after
+    which a rerun puts the previous one back): a run killed while writing or evaluating leaves
+    the previous weights with their own card. The staging folder is `.<name>.export/new` beside
+    `out_dir` (same filesystem; no card.json at the zoo level, so `mmspec.zoo.available()` skips
+    it). The previous card is copied in first, so `write_card` keeps its `attempts`."""
+    work = out_dir.parent / f".{out_dir.name}.export"
+    stage, aside = work / "new", work / "old"
+    if aside.is_dir() and not out_dir.exists():  # killed between the two renames
+        aside.rename(out_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    stage.mkdir(parents=True)
+    if (out_dir / "card.json").is_file():
+        shutil.copy2(out_dir / "card.json", stage / "card.json")
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if out_dir.exists():
+        out_dir.rename(aside)
+    stage.rename(out_dir)
+    shutil.rmtree(work)
 
 
 def training_loss(spec: TextModelSpec, model, tokens, mask_token_id: int, generator):
@@ -189,7 +222,7 @@ def cmd_train(args) -> None:
         distill = distill_data(args, tok, train, "train")
         held_continuations = distill_data(args, tok, token_stream(tok, "heldout"), "heldout")
 
-    model = build_model(spec, tok, ZOO_DIR)
+    model = build_model(spec, tok, Path(args.assets))
     if args.init_from:
         load_committed(model, committed_state(args.init_from), args.init_from, ("lm_head.weight",))
         model.tie_weights()
@@ -209,6 +242,11 @@ def cmd_train(args) -> None:
             raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
                              f"would train that run and label it as this one; delete it or "
                              f"pass another --out")
+        if ckpt["step"] > spec.steps:  # the end would save it as spec.steps and ship it so
+            raise ValueError(f"--steps {spec.steps}: {ckpt_path} is already at step "
+                             f"{ckpt['step']}; resuming it would label weights trained "
+                             f"{ckpt['step']} steps as {spec.steps}; pass --steps "
+                             f"{ckpt['step']} or more, or delete it or pass another --out")
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
@@ -254,16 +292,48 @@ def cmd_train(args) -> None:
 
 def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id,
            held_continuations=None) -> None:
-    out_dir = ZOO_DIR / spec.name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(str(out_dir))
-    tok.save_pretrained(str(out_dir))
-    shipped = Qwen2ForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
-    if spec.objective == "diffusion":
-        make_bidirectional(shipped)
-    results = evaluate(spec, shipped, held, mask_id, held_continuations, args.distill_prefix)
+    out_dir = Path(args.assets) / spec.name
+    with staged_export(out_dir) as stage:
+        model.to(torch.float16).save_pretrained(str(stage))
+        tok.save_pretrained(str(stage))
+        shipped = Qwen2ForCausalLM.from_pretrained(str(stage), dtype=torch.float32)
+        if spec.objective == "diffusion":
+            make_bidirectional(shipped)
+        results = evaluate(spec, shipped, held, mask_id, held_continuations,
+                           args.distill_prefix)
+        size_mb = (stage / "model.safetensors").stat().st_size / 1e6
+        write_card(stage, _card(spec, tok, losses, elapsed, args, n_params, mask_id, results,
+                                size_mb))
+    print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+
+
+def _objective(spec: TextModelSpec, args) -> str:
+    """The card's account of the loss this run trained on, from its own arguments."""
+    if not args.distill:
+        return {
+            "causal": "next-token cross-entropy",
+            "diffusion": "masked diffusion: t~U(0,1] per row, mask each token w.p. t, CE on "
+                         "masked tokens weighted 1/t averaged over tokens; half the rows keep a "
+                         "random clean prefix (Dream SFT rule); position 0 never masked",
+        }[spec.objective]
+    p, n = args.distill_prefix, args.distill_new
+    if spec.objective == "causal":
+        return (f"next-token cross-entropy on the {n} target tokens only (the {p}-token corpus "
+                f"prefix is context, not scored)")
+    share = args.distill_block_share
+    random_rows = (f"t~U(0,1] per row, each of the {n} continuation tokens masked w.p. t, CE on "
+                   f"masked tokens weighted 1/t averaged over the {n}")
+    block_rows = (f"a block of masks from a random start in the continuation to its end, t=1 "
+                  f"(the drafting case), CE averaged over the {n}")
+    rows = (f"every row: {random_rows}" if share == 0 else
+            f"every row: {block_rows}" if share == 1 else
+            f"a share {share} of the rows: {block_rows}; the others: {random_rows}")
+    return (f"masked diffusion on the target's continuation only: the whole {p}-token corpus "
+            f"prefix clean in every row; {rows}")
+
+
+def _card(spec, tok, losses, elapsed, args, n_params, mask_id, results, size_mb) -> dict:
     tail = losses[-50:]
-    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     conventions = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
                    "mask_token_id": mask_id}
     if spec.objective == "diffusion":
@@ -272,14 +342,15 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id,
                       "attention module's is_causal=False)",
             shift=True,
             shift_meaning="Dream-style: the logits at position i predict token i+1; to fill a "
-                          "mask at position p read logits[p-1] (DiffusionDrafter(..., shift=True))",
+                          "mask at position p read logits[p-1] "
+                          "(DiffusionDrafter(..., shift=True))",
         )
     summary = {
         "causal": "Causal Qwen2 LM trained on stdlib Python source.",
         "diffusion": "Dream-style masked diffusion LM: Qwen2 layers used bidirectionally, "
                      "shifted logits, a <|mask|> token.",
     }[spec.objective]
-    write_card(out_dir, {
+    return {
         "name": spec.name,
         "summary": summary,
         "kind": "causal-lm" if spec.objective == "causal" else "diffusion-lm",
@@ -290,12 +361,7 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id,
         "config": {k: v for k, v in spec.__dict__.items() if k != "name"},
         "drafters": list(spec.drafters),
         "conventions": conventions,
-        "objective": {
-            "causal": "next-token cross-entropy",
-            "diffusion": "masked diffusion: t~U(0,1] per row, mask each token w.p. t, CE on masked "
-                         "tokens weighted 1/t averaged over tokens; half the rows keep a random "
-                         "clean prefix (Dream SFT rule); position 0 never masked",
-        }[spec.objective],
+        "objective": _objective(spec, args),
         "data": _data_card(),
         "results": {
             "final_train_loss": round(sum(tail) / len(tail), 4),
@@ -310,8 +376,7 @@ def export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id,
         },
         "command": _command(args.argv),
         **_fine_tune_card(args),
-    })
-    print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+    }
 
 
 def _fine_tune_card(args) -> dict:
@@ -321,8 +386,8 @@ def _fine_tune_card(args) -> dict:
             "data": f"{args.distill} windows of {args.distill_prefix} train-split tokens, each "
                     f"followed by {args.distill_new} greedy tokens of the shipped text-target "
                     f"(mmspec.zoo.distill.target_continuations, seed {args.seed})",
-            "loss": "on the target's tokens only (the corpus prefix is clean context): "
-                    "next-token CE (causal) or masked diffusion with the whole prefix clean",
+            "loss": "on the target's tokens only (the corpus prefix is clean context); see "
+                    "objective",
             "block_share": args.distill_block_share,
             "heldout": f"{DISTILL_HELDOUT} held-out-split windows continued alike",
         }
@@ -340,6 +405,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
+    parser.add_argument("--assets", default=str(ZOO_DIR),
+                        help="where the entry goes (DIR/<name>/) and where a spec's init_from "
+                             "entry is read; default the shipped assets/zoo")
     parser.add_argument("--save-every-s", type=float, default=120.0)
     parser.add_argument("--lr", type=float, default=None, help="override the spec's peak LR")
     parser.add_argument("--init-from", default=None, metavar="REV:DIR",

@@ -8,7 +8,8 @@ resumable: transformer, optimizer, step and losses go to `out/zoo/video-dit/ckpt
 `--save-every-s` seconds and at the end; `--resume` continues from there (the batch of step s is
 drawn from a generator seeded by s, so a resumed run sees the same data). At the end the weights
 are written as one fp16 `model.safetensors` (keys `transformer.*`, `text_encoder.*`) with the
-configs, the tokenizer and a card whose held-out loss is measured on the shipped fp16 weights.
+configs, the tokenizer and a card whose held-out loss is measured on the shipped fp16 weights,
+staged beside the entry folder and swapped in whole (`train_text.staged_export`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.registry import video_parts
+from mmspec.zoo.train_text import staged_export
 from mmspec.zoo.video_model import (
     VideoModelSpec,
     build_text_encoder,
@@ -120,8 +122,19 @@ def train(args) -> None:
                             weight_decay=0.01)
     ckpt_path = Path(args.out) / NAME / "ckpt.pt"
     start, elapsed, losses = 0, 0.0, []
+    # what a checkpoint must share with this run to be resumed by it (--steps may grow): the
+    # frozen text encoder is rebuilt from --seed, the data follow --seed and --batch
+    run = {key: getattr(args, key) for key in ("seed", "lr", "batch", "warmup", "micro",
+                                               "init_from")}
     if args.resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=True)
+        if ckpt.get("run", run) != run:
+            differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
+                               f"{value!r} here" for key, value in run.items()
+                               if ckpt["run"].get(key) != value)
+            raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
+                             f"would train that run and label it as this one; resume with its "
+                             f"settings, delete it or pass another --out")
         transformer.load_state_dict(ckpt["transformer"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
@@ -138,7 +151,8 @@ def train(args) -> None:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save({"transformer": transformer.state_dict(), "optimizer": opt.state_dict(),
-                    "step": step, "elapsed": elapsed + time.time() - t0, "losses": losses}, tmp)
+                    "step": step, "elapsed": elapsed + time.time() - t0, "losses": losses,
+                    "run": run}, tmp)
         tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
 
     transformer.train()
@@ -172,25 +186,31 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
     from mmspec.zoo.registry import load_video_components
 
     out_dir = Path(args.assets) / NAME
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = {f"transformer.{k}": v.detach().to(torch.float16).contiguous()
-             for k, v in transformer.state_dict().items()}
-    state.update({f"text_encoder.{k}": v.detach().to(torch.float16).contiguous()
-                  for k, v in text_encoder.state_dict().items()})
-    save_file(state, str(out_dir / "model.safetensors"))
-    (out_dir / "transformer_config.json").write_text(
-        json.dumps({k: list(v) if isinstance(v, tuple) else v
-                    for k, v in spec.transformer_config().items()}, indent=2) + "\n")
-    text_encoder.config.to_json_file(str(out_dir / "text_encoder_config.json"))
-    tokenizer.save_pretrained(str(out_dir))
-    shipped_transformer, shipped_text, shipped_tok = load_video_components(out_dir)
-    held = heldout_loss(shipped_transformer, shipped_tok, shipped_text, spec)
+    with staged_export(out_dir) as stage:
+        state = {f"transformer.{k}": v.detach().to(torch.float16).contiguous()
+                 for k, v in transformer.state_dict().items()}
+        state.update({f"text_encoder.{k}": v.detach().to(torch.float16).contiguous()
+                      for k, v in text_encoder.state_dict().items()})
+        save_file(state, str(stage / "model.safetensors"))
+        (stage / "transformer_config.json").write_text(
+            json.dumps({k: list(v) if isinstance(v, tuple) else v
+                        for k, v in spec.transformer_config().items()}, indent=2) + "\n")
+        text_encoder.config.to_json_file(str(stage / "text_encoder_config.json"))
+        tokenizer.save_pretrained(str(stage))
+        shipped_transformer, shipped_text, shipped_tok = load_video_components(stage)
+        held = heldout_loss(shipped_transformer, shipped_tok, shipped_text, spec)
+        size_mb = (stage / "model.safetensors").stat().st_size / 1e6
+        write_card(stage, _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held,
+                                size_mb))
+    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out loss {held:.4f}")
+
+
+def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size_mb) -> dict:
     tail = losses[-50:]
-    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
-    write_card(out_dir, {
+    return {
         "name": NAME,
-        "summary": "Tiny WanTransformer3DModel (diffusers) trained with rectified flow matching in "
-                   "pixel space on seeded synthetic moving-shape clips, caption-conditioned "
+        "summary": "Tiny WanTransformer3DModel (diffusers) trained with rectified flow matching "
+                   "in pixel space on seeded synthetic moving-shape clips, caption-conditioned "
                    "through a frozen random-init UMT5 encoder.",
         "kind": "video-dit",
         "architecture": "WanTransformer3DModel + UMT5EncoderModel (frozen, random init)",
@@ -235,8 +255,7 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
         "command": _command(args.argv),
         **({"init_from": {"ref": args.init_from, "card": committed_card(args.init_from)}}
            if args.init_from else {}),
-    })
-    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out loss {held:.4f}")
+    }
 
 
 def main(argv=None) -> None:

@@ -1,11 +1,13 @@
 """The training script: a killed run resumes to the same weights, and the card carries the figures."""
 
+import argparse
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import mmspec.zoo
 from mmspec.zoo import train_text
 from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import load_tokenizer
@@ -143,3 +145,110 @@ def test_zero_steps_are_refused_before_anything_is_written(tiny_zoo, capsys):
         train_text.main(["tiny-ar", "--steps", "0", "--out", str(tiny_zoo / "a")])
     assert "--steps: must be an int >= 1, got 0" in capsys.readouterr().err
     assert not (tiny_zoo / "zoo").exists()
+
+
+def _entry_bytes(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_checkpoint_past_steps_is_refused(tiny_zoo):
+    # a rerun with a smaller --steps saved the 6-step checkpoint as step 3 and shipped its weights
+    # under a card saying 3 steps; a later 6-step run then trained steps 3..5 a second time
+    _run(tiny_zoo, "tiny-ar", "a")
+    entry = _entry_bytes(tiny_zoo / "zoo" / "tiny-ar")
+    with pytest.raises(ValueError, match=r"--steps 3: .*ckpt.pt is already at step 6; .*pass "
+                                         r"--steps 6 or more"):
+        train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "3"])
+    assert torch.load(tiny_zoo / "a" / "tiny-ar" / "ckpt.pt", weights_only=True)["step"] == 6
+    assert _entry_bytes(tiny_zoo / "zoo" / "tiny-ar") == entry
+    train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "6"])  # same: exports
+
+
+def test_an_export_killed_while_evaluating_keeps_the_previous_entry(tiny_zoo, monkeypatch):
+    # the weights used to be written into the entry before the evaluation, the card after it:
+    # a kill in between shipped the new weights under the old card
+    _run(tiny_zoo, "tiny-ar", "a")
+    folder = tiny_zoo / "zoo" / "tiny-ar"
+    card = json.loads((folder / "card.json").read_text())
+    (folder / "card.json").write_text(json.dumps({**card, "attempts": ["an earlier recipe"]}))
+    before = _entry_bytes(folder)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real_evaluate = train_text.evaluate
+    monkeypatch.setattr(train_text, "evaluate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_text.main(["tiny-ar", "--out", str(tiny_zoo / "b"), "--seed", "1"])
+    assert _entry_bytes(folder) == before
+    assert sorted(p.name for p in (tiny_zoo / "zoo").iterdir()) == ["tiny-ar"]  # nothing staged
+    assert mmspec.zoo.available(tiny_zoo / "zoo") == ["tiny-ar"]
+
+    monkeypatch.setattr(train_text, "evaluate", real_evaluate)
+    train_text.main(["tiny-ar", "--out", str(tiny_zoo / "b"), "--seed", "1"])
+    new = json.loads((folder / "card.json").read_text())
+    assert new["results"]["seed"] == 1 and new["attempts"] == ["an earlier recipe"]
+    assert _entry_bytes(folder)["model.safetensors"] != before["model.safetensors"]
+    assert sorted(p.name for p in (tiny_zoo / "zoo").iterdir()) == ["tiny-ar"]
+
+
+def test_staged_export_swaps_whole_folders_and_recovers_a_kill_between_renames(tmp_path):
+    entry = tmp_path / "x"
+    with train_text.staged_export(entry) as stage:
+        (stage / "a").write_text("1")
+        assert not entry.exists()
+    assert _entry_bytes(entry) == {"a": b"1"}
+    with pytest.raises(RuntimeError):
+        with train_text.staged_export(entry) as stage:
+            (stage / "a").write_text("2")
+            raise RuntimeError
+    assert _entry_bytes(entry) == {"a": b"1"} and sorted(tmp_path.iterdir()) == [entry]
+    with train_text.staged_export(entry) as stage:
+        (stage / "b").write_text("3")
+    assert _entry_bytes(entry) == {"b": b"3"}  # no file of the previous export survives
+    # killed after moving the old export aside, before moving the new one in
+    work = tmp_path / ".x.export"
+    (work / "new").mkdir(parents=True)
+    entry.rename(work / "old")
+    with train_text.staged_export(entry) as stage:
+        assert _entry_bytes(entry) == {"b": b"3"}  # the previous export is back meanwhile
+        (stage / "c").write_text("4")
+    assert _entry_bytes(entry) == {"c": b"4"} and sorted(tmp_path.iterdir()) == [entry]
+
+
+def test_the_card_states_the_distillation_objective_it_trained(tiny_zoo, monkeypatch):
+    # the card said "half the rows keep a random clean prefix" for any DLM run; a --distill run
+    # keeps the whole prefix clean in every row, and share 1.0 makes every row a t=1 block
+    _run(tiny_zoo, "tiny-ar", "a")
+    monkeypatch.setattr(train_text, "DISTILL_TARGET", "tiny-ar")
+    monkeypatch.setattr(train_text, "DISTILL_HELDOUT", 4)
+    train_text.main(["tiny-dlm", "--distill", "4", "--distill-prefix", "24", "--distill-new", "8",
+                     "--distill-block-share", "1.0", "--out", str(tiny_zoo / "a")])
+    objective = json.loads((tiny_zoo / "zoo" / "tiny-dlm" / "card.json").read_text())["objective"]
+    assert "whole 24-token corpus prefix clean in every row" in objective
+    assert "every row: a block of masks from a random start" in objective and "t=1" in objective
+    assert "half the rows" not in objective and "U(0,1]" not in objective
+
+    def args(**kw):
+        return argparse.Namespace(**{"distill": 4, "distill_prefix": 24, "distill_new": 8,
+                                     "distill_block_share": 0.0, **kw})
+
+    dlm, ar = SPECS["tiny-dlm"], SPECS["tiny-ar"]
+    assert "a share 0.25 of the rows: a block" in train_text._objective(
+        dlm, args(distill_block_share=0.25))
+    assert "every row: t~U(0,1]" in train_text._objective(dlm, args())
+    assert "8 target tokens only" in train_text._objective(ar, args())
+    assert "half the rows" in train_text._objective(dlm, args(distill=0))
+
+
+def test_assets_puts_the_entry_in_another_folder_and_reads_init_from_there(tiny_zoo):
+    # the README's "dlm_compare.py --candidate DIR" needs a retrained DLM outside assets/zoo
+    candidate = tiny_zoo / "candidate"
+    train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--assets", str(candidate)])
+    assert (candidate / "tiny-ar" / "model.safetensors").is_file()
+    assert not (tiny_zoo / "zoo").exists()  # the shipped folder is not touched
+    train_text.main(["tiny-dlm", "--out", str(tiny_zoo / "a"), "--assets", str(candidate)])
+    assert json.loads((candidate / "tiny-dlm" / "card.json").read_text())["kind"] == "diffusion-lm"
+    with pytest.raises(FileNotFoundError, match=r"zoo/tiny-ar/model.safetensors not found; "
+                                                r"train tiny-ar first \(into the same --assets"):
+        train_text.main(["tiny-dlm", "--out", str(tiny_zoo / "b")])  # default: the shipped zoo

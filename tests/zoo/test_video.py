@@ -189,6 +189,41 @@ def test_init_from_fine_tunes_the_committed_weights(tmp_path, monkeypatch):
     assert card["init_from"]["card"]["training"]["steps"] == 3
 
 
+def _micro_run(tmp_path, *extra):
+    train_video.main(["--micro", "--batch", "2", "--save-every-s", "0", "--out",
+                      str(tmp_path / "out"), "--assets", str(tmp_path / "zoo"), *extra])
+
+
+def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
+    # --resume --seed 1 rebuilt the frozen text encoder from seed 1 and shipped the DiT trained
+    # against seed 0's encoder with it
+    _micro_run(tmp_path, "--steps", "2")
+    entry = tmp_path / "zoo" / "video-dit"
+    before = (entry / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"another run.s checkpoint \(--seed 0 there, 1 here; "
+                                         r"--batch 2 there, 3 here\)"):
+        _micro_run(tmp_path, "--steps", "3", "--resume", "--seed", "1", "--batch", "3")
+    assert (entry / "model.safetensors").read_bytes() == before
+    _micro_run(tmp_path, "--steps", "3", "--resume")  # the same settings, more steps: resumes
+    assert json.loads((entry / "card.json").read_text())["training"]["steps"] == 3
+
+
+def test_an_export_killed_while_evaluating_keeps_the_previous_entry(tmp_path, monkeypatch):
+    _micro_run(tmp_path, "--steps", "2")
+    entry = tmp_path / "zoo" / "video-dit"
+    before = {p.name: p.read_bytes() for p in entry.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_video, "heldout_loss", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_video.main(["--micro", "--batch", "2", "--steps", "2", "--seed", "1", "--out",
+                          str(tmp_path / "out-b"), "--assets", str(tmp_path / "zoo")])
+    assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
+    assert [p.name for p in (tmp_path / "zoo").iterdir()] == ["video-dit"]  # nothing staged
+
+
 def test_generate_cli_runs_the_zoo_entry(entry, tmp_path):
     from mmspec.video_dit import generate
 
