@@ -3,7 +3,9 @@
 __version__ = "0.1.0"
 
 __all__ = [
+    "ADLConfig",
     "DiffusionDrafter",
+    "DiffusionDrafterConfig",
     "Draft",
     "ModelDrafter",
     "NaiveDiffusionDrafter",
@@ -11,7 +13,8 @@ __all__ = [
     "SpecOutput",
     "generate",
 ]
-_DIFFUSION = ("DiffusionDrafter", "NaiveDiffusionDrafter")  # issue 5, in decoding/drafters
+# issue 5, in decoding/drafters
+_DIFFUSION = ("ADLConfig", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")
 
 
 def __getattr__(name):

@@ -252,3 +252,8 @@ def test_public_name():
 
     assert mmspec.DiffusionDrafter is DiffusionDrafter
     assert mmspec.NaiveDiffusionDrafter is NaiveDiffusionDrafter
+    # the README configures it with these two, under the same name
+    assert mmspec.DiffusionDrafterConfig is DiffusionDrafterConfig
+    from mmspec.decoding.drafters import ADLConfig
+
+    assert mmspec.ADLConfig is ADLConfig
