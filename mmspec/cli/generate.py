@@ -16,8 +16,8 @@ prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM wit
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
 drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary; CPS + ADL
 with the prefix KV cache), `self` (the target drafts for itself: greedy, every token is accepted,
-a check of the engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text preset's
-`model`) sample at the target's temperature; tree nodes are chosen, not sampled.
+a check of the engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text
+preset's `model`) sample at the target's temperature; tree nodes are chosen, not sampled.
 """
 
 from __future__ import annotations
