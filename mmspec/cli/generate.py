@@ -152,7 +152,8 @@ def _path_drafter(args, target):
                          f"got {kind!r}")
     top_k = 1 if args.tree_top_k is None else args.tree_top_k
     if args.sample and top_k > 1:
-        _log("--sample with a tree: its nodes are chosen, not sampled (still exact, fewer accepted)")
+        _log("--sample with a tree: its nodes are chosen, not sampled "
+             "(still exact, fewer accepted)")
     return ModelDrafter(model.to(args.device), num_tokens=num_tokens, top_k=top_k,
                         depth=args.tree_depth,
                         temperature=_draft_temperature(args, target) if top_k == 1 else 0.0)

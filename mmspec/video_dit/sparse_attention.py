@@ -114,8 +114,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     shapes = ((b, q.shape[2]), (1, q.shape[2]))
     if key_valid is not None and (key_valid.dtype != torch.bool
                                   or tuple(key_valid.shape) not in shapes):
-        raise ValueError(f"key_valid must be bool [B={b}, L={q.shape[2]}] in the order of q, k, v, "
-                         f"got {key_valid.dtype} {list(key_valid.shape)}")
+        raise ValueError(f"key_valid must be bool [B={b}, L={q.shape[2]}] in the order of q, k, "
+                         f"v, got {key_valid.dtype} {list(key_valid.shape)}")
     if not tiled:
         videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
     elif layout.has_padding:
