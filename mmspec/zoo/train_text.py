@@ -98,6 +98,18 @@ def staged_export(out_dir: Path):
     shutil.rmtree(work)
 
 
+def refuse_other_run(ckpt: dict, run: dict, ckpt_path: Path, fix: str = "") -> None:
+    """ValueError when checkpoint `ckpt` was saved by a run of other settings than `run` (a
+    checkpoint from before the settings were recorded passes)."""
+    if ckpt.get("run", run) != run:
+        differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
+                           f"{value!r} here" for key, value in run.items()
+                           if ckpt["run"].get(key) != value)
+        raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
+                         f"would train that run and label it as this one; {fix}delete it or "
+                         f"pass another --out")
+
+
 def training_loss(spec: TextModelSpec, model, tokens, mask_token_id: int, generator):
     if spec.objective == "causal":
         return causal_lm_loss(model, tokens)
@@ -235,13 +247,7 @@ def cmd_train(args) -> None:
                                                "distill_block_share")}
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=True)
-        if ckpt.get("run", run) != run:
-            differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
-                               f"{value!r} here" for key, value in run.items()
-                               if ckpt["run"].get(key) != value)
-            raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
-                             f"would train that run and label it as this one; delete it or "
-                             f"pass another --out")
+        refuse_other_run(ckpt, run, ckpt_path)
         if ckpt["step"] > spec.steps:  # the end would save it as spec.steps and ship it so
             raise ValueError(f"--steps {spec.steps}: {ckpt_path} is already at step "
                              f"{ckpt['step']}; resuming it would label weights trained "

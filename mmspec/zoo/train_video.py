@@ -33,7 +33,7 @@ from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.registry import video_parts
-from mmspec.zoo.train_text import staged_export
+from mmspec.zoo.train_text import refuse_other_run, staged_export
 from mmspec.zoo.video_model import (
     VideoModelSpec,
     build_text_encoder,
@@ -128,13 +128,7 @@ def train(args) -> None:
                                                "init_from")}
     if args.resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=True)
-        if ckpt.get("run", run) != run:
-            differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
-                               f"{value!r} here" for key, value in run.items()
-                               if ckpt["run"].get(key) != value)
-            raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
-                             f"would train that run and label it as this one; resume with its "
-                             f"settings, delete it or pass another --out")
+        refuse_other_run(ckpt, run, ckpt_path, "resume with its settings, ")
         transformer.load_state_dict(ckpt["transformer"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
