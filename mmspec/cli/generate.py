@@ -15,9 +15,10 @@ Drafters: zoo targets name theirs (`vlm`: vispec, text-only; `text`: diffusion, 
 prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
 drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary; CPS + ADL
-with the prefix KV cache), `self` (the target drafts for itself: greedy, every token is accepted,
+with the prefix KV cache), `self` (the target drafts for itself: every token is accepted,
 a check of the engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text
-preset's `model`) sample at the target's temperature; tree nodes are chosen, not sampled.
+preset's `model`) sample as the target does (its temperature, top-k and top-p; `self` then has
+every token accepted too); tree nodes are chosen, not sampled.
 """
 
 from __future__ import annotations
@@ -154,19 +155,10 @@ def _path_drafter(args, target):
     if args.sample and top_k > 1:
         _log("--sample with a tree: its nodes are chosen, not sampled "
              "(still exact, fewer accepted)")
+    # under --sample a chain samples as the target does (temperature, top-k, top-p): a drafter
+    # proposing argmax tokens gets only p(argmax) of them accepted
     return ModelDrafter(model.to(args.device), num_tokens=num_tokens, top_k=top_k,
-                        depth=args.tree_depth,
-                        temperature=_draft_temperature(args, target) if top_k == 1 else 0.0)
-
-
-def _draft_temperature(args, target) -> float:
-    """A chain drafter's temperature: the target's under --sample (a drafter proposing argmax
-    tokens gets only p(argmax) of them accepted), 0 (greedy) otherwise."""
-    if not args.sample:
-        return 0.0
-    from mmspec.decoding.generate import sampling_config
-
-    return sampling_config(target, True, args.temperature, args.top_k, args.top_p).temperature
+                        depth=args.tree_depth, sample=top_k == 1)
 
 
 def _on_device(drafter, target, device):
@@ -198,11 +190,8 @@ def _setup(args):
                              f"{sorted(preset.drafters)}, got {name!r}")
         _refuse_draft_shape(args, f"--target {args.target}")
         _log(f"{preset.description}; drafter: {name}")
-        make = preset.drafters[name]
-        if name == "model":  # a chain: it samples at the target's temperature under --sample
-            temperature = _draft_temperature(args, preset.target)
-            make = lambda: preset.drafters["model"](temperature=temperature)  # noqa: E731
-        return preset.target, preset.tokenizer, preset.inputs, make, preset.eos_token_id
+        return (preset.target, preset.tokenizer, preset.inputs, preset.drafters[name],
+                preset.eos_token_id)
     target, tokenizer, inputs = _load_path_target(args)
     return target, tokenizer, inputs, lambda: _path_drafter(args, target), None
 

@@ -22,6 +22,8 @@ from typing import Protocol
 
 import torch
 
+from .sampling import SamplingConfig
+
 
 @dataclass
 class Draft:
@@ -84,6 +86,9 @@ class DraftState:
                     stops on), None when the call passed none. A drafter with its own end-of-
                     sequence rule uses these over its default, as transformers' assistant models
                     take the `generate` call's.
+    sampling:       the call's `SamplingConfig` (temperature, top-k, top-p) when it samples, None
+                    when it is greedy: a drafter proposing from the same warped distribution gets
+                    the most accepted (`ModelDrafter(sample=True)`).
     """
 
     input_ids: torch.Tensor
@@ -95,6 +100,7 @@ class DraftState:
     extras: dict = field(default_factory=dict)
     generator: torch.Generator | None = None
     eos_token_id: tuple[int, ...] | None = None
+    sampling: SamplingConfig | None = None
 
 
 @dataclass

@@ -409,7 +409,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         t0 = _sync(device)
         depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
         state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
-                           hidden, model_kwargs, generator, asked_eos)
+                           hidden, model_kwargs, generator, asked_eos,
+                           cfg if cfg.do_sample else None)
         ta = _sync(device)
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
         tb = _sync(device)

@@ -100,8 +100,7 @@ def text_preset(prompt: str | None = None) -> Preset:
                                                   config=DiffusionDrafterConfig(
                                                       shift=dlm.shift, prefix_cache=True,
                                                       adl=ADLConfig(*ZOO_DLM_K))),
-            "model": lambda temperature=0.0: ModelDrafter(drafter_model, 5,
-                                                          temperature=temperature),
+            "model": lambda: ModelDrafter(drafter_model, 5, sample=True),  # greedy if the call is
             "prompt-lookup": lambda: PromptLookupDrafter(),
         },
         default_drafter="diffusion", eos_token_id=eos,

@@ -16,13 +16,13 @@ def test_generate_with_the_builtin_target(capsys):
 
 
 def test_sampling_self_drafter_samples_like_the_target(capsys):
-    # under --sample the chain drafter proposed argmax tokens: 1 of 95 accepted. Sampling at the
-    # target's temperature (no top-k: the same distribution), every draft token is accepted
+    # under --sample the chain drafter proposed argmax tokens: 1 of 95 accepted. Sampling as the
+    # target does (temperature, default top-k 50, top-p), every draft token is accepted
     import re
 
-    assert main(["generate", "--target", "builtin", "--drafter", "self", "--sample", "--top-k",
-                 "0", "--temperature", "0.8", "--max-new-tokens", "30", "--prompt", "abcabc",
-                 "--device", "cpu", "--no-baseline"]) == 0
+    assert main(["generate", "--target", "builtin", "--drafter", "self", "--sample",
+                 "--temperature", "0.8", "--top-p", "0.9", "--max-new-tokens", "30", "--prompt",
+                 "abcabc", "--device", "cpu", "--no-baseline"]) == 0
     accepted, drafted = map(int, re.search(r"accepted (\d+)/(\d+) drafted",
                                            capsys.readouterr().err).groups())
     assert drafted > 10 and accepted == drafted

@@ -136,3 +136,23 @@ def test_model_drafter_gives_the_model_back_after_generate():
     # self-drafting: the target's own attention comes back too
     generate(target, ModelDrafter(target, 6, top_k=2), ids, max_new_tokens=8, eos_token_id=[])
     assert target.config._attn_implementation == "sdpa"
+
+
+def test_model_drafter_sample_follows_the_calls_warping():
+    # sample=True proposes from the call's own law (temperature, top-k, top-p): a target drafting
+    # for itself has every token accepted; under a greedy call it drafts greedily
+    target = tiny_llama(0)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    drafter = ModelDrafter(tiny_llama(0), 4, sample=True)
+    out = generate(target, drafter, ids, max_new_tokens=20, do_sample=True, temperature=0.7,
+                   top_k=5, top_p=0.9, eos_token_id=[], generator=torch.Generator().manual_seed(0))
+    assert out.stats.drafted > 10 and out.stats.accepted == out.stats.drafted
+    plain = generate(target, ModelDrafter(tiny_llama(0), 4, temperature=0.7), ids,
+                     max_new_tokens=20, do_sample=True, temperature=0.7, top_k=5, top_p=0.9,
+                     eos_token_id=[], generator=torch.Generator().manual_seed(0))
+    assert plain.stats.accepted < plain.stats.drafted  # temperature alone: another law
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(generate(target, drafter, ids, max_new_tokens=20,
+                                eos_token_id=[]).sequences, ref)
+    with pytest.raises(ValueError, match="sample=True draws with the target's own temperature"):
+        ModelDrafter(tiny_llama(0), 4, temperature=0.5, sample=True)

@@ -2,7 +2,9 @@
 
 Chain (`top_k=1`): `num_tokens` tokens, one drafter forward each (Leviathan et al. 2023). Greedy by
 default (a point-mass proposal); with `temperature > 0` it samples and hands its probabilities to
-the verifier, which then uses the min(1, p/q) rule.
+the verifier, which then uses the min(1, p/q) rule. With `sample=True` it samples, under a sampling
+`generate` call, from the call's own warped distribution (temperature, top-k, top-p: q has the
+target's form, so the drafter is judged on its logits alone) and is greedy under a greedy call.
 
 Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec.md §1.5). Each of
 `depth` levels expands the current top-k frontier by its top-k children, scores nodes by
@@ -33,6 +35,7 @@ from mmspec.kernels import register_hf_attention
 
 from .. import kv_cache
 from ..draft import Draft, DraftState, VerifyResult
+from ..sampling import target_probs
 from ..tree import BLOCK_SIZE
 from ..windows import block_masks, full_cache, sliding_windows
 
@@ -43,7 +46,7 @@ _EPS = 1e-6  # score decrease along a path where float32 can represent it
 
 class ModelDrafter:
     def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: int | None = None,
-                 temperature: float = 0.0):
+                 temperature: float = 0.0, sample: bool = False):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         if top_k < 1:
@@ -53,14 +56,18 @@ class ModelDrafter:
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
                                   or depth < 1):
             raise ValueError(f"depth must be None or an int >= 1, got {depth!r}")
-        if temperature > 0 and top_k > 1:
-            raise ValueError("temperature > 0 samples a chain; a top-k tree (top_k > 1) is chosen "
-                             "deterministically, so it needs temperature=0")
+        if (temperature > 0 or sample) and top_k > 1:
+            raise ValueError("temperature > 0 or sample=True samples a chain; a top-k tree "
+                             "(top_k > 1) is chosen deterministically, so it needs neither")
+        if temperature > 0 and sample:
+            raise ValueError(f"sample=True draws with the target's own temperature, top-k and "
+                             f"top-p; temperature={temperature} would be another; pass one")
         self.model = model.eval()
         self.num_tokens = num_tokens
         self.top_k = top_k
         self.depth = depth if depth is not None else (num_tokens if top_k == 1 else DEFAULT_TREE_DEPTH)
         self.temperature = temperature
+        self.sample = sample  # under a sampling call, propose from the target's warped law
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if top_k > self.vocab_size:
             raise ValueError(f"top_k must be at most the drafter's vocabulary "
@@ -127,7 +134,11 @@ class ModelDrafter:
         pos = valid.long().sum(-1, keepdim=True) - 1  # [B, 1] root position
         tokens, probs = [], []
         for i in range(n):
-            if self.temperature > 0:
+            if self.sample and state.sampling is not None:
+                p = target_probs(logits, state.sampling)  # [B, V], as the target warps its own
+                tok = torch.multinomial(p, 1, generator=state.generator)[:, 0]
+                probs.append(p)
+            elif self.temperature > 0:
                 p = (logits / self.temperature).softmax(-1)  # [B, V]
                 tok = torch.multinomial(p, 1, generator=state.generator)[:, 0]
                 probs.append(p)
