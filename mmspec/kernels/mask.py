@@ -375,7 +375,8 @@ class BlockSparseMask:
         )
 
     def to(self, device) -> "BlockSparseMask":
-        return BlockSparseMask(
+        # already checked: no re-validation (device syncs on a GPU; `.item()` fails on "meta")
+        return BlockSparseMask._unchecked(
             self.kv_num_blocks.to(device),
             self.kv_indices.to(device),
             self.full_kv_num_blocks.to(device),

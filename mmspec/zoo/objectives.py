@@ -75,6 +75,9 @@ def masked_prediction_loss(model, tokens: torch.Tensor, mask_token_id: int,
                            block: int) -> torch.Tensor:
     """Eval for the diffusion drafter in its drafting use: the last `block` tokens of every window
     are masked and the mean CE of predicting them (shifted logits) is returned (nats)."""
+    if not 1 <= block < tokens.shape[1]:  # the shifted logits need one clean token before it
+        raise ValueError(f"block must be in [1, {tokens.shape[1]}) for windows of "
+                         f"{tokens.shape[1]} tokens, got {block}")
     noisy = tokens.clone()
     noisy[:, -block:] = mask_token_id
     logits = model(input_ids=noisy).logits[:, -block - 1:-1]  # [B, block, V]

@@ -191,3 +191,12 @@ def test_tree_parents_must_be_integers(parents):
     # [-1., 0.7, 1.5] was truncated to [-1, 0, 1]: a mask for another tree
     with pytest.raises(ValueError, match="parents must be integer node indices, got torch.float"):
         tree_block_mask(parents, 4, 16)
+
+
+def test_to_moves_without_revalidating():
+    # `to` rebuilt the mask through the checks (device syncs; "meta" failed on `.item()`)
+    mask = causal_block_mask(40, 40, 16)
+    meta = mask.to("meta")
+    assert meta.device.type == "meta" and meta.shape == mask.shape
+    assert meta.block_size == mask.block_size
+    assert torch.equal(mask.to("cpu").to_dense(), mask.to_dense())

@@ -78,3 +78,11 @@ def test_init_from_a_missing_checkpoint_fails_loudly(tokenizer, tmp_path):
     spec = TextModelSpec("tiny", "diffusion", **TINY, init_from="tiny-ar")
     with pytest.raises(FileNotFoundError, match="train tiny-ar first"):
         build_model(spec, tokenizer, tmp_path)
+
+
+def test_masked_prediction_block_must_leave_a_clean_token():
+    from mmspec.zoo.objectives import masked_prediction_loss
+
+    with pytest.raises(ValueError, match=r"block must be in \[1, 8\) for windows of 8 tokens, "
+                                         r"got 8"):
+        masked_prediction_loss(None, torch.zeros(2, 8, dtype=torch.long), 5, block=8)
