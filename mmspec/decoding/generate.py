@@ -20,6 +20,7 @@ the token slots get *holes* that the mask hides (see `draft.py`); no row waits f
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from contextlib import contextmanager, nullcontext
@@ -150,12 +151,18 @@ def _hf_default(name: str):
     return defaults.get(name, _HF_DEFAULTS[name])
 
 
+@functools.cache
+def _blank_generation_config():
+    """transformers' `GenerationConfig()`: its fields and their neutral values."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig()
+
+
 def _generation_settings(model_kwargs: dict) -> dict:
     """Take the generation-config settings (`repetition_penalty`, `num_return_sequences`, ...) out
     of `model_kwargs`: `target.generate` reads them from its kwargs, the model never sees them."""
-    from transformers import GenerationConfig
-
-    fields = {k for k in vars(GenerationConfig()) if not k.startswith("_")}
+    fields = {k for k in vars(_blank_generation_config()) if not k.startswith("_")}
     return {k: model_kwargs.pop(k) for k in list(model_kwargs) if k in fields}
 
 
@@ -173,11 +180,9 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
     takes the target's generation config, and a field unset there transformers' global default
     (greedy; when sampling, temperature 1.0, top-k 50, top-p 1.0). `settings`: other generation
     settings passed to the call, which must leave the output as `generate` makes it."""
-    from transformers import GenerationConfig
-
     gen = target.generation_config
     settings = dict(settings or {})
-    blank = GenerationConfig()
+    blank = _blank_generation_config()
     unsupported = {name for name, _, _ in _UNSUPPORTED}
     for name, value in settings.items():  # a setting no logits processor here would apply
         if name not in unsupported and value != getattr(blank, name):

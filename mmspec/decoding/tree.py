@@ -119,7 +119,9 @@ def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] 
     b, c = cache_valid.shape
     n = tree.num_nodes
     token = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], dim=-1)  # [B, N, C+N]
-    cached = cache_valid.long()
-    q_pos = cached.sum(-1, keepdim=True) + tree.depth  # [B, N]
-    k_pos = torch.cat([cached.cumsum(-1) - 1, q_pos], dim=-1)  # [B, C + N]
-    return block_masks(token, q_pos, k_pos, windows, BLOCK_SIZE)
+    def positions():
+        cached = cache_valid.long()
+        q_pos = cached.sum(-1, keepdim=True) + tree.depth  # [B, N]
+        return q_pos, torch.cat([cached.cumsum(-1) - 1, q_pos], dim=-1)  # [B, C + N]
+
+    return block_masks(token, BLOCK_SIZE, windows, positions)

@@ -3,7 +3,7 @@
 transformers caches a sliding-window layer in a `DynamicSlidingWindowLayer`, which keeps only the
 last `window - 1` entries: a verified draft's rejected entries could then not be dropped again, and
 the oldest committed ones would be gone. So the engine (and `ModelDrafter`) give such a model a
-cache of plain `DynamicLayer`s (`full_cache`), which keeps every entry, and attend through the
+cache of plain `DynamicLayer`s (`DynamicCache()` without a config), which keeps every entry, and attend through the
 window with a mask: `block_sparse_mask` becomes a dict from the layer's `sliding_window` (None for
 full-attention layers) to its mask, which `mmspec.kernels.hf` picks per layer.
 
@@ -29,23 +29,18 @@ def sliding_windows(model) -> tuple[int, ...]:
                          if (w := getattr(layer, "sliding_window", None)) is not None}))
 
 
-def full_cache(model) -> DynamicCache | None:
-    """A cache that keeps every entry of every layer for a model with sliding-window layers; None
-    (the model's own cache) otherwise."""
-    return DynamicCache() if sliding_windows(model) else None
-
-
-def block_masks(token_mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                windows: tuple[int, ...], block_size: int):
+def block_masks(token_mask: torch.Tensor, block_size: int, windows: tuple[int, ...] = (),
+                positions=None):
     """`block_sparse_mask` for a forward: the mask of `token_mask` (bool `[B, Nq, Nk]`) alone, or,
     with `windows`, a dict `{None: that mask, w: that mask within window w, ...}`.
 
-    q_pos: long `[B, Nq]` positions of the queries; k_pos: long `[B, Nk]` positions of the keys
-    (only read with `windows`).
+    positions: with `windows`, a callable giving (long `[B, Nq]` query positions, long `[B, Nk]`
+    key positions); not called without (the decode loop of every other model skips the work).
     """
     full = BlockSparseMask.from_token_mask(token_mask[:, None], block_size)
     if not windows:
         return full
+    q_pos, k_pos = positions()
     distance = q_pos[:, :, None] - k_pos[:, None, :]  # [B, Nq, Nk]
     masks = {None: full}
     for window in windows:

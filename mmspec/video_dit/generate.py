@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+
+from mmspec.atomic import write_text_atomic
 
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
@@ -212,9 +213,8 @@ def main(argv=None) -> int:
             "height": int(frames.shape[1]), "width": int(frames.shape[2]),
             "device": str(dist.device), "dtype": args.dtype, "torch": torch.__version__,
         }
-        tmp = stem.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        os.replace(tmp, stem.with_suffix(".json"))  # last: marks the prompt finished
+        # last, and atomically: a JSON marks the prompt finished
+        write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
     return 0
 
 

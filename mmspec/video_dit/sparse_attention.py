@@ -64,8 +64,6 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
         k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
     out, lse = block_sparse_attention(q, k, v, mask, scale=scale, return_lse=True, backend=backend)
     invalid = torch.nn.functional.pad(~valid, (0, m * bs - length)).view(-1, m, bs).sum(-1)
-    if not bool(invalid.any()):  # whole tiles, no text padding: nothing to correct
-        return out
     per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
     n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
     share = (n_invalid * torch.exp(-lse)).masked_fill(query_is_padding, 0.0)

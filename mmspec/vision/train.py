@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from mmspec.atomic import save_atomic
 from mmspec.decoding import generate
 from mmspec.decoding.generate import sampling_config
 
@@ -89,14 +90,6 @@ def _key(index: int, sample: dict, max_new_tokens: int) -> str:
             digest.update(name.encode())
             digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return f"{index}:{digest.hexdigest()[:16]}"
-
-
-def save_atomic(obj, path: Path) -> None:
-    """`torch.save` to a temporary sibling, then a rename: a kill mid-save keeps the old file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 class AnswerCache:

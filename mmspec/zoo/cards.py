@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mmspec.atomic import write_text_atomic
+
 
 def _render(card: dict, depth: int = 0) -> list[str]:
     lines = []
@@ -30,11 +32,8 @@ def write_card(directory: str | Path, card: dict) -> None:
             card = {**card, "attempts": attempts}
     title = f"# {card['name']}\n\n{card.get('summary', '')}\n\n"
     body = {k: v for k, v in card.items() if k not in ("name", "summary")}
-    for name, text in (("README.md", title + "\n".join(_render(body)) + "\n"),
-                       ("card.json", json.dumps(card, indent=2) + "\n")):  # the card last
-        partial = directory / f"{name}.tmp"  # a killed write never leaves a torn card
-        partial.write_text(text)
-        partial.replace(directory / name)
+    write_text_atomic(directory / "README.md", title + "\n".join(_render(body)) + "\n")
+    write_text_atomic(directory / "card.json", json.dumps(card, indent=2) + "\n")  # the card last
 
 
 def read_card(directory: str | Path) -> dict:

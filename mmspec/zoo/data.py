@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from mmspec.atomic import save_atomic
 from mmspec.zoo.corpus import read_texts
 from mmspec.zoo.paths import OUT_DIR
 
@@ -33,10 +34,7 @@ def token_stream(tokenizer, split: str, cache_dir: Path = CACHE_DIR) -> torch.Te
         ids.extend(enc.ids)
         ids.append(tokenizer.eos_token_id)
     stream = torch.tensor(ids, dtype=torch.int16)  # vocab < 32768
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")  # a killed write never leaves a torn cache
-    torch.save(stream, partial)
-    partial.replace(path)
+    save_atomic(stream, path)  # a killed write never leaves a torn cache
     return stream.long()
 
 

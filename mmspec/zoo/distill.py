@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from mmspec.atomic import save_atomic
 from mmspec.zoo.data import random_windows
 from mmspec.zoo.objectives import masked_diffusion_loss
 
@@ -63,11 +64,8 @@ def target_continuations(target, stream: torch.Tensor, n: int, prefix_len: int, 
     target.eval()
     parts, last_save = [done], time.time()
 
-    def save():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(torch.cat(parts), tmp)
-        tmp.replace(path)  # atomic: a kill mid-save keeps what was saved before
+    def save():  # atomic: a kill mid-save keeps what was saved before
+        save_atomic(torch.cat(parts), path)
 
     count = len(done)
     bar = tqdm(total=n, initial=count, desc="target continuations", unit="seq", mininterval=5,

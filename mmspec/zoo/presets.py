@@ -100,7 +100,8 @@ def text_preset(prompt: str | None = None) -> Preset:
                                                   config=DiffusionDrafterConfig(
                                                       shift=dlm.shift, prefix_cache=True,
                                                       adl=ADLConfig(*ZOO_DLM_K))),
-            "model": lambda: ModelDrafter(drafter_model, 5, sample=True),  # greedy if the call is
+            # samples like the target under a sampling call, greedy under a greedy one
+            "model": lambda: ModelDrafter(drafter_model, 5, sample=True),
             "prompt-lookup": lambda: PromptLookupDrafter(),
         },
         default_drafter="diffusion", eos_token_id=eos,

@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import Qwen2ForCausalLM
 
+from mmspec.atomic import save_atomic
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
@@ -260,12 +261,10 @@ def cmd_train(args) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{spec.name}: {n_params / 1e6:.2f}M params, {train.numel()} train tokens")
 
-    def save(step):
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "elapsed": elapsed + time.time() - t0, "losses": losses, "run": run}, tmp)
-        tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
+    def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
+        save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                     "elapsed": elapsed + time.time() - t0, "losses": losses, "run": run},
+                    ckpt_path)
 
     model.train()
     t0, last_save = time.time(), time.time()

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from mmspec.atomic import save_atomic
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
@@ -141,13 +142,10 @@ def train(args) -> None:
 
     t0 = time.time()
 
-    def save(step):
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"transformer": transformer.state_dict(), "optimizer": opt.state_dict(),
-                    "step": step, "elapsed": elapsed + time.time() - t0, "losses": losses,
-                    "run": run}, tmp)
-        tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
+    def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
+        save_atomic({"transformer": transformer.state_dict(), "optimizer": opt.state_dict(),
+                     "step": step, "elapsed": elapsed + time.time() - t0, "losses": losses,
+                     "run": run}, ckpt_path)
 
     transformer.train()
     last_save = time.time()

@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
+from mmspec.atomic import save_atomic
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
     AnswerCache,
@@ -200,12 +201,9 @@ def pretrain_vision(model, spec: VLMSpec, processor, ckpt_dir: Path, resume: boo
         start = state["step"]
         print(f"vision tower: resumed at step {start}")
 
-    def save_partial(step):
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tmp = partial.with_suffix(".tmp")
-        torch.save({"tower": tower.state_dict(), "heads": heads.state_dict(),
-                    "optimizer": opt.state_dict(), "step": step}, tmp)
-        tmp.replace(partial)  # atomic, as the main checkpoint
+    def save_partial(step):  # atomic, as the main checkpoint
+        save_atomic({"tower": tower.state_dict(), "heads": heads.state_dict(),
+                     "optimizer": opt.state_dict(), "step": step}, partial)
 
     last_save = time.time()
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=f"{spec.name} vision tower",
@@ -333,13 +331,10 @@ def cmd_train(args) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{spec.name}: {n_params / 1e6:.2f}M params")
 
-    def save(step):
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "elapsed": elapsed + time.time() - t0, "losses": losses,
-                    "vision_pretrain": vision_pretrain}, tmp)
-        tmp.replace(ckpt_path)  # atomic: a kill mid-save keeps the previous checkpoint
+    def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
+        save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                     "elapsed": elapsed + time.time() - t0, "losses": losses,
+                     "vision_pretrain": vision_pretrain}, ckpt_path)
 
     aux = None
     if spec.image_word_loss:  # the projector's output is caught in the forward, not recomputed

@@ -30,6 +30,7 @@ drops it, so no cache outlives a call.
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from mmspec.kernels import register_hf_attention
 
@@ -37,7 +38,7 @@ from .. import kv_cache
 from ..draft import Draft, DraftState, VerifyResult
 from ..sampling import target_probs
 from ..tree import BLOCK_SIZE
-from ..windows import block_masks, full_cache, sliding_windows
+from ..windows import block_masks, sliding_windows
 
 # vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
 DEFAULT_TREE_DEPTH = 4
@@ -108,7 +109,9 @@ class ModelDrafter:
         """Feed the slots the cache lacks; returns the drafter's logits at the roots `[B, V]`."""
         ids, valid = state.input_ids, state.attention_mask.bool()
         if state.round == 0:  # a new call: a new cache (None: the model makes its own)
-            self.cache, self.fed_ids, self.fed_valid = full_cache(self.model), None, None
+            # with sliding windows, a cache that keeps every entry (windows.py)
+            self.cache = DynamicCache() if self.windows else None
+            self.fed_ids = self.fed_valid = None
         start = self._reusable(ids, valid)
         if self.cache is not None:
             kv_cache.crop(self.cache, start)
@@ -173,9 +176,11 @@ class ModelDrafter:
             new_rows = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=tok.device).expand(b, k, k)], -1)
             fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(b, m, k)], -1), new_rows], 1)
             token_mask = torch.cat([valid[:, None, :].expand(b, k, s), new_rows], -1)  # [B, K, S+M+K]
-            fed_pos = root_pos + 1 + torch.arange(m + k, device=tok.device) // k  # [B, M+K]
-            k_pos = torch.cat([valid.long().cumsum(-1) - 1, fed_pos], -1)
-            mask = block_masks(token_mask, root_pos + level, k_pos, self.windows, BLOCK_SIZE)
+            def positions(level=level, m=m):  # queries at root + level; fed nodes by level
+                fed_pos = root_pos + 1 + torch.arange(m + k, device=tok.device) // k  # [B, M+K]
+                return root_pos + level, torch.cat([valid.long().cumsum(-1) - 1, fed_pos], -1)
+
+            mask = block_masks(token_mask, BLOCK_SIZE, self.windows, positions)
             attn = torch.cat([valid, valid.new_ones(b, m + k)], 1).long()
             lg = self._forward(front_tok, attn, root_pos + level, mask)  # [B, K, V]
             child_logp, child_tok = lg.log_softmax(-1).topk(k, dim=-1)  # [B, K, K]
