@@ -1,16 +1,17 @@
 """Sliding-window attention layers (Gemma 2 and 3, Mistral v0.1) under speculative decoding.
 
 transformers caches a sliding-window layer in a `DynamicSlidingWindowLayer`, which keeps only the
-last `window - 1` entries: a verified draft's rejected entries could then not be dropped again, and
-the oldest committed ones would be gone. So the engine (and `ModelDrafter`) give such a model a
-cache of plain `DynamicLayer`s (`DynamicCache()` without a config), which keeps every entry, and attend through the
-window with a mask: `block_sparse_mask` becomes a dict from the layer's `sliding_window` (None for
-full-attention layers) to its mask, which `mmspec.kernels.hf` picks per layer.
+last `window - 1` entries: a verified draft's rejected entries could then not be dropped again,
+and the oldest committed ones would be gone. So the engine (and `ModelDrafter`) give such a model
+a cache of plain `DynamicLayer`s (`DynamicCache()` without a config), which keeps every entry,
+and attend through the window with a mask: `block_sparse_mask` becomes a dict from the layer's
+`sliding_window` (None for full-attention layers) to its mask, which `mmspec.kernels.hf` picks per
+layer.
 
 The window is applied in positions, as transformers does it: a query at position p sees the keys
-at positions p - window < k <= p. (transformers compares cache indices, which equal positions up to
-a constant offset per row; in the engine's slot layout, where rejected draft tokens leave holes,
-positions are what still count.)
+at positions p - window < k <= p. (transformers compares cache indices, which equal positions up
+to a constant offset per row; in the engine's slot layout, where rejected draft tokens leave
+holes, positions are what still count.)
 """
 
 from __future__ import annotations
