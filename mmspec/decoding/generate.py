@@ -144,11 +144,16 @@ _UNSUPPORTED = (
 _HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
-def _hf_default(name: str):
+@functools.cache
+def _hf_defaults() -> dict:
     from transformers import GenerationConfig
 
-    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
-    return defaults.get(name, _HF_DEFAULTS[name])
+    return {**_HF_DEFAULTS,
+            **getattr(GenerationConfig, "_get_default_generation_params", dict)()}
+
+
+def _hf_default(name: str):
+    return _hf_defaults()[name]
 
 
 @functools.cache
@@ -463,8 +468,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         stats.row_rounds += int(live.sum())
         stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
         stats.accepted += int(torch.minimum(depth, num)[live].sum())
-        stats.committed += int(num[live].sum())
-        stats.new_tokens += int(num.sum())
+        committed = int(num.sum())  # 0 in finished rows (`_Rows.commit`)
+        stats.committed += committed
+        stats.new_tokens += committed
         stats.draft_time += (tb - ta) + (tf - te)
         stats.verify_time += (te - t0) - (tb - ta)
         stats.target_forward_time += td - tc

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic
+from mmspec.decoding.generate import _eos_ids
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
     AnswerCache,
@@ -461,13 +462,12 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
     EOS, any of them when the generation config lists several). Saved every `save_every_s`
     seconds as `target_answers` does: a rerun makes only the missing answers."""
     cache = AnswerCache(cache_path, save_every_s)
+    keys = [_key(i, s, max_new_tokens) for i, s in enumerate(samples)]  # hashes every tensor
     groups: dict = {}
     for i, s in enumerate(samples):
-        if _key(i, s, max_new_tokens) not in cache:
+        if keys[i] not in cache:
             groups.setdefault(s["input_ids"].shape[1], []).append(i)
-    eos = target.generation_config.eos_token_id  # None, an id or a list of ids
-    eos = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos),
-                       dtype=torch.long)
+    eos = _eos_ids(target, None)  # the generation config's: None, an id or a list of ids
     todo = [idx[j:j + 16] for idx in groups.values() for j in range(0, len(idx), 16)]
     try:
         for chunk in tqdm(todo, desc="target answers", file=sys.stdout, mininterval=10):
@@ -478,8 +478,7 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
                                   max_new_tokens=max_new_tokens)
             for row, i in zip(out[:, ids.shape[1]:].cpu(), chunk):
                 stop = torch.isin(row, eos).nonzero()
-                cache.add(_key(i, samples[i], max_new_tokens),
-                          (row[:int(stop[0]) + 1] if len(stop) else row).clone())
+                cache.add(keys[i], (row[:int(stop[0]) + 1] if len(stop) else row).clone())
     finally:  # an interrupt (Ctrl-C) keeps every answer made; a kill, those of the last save
         cache.save()
 
