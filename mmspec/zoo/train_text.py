@@ -182,14 +182,34 @@ def distill_data(args, tok, stream: torch.Tensor, split: str) -> torch.Tensor:
                                 save_every_s=args.save_every_s)
 
 
+def tokenizer_dir(assets: Path) -> Path:
+    """The shared tokenizer of an assets folder: its own `text-tokenizer` if it has one (written by
+    `train_text tokenizer --assets DIR`), else the shipped one."""
+    own = Path(assets) / "text-tokenizer"
+    return own if (own / "tokenizer.json").is_file() else TOKENIZER_DIR
+
+
 def cmd_tokenizer(args) -> None:
     t0 = time.time()
     tok = train_tokenizer(read_texts("train"))
-    TOKENIZER_DIR.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(str(TOKENIZER_DIR))
+    out_dir = Path(args.assets) / "text-tokenizer"
+    if (out_dir / "tokenizer.json").is_file():
+        old = load_tokenizer(out_dir)
+        if old.get_vocab() != tok.get_vocab():  # another corpus (e.g. another Python's stdlib)
+            raise SystemExit(
+                f"{out_dir} holds another tokenizer ({len(old)} tokens; this corpus gives "
+                f"{len(tok)}, other merges): the text models trained on it would no longer match "
+                f"it. Write this one elsewhere with --assets DIR, or delete {out_dir} first")
+    with staged_export(out_dir) as stage:  # a kill mid-write leaves the previous tokenizer
+        tok.save_pretrained(str(stage))
+        _tokenizer_card(stage, tok, t0, args)
+    print(f"tokenizer: {len(tok)} tokens, saved to {out_dir}")
+
+
+def _tokenizer_card(out_dir: Path, tok, t0: float, args) -> None:
     held = token_stream(tok, "heldout")
     held_bytes = sum(len(t.encode()) for t in read_texts("heldout"))
-    write_card(TOKENIZER_DIR, {
+    write_card(out_dir, {
         "name": "text-tokenizer",
         "summary": "Byte-level BPE shared by the text target and both drafters.",
         "kind": "tokenizer",
@@ -202,7 +222,7 @@ def cmd_tokenizer(args) -> None:
         "wall_time_s": round(time.time() - t0, 1),
         "command": _command(args.argv),
     })
-    print(f"tokenizer: {len(tok)} tokens, {held_bytes / held.numel():.2f} bytes/token held out")
+    print(f"tokenizer: {held_bytes / held.numel():.2f} bytes/token held out")
 
 
 def _data_card() -> dict:
@@ -226,7 +246,7 @@ def cmd_train(args) -> None:
     spec = dataclasses.replace(SPECS[args.model], **changes)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    tok = load_tokenizer(TOKENIZER_DIR)
+    tok = load_tokenizer(tokenizer_dir(Path(args.assets)))
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
     train = token_stream(tok, "train")
     held = eval_windows(token_stream(tok, "heldout"), spec.seq_len, EVAL_WINDOWS)
@@ -412,7 +432,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
     parser.add_argument("--assets", default=str(ZOO_DIR),
                         help="where the entry goes (DIR/<name>/) and where a spec's init_from "
-                             "entry is read; default the shipped assets/zoo")
+                             "entry and the tokenizer (DIR/text-tokenizer/, else the shipped "
+                             "one) are read; default the shipped assets/zoo")
     parser.add_argument("--save-every-s", type=float, default=120.0)
     parser.add_argument("--lr", type=float, default=None, help="override the spec's peak LR")
     parser.add_argument("--init-from", default=None, metavar="REV:DIR",

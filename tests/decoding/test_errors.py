@@ -84,7 +84,9 @@ class _BadDrafter:
     (Draft(torch.tensor([[3, 4]]), torch.tensor([-1, 1])), "Draft.parents"),
     (Draft.chain(torch.tensor([[3, 4]]), torch.ones(1, 2, 10)), r"Draft.probs must be \[B=1, T=2, V=64\]"),
     (Draft.chain(torch.tensor([[3, 4]]), num_tokens=torch.tensor([3])),
-     r"Draft.num_tokens must be None or long \[B=1\] in \[0, T=2\], got torch.int64 \[3\]"),
+     r"Draft.num_tokens must lie in \[0, T=2\], got \[3\]"),
+    (Draft.chain(torch.tensor([[3, 4]]), num_tokens=torch.tensor([1.0])),
+     r"Draft.num_tokens must be None or long \[B=1\], got torch.float32 \(1,\)"),
     (Draft.chain(torch.tensor([[3, 4]]), num_tokens=2), r"Draft.num_tokens .* got int 2"),
 ])
 def test_malformed_draft(target, draft, message):

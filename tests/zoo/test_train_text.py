@@ -252,3 +252,27 @@ def test_assets_puts_the_entry_in_another_folder_and_reads_init_from_there(tiny_
     with pytest.raises(FileNotFoundError, match=r"zoo/tiny-ar/model.safetensors not found; "
                                                 r"train tiny-ar first \(into the same --assets"):
         train_text.main(["tiny-dlm", "--out", str(tiny_zoo / "b")])  # default: the shipped zoo
+
+
+def test_the_tokenizer_goes_to_assets_staged_and_another_one_is_not_overwritten(tiny_zoo,
+                                                                                monkeypatch):
+    shipped = load_tokenizer(train_text.TOKENIZER_DIR)
+    monkeypatch.setattr(train_text, "train_tokenizer", lambda texts: shipped)
+    assets = tiny_zoo / "zoo"
+    assert train_text.tokenizer_dir(assets) == train_text.TOKENIZER_DIR  # none there yet
+    train_text.main(["tokenizer"])
+    out = assets / "text-tokenizer"
+    assert train_text.tokenizer_dir(assets) == out
+    assert load_tokenizer(out).get_vocab() == shipped.get_vocab()
+    assert json.loads((out / "card.json").read_text())["vocab_size"] == len(shipped)
+    assert sorted(p.name for p in assets.iterdir()) == ["text-tokenizer"]  # no staging left
+    train_text.main(["tokenizer"])  # the same tokenizer again: rewritten
+
+    other = load_tokenizer(out)
+    other.add_tokens(["<extra>"])
+    other.save_pretrained(str(out))
+    before = (out / "tokenizer.json").read_bytes()
+    with pytest.raises(SystemExit, match=r"text-tokenizer holds another tokenizer \(4097 tokens; "
+                                         r"this corpus gives 4096"):
+        train_text.main(["tokenizer"])
+    assert (out / "tokenizer.json").read_bytes() == before
