@@ -32,6 +32,40 @@ import torch
 ZOO_TARGETS = ("vlm", "text")
 
 
+def _number(kind, low, high=None, low_open=False, what=None):
+    """argparse type: a `kind` in [low, high] (`low_open`: (low, high]); the error says which."""
+    what = what or (f"an int >= {low}" if kind is int else
+                    f"a number {'>' if low_open else '>='} {low}"
+                    + ("" if high is None else f" and <= {high}"))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if value < low or (low_open and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _device(text: str) -> torch.device:
+    """argparse type of --device: a device this torch can use."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"must be a torch device such as cpu or cuda:0, got "
+                                         f"{text!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r} needs a CUDA GPU and a CUDA build of torch; "
+                                         f"this torch {torch.__version__} sees none (use cpu)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has "
+                                         f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmspec generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,27 +74,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None, help="see above (default: the target's own)")
     p.add_argument("--image", help="an image file, for a vision-language target")
     p.add_argument("--prompt", default=None, help="default: the zoo target's sample input")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--num-draft-tokens", type=int, default=None,
+    positive = _number(int, 1)
+    p.add_argument("--max-new-tokens", type=positive, default=96)
+    p.add_argument("--num-draft-tokens", type=positive, default=None,
                    help="draft tokens (tree: node budget; default 5) of a prompt-lookup, model:, "
                         "self or builtin drafter")
-    p.add_argument("--tree-top-k", type=int, default=None,
+    p.add_argument("--tree-top-k", type=positive, default=None,
                    help="> 1 drafts an EAGLE-2 tree (model:, self, builtin drafters; default 1)")
-    p.add_argument("--tree-depth", type=int, default=None)
+    p.add_argument("--tree-depth", type=positive, default=None)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--temperature", type=_number(float, 0.0, low_open=True), default=None,
                    help="with --sample (default: the target's generation config, else 1.0)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="with --sample (default: the target's generation config, else 50)")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--top-k", type=_number(int, 0), default=None,
+                   help="with --sample, 0 for none (default: the target's generation config, "
+                        "else 50)")
+    p.add_argument("--top-p", type=_number(float, 0.0, 1.0, low_open=True), default=None,
                    help="with --sample (default: the target's generation config, else 1.0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the target-only run (and so the speedup)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive, default=None,
                    help="torch CPU threads (default: 1 for the zoo's tiny models, whose ops are too "
                         "small to split; torch's default otherwise)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=_device,
+                   default="cuda" if torch.cuda.is_available() else "cpu")
     return p
 
 
@@ -197,9 +234,13 @@ def _setup(args):
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    if args.max_new_tokens < 1:
-        raise SystemExit(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    given = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_k", "top_p")
+             if getattr(args, n) is not None]
+    if given and not args.sample:  # greedy would ignore them without a word
+        parser.error(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} with --sample "
+                     f"only (without it decoding is greedy)")
     threads = args.threads or (1 if args.target in ZOO_TARGETS else None)
     if threads is not None:
         torch.set_num_threads(threads)

@@ -1,5 +1,8 @@
 """`mmspec generate` streams text and prints the stats; the built-in target says what it is."""
 
+import re
+
+import pytest
 import torch
 
 from mmspec.__main__ import main
@@ -29,8 +32,6 @@ def test_sampling_self_drafter_samples_like_the_target(capsys):
 
 
 def test_unknown_drafter_is_refused(capsys):
-    import pytest
-
     with pytest.raises(SystemExit, match="--drafter must be"):
         main(["generate", "--target", "builtin", "--max-new-tokens", "2", "--drafter", "nope",
               "--device", "cpu"])
@@ -45,22 +46,17 @@ def test_zoo_text_pair_streams_and_reports_the_speedup(capsys):
 
 
 def test_zoo_target_drafter_names_are_checked():
-    import pytest
-
     with pytest.raises(SystemExit, match="must be one of"):
         main(["generate", "--target", "text", "--drafter", "vispec", "--device", "cpu"])
 
 
 def test_bench_names_are_checked():
-    import pytest
-
     with pytest.raises(SystemExit, match="expected benchmark names"):
         main(["bench", "nope", "--plot"])
 
 
 def test_draft_shape_flags_the_drafter_would_ignore_are_refused():
     # the zoo presets and ViSpec keep their own draft shapes: the flags used to be dropped
-    import pytest
 
     with pytest.raises(SystemExit, match="--num-draft-tokens: --target text drafts with its own"):
         main(["generate", "--target", "text", "--drafter", "model", "--num-draft-tokens", "12",
@@ -90,9 +86,27 @@ def test_bench_passes_each_script_only_its_own_options():
 
 
 def test_zoo_preset_input_errors_are_messages_not_tracebacks(tmp_path):
-    import pytest
-
     with pytest.raises(SystemExit, match="--prompt: prompt must be non-empty text"):
         main(["generate", "--target", "text", "--prompt", " ", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--image: image .*missing.png' does not exist"):
         main(["generate", "--image", str(tmp_path / "missing.png"), "--device", "cpu"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--temperature", "0.5"], "--temperature applies with --sample only"),
+    (["--top-k", "5", "--top-p", "0.9"], "--top-k, --top-p apply with --sample only"),
+    (["--sample", "--temperature", "0"], "argument --temperature: must be a number > 0.0, got '0'"),
+    (["--sample", "--top-p", "1.5"], r"argument --top-p: must be a number > 0.0 and <= 1.0"),
+    (["--sample", "--top-k", "-2"], "argument --top-k: must be an int >= 0, got '-2'"),
+    (["--tree-top-k", "0"], "argument --tree-top-k: must be an int >= 1, got '0'"),
+    (["--num-draft-tokens", "x"], "argument --num-draft-tokens: must be an int >= 1, got 'x'"),
+    (["--threads", "0"], "argument --threads: must be an int >= 1"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an int >= 1"),
+    (["--device", "foo"], "argument --device: must be a torch device"),
+    (["--device", "cuda:7"], r"argument --device: 'cuda:7' needs a CUDA GPU|this machine has"),
+])
+def test_bad_flags_are_refused_before_anything_loads(capsys, argv, message):
+    with pytest.raises(SystemExit) as err:
+        main(["generate", "--target", "builtin", "--drafter", "self", *argv])
+    assert err.value.code == 2  # argparse's usage error, not a traceback
+    assert re.search(message, capsys.readouterr().err)
