@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mmspec.atomic import write_text_atomic
+from mmspec.zoo.paths import positive_int
 
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
@@ -49,17 +50,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dense-steps", type=float, default=0.3,
                    help="leading dense steps: a fraction if < 1, else a count (default 0.3)")
     p.add_argument("--dense-layers", type=int, default=1)
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (pipeline default)")
+    p.add_argument("--steps", type=positive_int, default=None, help="denoising steps (pipeline default)")
     p.add_argument("--seed", type=int, default=42, help="seed of prompt i is seed + i")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--height", type=positive_int, default=None)
+    p.add_argument("--width", type=positive_int, default=None)
+    p.add_argument("--frames", type=positive_int, default=None)
     p.add_argument("--guidance", type=float, default=None)
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--true-cfg-scale", type=float, default=None,
                    help="HunyuanVideo's classifier-free guidance with --negative-prompt (its "
                         "--guidance is the distilled embedded guidance)")
-    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--fps", type=positive_int, default=16)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     args = p.parse_args(argv)
     if not args.dense and not 0 <= args.sparsity < 1:

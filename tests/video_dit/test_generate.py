@@ -73,7 +73,12 @@ def test_bad_cli_input(tmp_path, model_dir, capsys):
                              "--sparsity", "0.5"])
     for flags, message in ((["--dense-steps", "2.5"], "--dense-steps must be a fraction in "
                             r"\[0, 1\) or a whole number of steps, got 2.5"),
-                           (["--tile", "0", "16"], "--tile two ints >= 1")):
+                           (["--tile", "0", "16"], "--tile two ints >= 1"),
+                           # 0 steps wrote pure noise as a finished video; fps 0 a broken mp4
+                           (["--steps", "0"], "argument --steps: must be an int >= 1, got 0"),
+                           (["--fps", "0"], "argument --fps: must be an int >= 1, got 0"),
+                           (["--frames", "0"], "argument --frames: must be an int >= 1"),
+                           (["--height", "-8"], "argument --height: must be an int >= 1")):
         with pytest.raises(SystemExit):
             generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", *flags])
         assert re.search(message, capsys.readouterr().err)
