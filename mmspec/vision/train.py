@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -68,6 +69,29 @@ class TrainConfig:
     eval_new_tokens: int = 64
     checkpoint_every: int = 100
     seed: int = 0
+
+    def __post_init__(self):
+        for name, low in (("steps", 1), ("warmup_steps", 0), ("rank_top", 1),
+                          ("rollout_steps", 0), ("answer_tokens", 1), ("eval_every", 0),
+                          ("eval_new_tokens", 1), ("checkpoint_every", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                zero = " (0: never)" if name in ("eval_every", "checkpoint_every") else ""
+                raise ValueError(f"TrainConfig.{name} must be an int >= {low}{zero}, got {value!r}")
+        for name, positive in (("lr", True), ("grad_clip", True), ("noise", False),
+                               ("feature_weight", False), ("tv_weight", False),
+                               ("rank_weight", False), ("ce_weight", False)):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+                raise ValueError(f"TrainConfig.{name} must be a finite number "
+                                 f"{'> 0' if positive else '>= 0'}, got {value!r}")
+        if (len(self.betas) != 2
+                or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
+        if not any((self.feature_weight, self.tv_weight, self.rank_weight, self.ce_weight)):
+            raise ValueError("TrainConfig: feature_weight, tv_weight, rank_weight and ce_weight "
+                             "are all 0: there would be nothing to train on")
 
 
 def _extend_extras(extras: dict, length: int) -> dict:
@@ -375,8 +399,11 @@ def main(argv=None) -> None:
     elif args.warmup_steps > args.steps:
         p.error(f"--warmup-steps must be at most --steps ({args.steps}): the LR would never "
                 f"reach --lr; got {args.warmup_steps}")
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-                         if f.name != "betas"})
+    try:
+        cfg = TrainConfig(**{f.name: getattr(args, f.name)
+                             for f in dataclasses.fields(TrainConfig) if f.name != "betas"})
+    except ValueError as err:  # "TrainConfig.lr must be ..." -> "--lr must be ..."
+        p.error(re.sub(r"TrainConfig\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
     from transformers import AutoModelForImageTextToText
 
     target = AutoModelForImageTextToText.from_pretrained(

@@ -428,7 +428,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="override the spec's step count")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
     parser.add_argument("--assets", default=str(ZOO_DIR),
                         help="where the entry goes (DIR/<name>/) and where a spec's init_from "

@@ -254,11 +254,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_video", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=positive_int, default=600)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=positive_int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--micro", action="store_true", help="tiny model and clips (tests)")
     parser.add_argument("--resume", action="store_true", help="continue out/.../ckpt.pt")
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
@@ -268,6 +268,8 @@ def main(argv=None) -> None:
                         help="fine-tune from a committed entry, e.g. HEAD:assets/zoo/video-dit")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
+    if not args.lr > 0 or args.warmup < 0:
+        parser.error(f"--lr must be > 0 and --warmup >= 0, got {args.lr} and {args.warmup}")
     train(args)
 
 

@@ -288,3 +288,28 @@ def test_command_line_warm_up_never_outlasts_the_run(cli_files, main_train, caps
     with pytest.raises(SystemExit):
         main([*cli_files, "--steps", "10", "--warmup-steps", "20"])
     assert "--warmup-steps must be at most --steps (10)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"steps": 0}, r"TrainConfig.steps must be an int >= 1, got 0"),
+    ({"eval_every": -1}, r"TrainConfig.eval_every must be an int >= 0 \(0: never\), got -1"),
+    ({"rank_top": 0}, r"TrainConfig.rank_top must be an int >= 1"),
+    ({"lr": 0.0}, r"TrainConfig.lr must be a finite number > 0, got 0.0"),
+    ({"lr": float("nan")}, r"TrainConfig.lr must be a finite number > 0, got nan"),
+    ({"tv_weight": -1.0}, r"TrainConfig.tv_weight must be a finite number >= 0"),
+    ({"betas": (0.9, 1.5)}, r"TrainConfig.betas must be two numbers in \[0, 1\)"),
+    ({"feature_weight": 0.0, "tv_weight": 0.0, "rank_weight": 0.0},
+     "are all 0: there would be nothing to train on"),
+])
+def test_bad_train_config_is_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes)
+
+
+def test_the_cli_names_the_flag_of_a_bad_config_value(capsys, tmp_path):
+    from mmspec.vision.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--target", "t", "--data", str(tmp_path / "d.pt"), "--out", str(tmp_path / "o"),
+              "--lr", "-1"])
+    assert "--lr must be a finite number > 0, got -1.0" in capsys.readouterr().err
