@@ -9,6 +9,7 @@ on any device) or `"reference"` (dense masked attention, for tests).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -135,6 +136,9 @@ def block_sparse_attention(
     _check_inputs(q, k, v, mask)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (numbers.Real, torch.Tensor)) or (
+            isinstance(scale, torch.Tensor) and scale.numel() != 1) or not math.isfinite(scale):
+        raise ValueError(f"scale must be None (D ** -0.5) or a finite number, got {scale!r}")
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
                                 or not 0 < softcap < math.inf):
         raise ValueError(f"softcap must be None or a positive finite number, got {softcap!r}")

@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -162,6 +163,20 @@ def test_rejects_bad_softcap(softcap):
     q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
     with pytest.raises(ValueError, match="softcap must be None or a positive finite number"):
         block_sparse_attention(q, k, v, mask, softcap=softcap)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", True, torch.ones(2)])
+def test_rejects_bad_scale(scale):  # a NaN scale gave an all-NaN output without a word
+    q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
+    with pytest.raises(ValueError, match="scale must be None .* or a finite number"):
+        block_sparse_attention(q, k, v, mask, scale=scale)
+
+
+def test_a_numpy_or_tensor_scale_is_a_number():
+    q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
+    ref = block_sparse_attention(q, k, v, mask, scale=0.3)
+    for scale in (np.float32(0.3), torch.tensor(0.3)):
+        torch.testing.assert_close(block_sparse_attention(q, k, v, mask, scale=scale), ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
