@@ -16,6 +16,10 @@ Checkpoints (`<out>/checkpoint`, swapped in whole) resume with `--resume` (witho
 checkpoint is refused, never overwritten); the answers are saved as they come. Held-out tau
 (with bonus, EAGLE's convention) every `--eval-every` steps through `mmspec.generate`.
 
+Multi-GPU: `accelerate launch -m mmspec.vision.train ...` (or torchrun). The processes split
+the target's answers (`answers-<rank>.pt`), each step takes `--batch-size` samples per process
+and the gradients are averaged, so N processes train as one with an N times larger batch.
+
 Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
 or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.
 """
@@ -65,13 +69,14 @@ class TrainConfig:
     rollout_steps: int = 1  # ViSpec README --mtp-steps 1
     noise: float = 0.2  # EAGLE uniform feature noise, scaled by 512 / seq_len
     answer_tokens: int = 1024  # vispec.md §1.6: max_new_tokens of the generated answers
+    batch_size: int = 1  # samples per step and process (ViSpec: 1 per GPU); losses averaged
     eval_every: int = 100
     eval_new_tokens: int = 64
     checkpoint_every: int = 100
     seed: int = 0
 
     def __post_init__(self):
-        for name, low in (("steps", 1), ("warmup_steps", 0), ("rank_top", 1),
+        for name, low in (("steps", 1), ("warmup_steps", 0), ("rank_top", 1), ("batch_size", 1),
                           ("rollout_steps", 0), ("answer_tokens", 1), ("eval_every", 0),
                           ("eval_new_tokens", 1), ("checkpoint_every", 0), ("seed", 0)):
             value = getattr(self, name)
@@ -122,17 +127,21 @@ class AnswerCache:
     far and a rerun makes only the missing ones (as `mmspec.zoo.distill.target_continuations`).
     With `path` None it is a plain dict in memory."""
 
-    def __init__(self, path: Path | None, save_every_s: float = 120.0):
+    def __init__(self, path: Path | None, save_every_s: float = 120.0, also=()):
         self.path = Path(path) if path is not None else None
         self.answers = torch.load(self.path, weights_only=True) \
             if self.path is not None and self.path.is_file() else {}
         self.save_every_s, self.last_save, self.unsaved = save_every_s, time.time(), False
+        self.others: dict = {}  # read-only: `also`, the caches of other processes or runs
+        for other in also:
+            if Path(other).is_file() and Path(other) != self.path:
+                self.others.update(torch.load(other, weights_only=True))
 
     def __contains__(self, key: str) -> bool:
-        return key in self.answers
+        return key in self.answers or key in self.others
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self.answers[key]
+        return self.answers[key] if key in self.answers else self.others[key]
 
     def add(self, key: str, answer: torch.Tensor) -> None:
         self.answers[key] = answer
@@ -146,15 +155,29 @@ class AnswerCache:
         self.unsaved, self.last_save = False, time.time()
 
 
+def answer_cache_paths(out_dir: Path, rank: int = 0, world: int = 1) -> tuple[Path, list]:
+    """(this process's answer cache, every cache in `out_dir`): `answers.pt` for a single
+    process, `answers-<rank>.pt` for each process of a multi-process run; each reads all."""
+    own = out_dir / ("answers.pt" if world == 1 else f"answers-{rank}.pt")
+    return own, sorted(out_dir.glob("answers*.pt"))
+
+
 def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path | None,
-                   save_every_s: float = 120.0) -> list:
+                   save_every_s: float = 120.0, also=(), shard: tuple[int, int] = (0, 1)) -> list:
     """The target's greedy answer to each sample (long `[A_i]`), cached as token ids in
-    `cache_path` (saved every `save_every_s` seconds: a rerun resumes)."""
-    cache = AnswerCache(cache_path, save_every_s)
+    `cache_path` (saved every `save_every_s` seconds: a rerun resumes; the caches in `also` are
+    read too). `shard=(rank, world)`: this process makes only the answers of samples
+    `rank, rank + world, ...` and returns None for the others."""
+    rank, world = shard
+    cache = AnswerCache(cache_path, save_every_s, also)
     answers = []
     try:
-        for i, s in enumerate(tqdm(samples, desc="target answers", leave=False)):
+        for i, s in enumerate(tqdm(samples, desc="target answers", leave=False,
+                                   disable=rank != 0)):
             key = _key(i, s, max_new_tokens)
+            if key not in cache and i % world != rank:
+                answers.append(None)
+                continue
             if key not in cache:
                 ids = s["input_ids"]
                 extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
@@ -239,49 +262,107 @@ def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
     return accepted / max(rounds, 1)
 
 
+def _noise_generator(seed: int, step: int, slot: int) -> torch.Generator:
+    """The feature noise of one sample of one step: the same whatever the number of processes
+    (slot = position in the step's global batch) and after a resume."""
+    digest = hashlib.sha1(f"{seed}:{step}:{slot}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def _all_reduce_grads(params: list) -> None:
+    """Sum the gradients over the processes (one flat all-reduce)."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    for p, chunk in zip(params, flat.split([g.numel() for g in grads])):
+        p.grad = chunk.view_as(p).clone()
+
+
 def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
           held_out: list | None = None, out_dir=None, resume: bool = False) -> list:
     """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
-    the answer cache and the final drafter."""
+    the answer cache and the final drafter.
+
+    Under `accelerate launch` / `torchrun` (an initialised `torch.distributed`), the processes
+    split the target's answers, each step draws `cfg.batch_size` samples per process from one
+    shared stream and the gradients are averaged: N processes train exactly as one with N times
+    the batch. Process 0 writes the checkpoints and the drafter and runs the held-out tau."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank = dist.get_rank() if world > 1 else 0
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and not resume:
         refuse_to_overwrite(out_dir)
     target.eval().requires_grad_(False)
     if held_out:  # `held_out_tau` runs mmspec.generate: refuse its settings now, not at the eval
         sampling_config(target, False, None, None, None)
-    answers = target_answers(target, samples, cfg.answer_tokens,
-                             out_dir / "answers.pt" if out_dir else None)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        own, others = answer_cache_paths(out_dir, rank, world)
+    else:
+        own, others = None, ()
+    answers = target_answers(target, samples, cfg.answer_tokens, own, also=others,
+                             shard=(rank, world))
+    if world > 1:  # every process needs every answer
+        shared = [None] * world
+        dist.all_gather_object(shared, {i: a for i, a in enumerate(answers) if a is not None})
+        for part in shared:
+            for i, a in part.items():
+                answers[i] = a
+        for p in drafter.state_dict().values():  # one start, whatever each process built
+            dist.broadcast(p, 0)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
-    rng = random.Random(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    start = _load_checkpoint(drafter, opt, sched, rng, generator, out_dir) if resume and out_dir else 0
+    rng = random.Random(cfg.seed)  # the same stream in every process
+    if resume and out_dir:
+        if rank == 0:
+            _settle_checkpoint(out_dir)
+        if world > 1:
+            dist.barrier()
+        start = _load_checkpoint(drafter, opt, sched, rng, out_dir)
+    else:
+        start = 0
     losses = []
-    bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps)
+    bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps,
+               disable=rank != 0)
     drafter.train()
+    per_step = cfg.batch_size * world
     for step in bar:
-        i = rng.randrange(len(samples))
-        loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg, generator)
+        picks = [rng.randrange(len(samples)) for _ in range(per_step)]
         opt.zero_grad()
-        loss.backward()
+        total = torch.zeros((), dtype=torch.float64, device=params[0].device)  # NCCL: on GPU
+        for slot in range(rank * cfg.batch_size, (rank + 1) * cfg.batch_size):
+            i = picks[slot]
+            loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg,
+                                  _noise_generator(cfg.seed, step, slot))
+            (loss / per_step).backward()  # the mean over the step's global batch
+            total += float(loss.detach())
+        if world > 1:
+            _all_reduce_grads(params)
+            dist.all_reduce(total)
         torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(total) / per_step)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         done = step + 1
-        if held_out and cfg.eval_every and done % cfg.eval_every == 0:
+        if held_out and cfg.eval_every and done % cfg.eval_every == 0 and rank == 0:
             drafter.eval()
             tau = held_out_tau(drafter, target, held_out, cfg.eval_new_tokens)
             drafter.train()
             bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
-        if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
-            _save_checkpoint(drafter, opt, sched, rng, generator, done, out_dir)
+        if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
+            _save_checkpoint(drafter, opt, sched, rng, done, out_dir)
     drafter.eval()
-    if out_dir:
-        _save_checkpoint(drafter, opt, sched, rng, generator, cfg.steps, out_dir)
+    if out_dir and rank == 0:
+        _save_checkpoint(drafter, opt, sched, rng, cfg.steps, out_dir)
         drafter.save_pretrained(out_dir)
+    if world > 1:
+        dist.barrier()  # the drafter is on disk before any process returns
     return losses
 
 
@@ -311,7 +392,7 @@ def _settle_checkpoint(out_dir: Path) -> None:
             shutil.rmtree(leftover)
 
 
-def _save_checkpoint(drafter, opt, sched, rng, generator, step: int, out_dir: Path) -> None:
+def _save_checkpoint(drafter, opt, sched, rng, step: int, out_dir: Path) -> None:
     """Everything a resumed run needs to continue exactly as an uninterrupted one. Written whole
     into `checkpoint.new`, then swapped in by renames: `checkpoint` is always one complete save
     (weights, step, optimizer and RNG states of the same step), whenever the run is killed."""
@@ -319,7 +400,7 @@ def _save_checkpoint(drafter, opt, sched, rng, generator, step: int, out_dir: Pa
     _settle_checkpoint(out_dir)
     drafter.save_pretrained(new)
     torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "sample_rng": rng.getstate(), "noise_rng": generator.get_state()},
+                "sample_rng": rng.getstate()},
                new / "trainer.pt")
     if ckpt.exists():
         ckpt.rename(old)
@@ -328,8 +409,8 @@ def _save_checkpoint(drafter, opt, sched, rng, generator, step: int, out_dir: Pa
         shutil.rmtree(old)
 
 
-def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
-    _settle_checkpoint(out_dir)
+def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
+    """The step to continue from (0 without a checkpoint); `_settle_checkpoint` first."""
     ckpt = _checkpoint_dirs(out_dir)[0]
     if not (ckpt / "trainer.pt").is_file():
         return 0
@@ -339,7 +420,6 @@ def _load_checkpoint(drafter, opt, sched, rng, generator, out_dir: Path) -> int:
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["sample_rng"])
-    generator.set_state(state["noise_rng"])
     return int(state["step"])
 
 
@@ -384,7 +464,9 @@ def main(argv=None) -> None:
     p.add_argument("--suffix", default=LONG_ANSWER, help="appended to every jsonl prompt")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None,
+                   help="default: this process's GPU under accelerate launch, else cuda if "
+                        "available, else cpu")
     for f in dataclasses.fields(TrainConfig):
         if f.name == "warmup_steps":  # default None: min(the config's, --steps), as the zoo does
             p.add_argument("--warmup-steps", type=int, default=None,
@@ -404,8 +486,11 @@ def main(argv=None) -> None:
                              for f in dataclasses.fields(TrainConfig) if f.name != "betas"})
     except ValueError as err:  # "TrainConfig.lr must be ..." -> "--lr must be ..."
         p.error(re.sub(r"TrainConfig\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
+    from accelerate import PartialState
     from transformers import AutoModelForImageTextToText
 
+    # under `accelerate launch` / torchrun this joins the process group that `train` uses
+    args.device = args.device or PartialState().device
     target = AutoModelForImageTextToText.from_pretrained(
         args.target, dtype=getattr(torch, args.dtype)).to(args.device)
     samples = [{k: v.to(args.device) for k, v in s.items()}

@@ -121,8 +121,7 @@ def test_resume_with_a_bf16_target_keeps_fp32_master_weights(tmp_path, samples):
     resumed = _fresh(target).float()
     opt = torch.optim.AdamW(resumed.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    train_mod._load_checkpoint(resumed, opt, sched, __import__("random").Random(0),
-                               torch.Generator(), tmp_path)
+    train_mod._load_checkpoint(resumed, opt, sched, __import__("random").Random(0), tmp_path)
     a, b = saved.state_dict(), resumed.state_dict()
     assert a["head.fc.weight"].dtype == torch.float32
     assert all(torch.equal(a[k], b[k]) for k in a)
