@@ -252,6 +252,12 @@ def _schedule(cfg: TrainConfig):
 
 def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
     """Mean tokens per target forward (bonus included) over `samples`, greedy."""
+    accepted, rounds = _held_out_counts(drafter, target, samples, max_new_tokens)
+    return accepted / max(rounds, 1)
+
+
+def _held_out_counts(drafter, target, samples: list, max_new_tokens: int) -> tuple[int, int]:
+    """(tokens committed, row-rounds) of greedy `mmspec.generate` over `samples`."""
     accepted = rounds = 0
     for s in samples:
         extras = {k: v for k, v in s.items() if k not in NOT_EXTRAS}
@@ -259,7 +265,7 @@ def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
                          do_sample=False, **extras).stats
         accepted += stats.committed
         rounds += stats.row_rounds
-    return accepted / max(rounds, 1)
+    return accepted, rounds
 
 
 def _noise_generator(seed: int, step: int, slot: int) -> torch.Generator:
@@ -288,7 +294,7 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     Under `accelerate launch` / `torchrun` (an initialised `torch.distributed`), the processes
     split the target's answers, each step draws `cfg.batch_size` samples per process from one
     shared stream and the gradients are averaged: N processes train exactly as one with N times
-    the batch. Process 0 writes the checkpoints and the drafter and runs the held-out tau."""
+    the batch. Process 0 writes the checkpoints and the drafter; the held-out tau is shared out."""
     import torch.distributed as dist
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -350,11 +356,16 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
         losses.append(float(total) / per_step)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         done = step + 1
-        if held_out and cfg.eval_every and done % cfg.eval_every == 0 and rank == 0:
-            drafter.eval()
-            tau = held_out_tau(drafter, target, held_out, cfg.eval_new_tokens)
+        if held_out and cfg.eval_every and done % cfg.eval_every == 0:
+            drafter.eval()  # each process its share: none waits on another's eval (NCCL timeout)
+            counts = torch.tensor(_held_out_counts(drafter, target, held_out[rank::world],
+                                                   cfg.eval_new_tokens), device=total.device)
+            if world > 1:
+                dist.all_reduce(counts)
             drafter.train()
-            bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
+            if rank == 0:
+                bar.write(f"step {done}: held-out tau {int(counts[0]) / max(int(counts[1]), 1):.3f}"
+                          f" (with bonus)")
         if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
             _save_checkpoint(drafter, opt, sched, rng, done, out_dir)
     drafter.eval()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_train_worker import CFG, samples
+from dist_train_worker import CFG, HELD_OUT, samples
 from tiny_vlms import no_eos, tiny_llava
 
 from mmspec.vision import ViSpecDrafter
@@ -25,15 +25,19 @@ def two_processes(tmp_path_factory):
                           "--nproc-per-node", "2", str(WORKER), str(out)],
                          capture_output=True, text=True, timeout=400, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
-    return out
+    return out, run.stdout
 
 
-def test_two_processes_train_as_one_with_twice_the_batch(two_processes, tmp_path):
+def test_two_processes_train_as_one_with_twice_the_batch(two_processes, tmp_path, capsys):
+    two_processes, printed = two_processes
     target = no_eos(tiny_llava())
     torch.manual_seed(0)  # process 0's start, which train broadcasts to process 1
     drafter = ViSpecDrafter.from_target(target)
     cfg = TrainConfig(**{**CFG.__dict__, "batch_size": 2})
-    losses = train(drafter, target, samples(), cfg, out_dir=tmp_path)
+    losses = train(drafter, target, samples(), cfg, held_out=samples(HELD_OUT), out_dir=tmp_path)
+    # the held-out tau, shared out over the processes, is the single process's (printed once)
+    taus = [line for line in capsys.readouterr().out.splitlines() if "held-out tau" in line]
+    assert len(taus) == 2 and [line for line in printed.splitlines() if "tau" in line] == taus
     ranks = [torch.load(two_processes / f"rank{r}.pt") for r in (0, 1)]
     for rank in ranks:
         assert rank["losses"] == pytest.approx(losses, rel=1e-5)
