@@ -168,7 +168,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     prompts = read_prompts(args.prompts)
     config = config_from_args(args)
-    dist = PartialState()
+    # cpu=True on a machine without CUDA: accelerate then sees torchrun's processes (else one)
+    dist = PartialState(cpu=not torch.cuda.is_available())
     args.out.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(run_settings(args, config)))  # as the JSONs hold them
     todo = []
@@ -212,7 +213,8 @@ def main(argv=None) -> int:
             "seconds": result["seconds"], "step_seconds": result["step_seconds"],
             "density": result["density"], "frames": int(frames.shape[0]),
             "height": int(frames.shape[1]), "width": int(frames.shape[2]),
-            "device": str(dist.device), "dtype": args.dtype, "torch": torch.__version__,
+            "device": str(dist.device), "process": dist.process_index,
+            "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
         }
         # last, and atomically: a JSON marks the prompt finished
         write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))

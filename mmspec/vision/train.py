@@ -501,7 +501,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForImageTextToText
 
     # under `accelerate launch` / torchrun this joins the process group that `train` uses
-    args.device = args.device or PartialState().device
+    args.device = args.device or PartialState(cpu=not torch.cuda.is_available()).device
     target = AutoModelForImageTextToText.from_pretrained(
         args.target, dtype=getattr(torch, args.dtype)).to(args.device)
     samples = [{k: v.to(args.device) for k, v in s.items()}

@@ -104,3 +104,23 @@ def test_negative_prompt_and_true_cfg_reach_only_pipelines_that_use_them():
     args = generate.parse_args([*base, "--true-cfg-scale", "4"])
     with pytest.raises(SystemExit, match="--true-cfg-scale: WanPipeline has no true CFG"):
         generate.generate_one(tiny_wan_pipeline(), "a cat", 0, args, None, "cpu")
+
+
+def test_two_processes_split_the_prompts(model_dir, tmp_path):
+    """Under a launcher (torchrun here; `accelerate launch` on GPUs) each prompt is made once."""
+    import os
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\na dog on the beach\na blue car\n")
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "mmspec.video_dit.generate", "--model", str(model_dir), "--prompts", str(prompts),
+         "--out", str(out), *COMMON, "--sparsity", "0.5", "--dense-steps", "1"],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    made = {json.loads((out / f"{i:04d}.json").read_text())["prompt"]:
+            json.loads((out / f"{i:04d}.json").read_text())["process"] for i in range(3)}
+    assert made == {"a red cat": 0, "a dog on the beach": 0, "a blue car": 1}
