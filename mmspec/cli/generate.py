@@ -14,8 +14,8 @@
 Drafters: zoo targets name theirs (`vlm`: vispec, text-only; `text`: diffusion, model,
 prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
-drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary; CPS + ADL
-with the prefix KV cache), `self` (the target drafts for itself: every token is accepted,
+drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary, e.g. Dream,
+loaded without its remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts for itself: every token is accepted,
 a check of the engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text
 preset's `model`) sample as the target does (its temperature, top-k and top-p; `self` then has
 every token accepted too); tree nodes are chosen, not sampled.
@@ -143,8 +143,13 @@ def _load_path_target(args):
         model = transformers.AutoModelForImageTextToText.from_pretrained(args.target, dtype="auto")
         return model, processor.tokenizer, vlm_inputs(processor, Image.open(args.image), prompt)
     tok = transformers.AutoTokenizer.from_pretrained(args.target)
+    inputs = dict(tok(prompt, return_tensors="pt"))
+    if inputs["input_ids"].numel() == 0:  # transformers 5 builds an empty tokenizer from nothing
+        raise SystemExit(f"--prompt: the tokenizer of --target {args.target} encodes {prompt!r} "
+                         f"to no tokens ({len(tok)} in its vocabulary: does the folder hold the "
+                         f"tokenizer files?)")
     model = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype="auto")
-    return model, tok, dict(tok(prompt, return_tensors="pt"))
+    return model, tok, inputs
 
 
 def _path_drafter(args, target):
@@ -161,19 +166,18 @@ def _path_drafter(args, target):
 
         return ViSpecDrafter.from_pretrained(kind[len("vispec:"):], target).to(args.device)
     if kind.startswith("diffusion:"):
-        import transformers
+        import dataclasses
 
-        from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
-        from mmspec.zoo.bidirectional import make_bidirectional
+        from mmspec.decoding.drafters import DiffusionDrafter
 
         path = kind[len("diffusion:"):]
-        dlm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
-        make_bidirectional(dlm)
-        mask_id = getattr(dlm.config, "mask_token_id", None)
-        if mask_id is None:
-            raise SystemExit(f"--drafter {kind}: the model's config has no mask_token_id")
-        return DiffusionDrafter(dlm.to(args.device), mask_id, target, config=DiffusionDrafterConfig(
-            shift=getattr(dlm.config, "diffusion_shift", True), prefix_cache=True))
+        try:
+            drafter = DiffusionDrafter.from_pretrained(path, target)
+        except (FileNotFoundError, ValueError, NotImplementedError) as err:
+            raise SystemExit(f"--drafter {kind}: {err}") from None
+        # the prefix KV cache: approximate for a bidirectional DLM, lossless all the same
+        drafter.config = dataclasses.replace(drafter.config, prefix_cache=True)
+        return drafter.to(args.device)
     if kind == "self":
         model = target
     elif kind == "builtin":

@@ -110,3 +110,15 @@ def test_bad_flags_are_refused_before_anything_loads(capsys, argv, message):
         main(["generate", "--target", "builtin", "--drafter", "self", *argv])
     assert err.value.code == 2  # argparse's usage error, not a traceback
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_target_folder_without_a_tokenizer_is_named(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1)).save_pretrained(tmp_path)
+    with pytest.raises(SystemExit, match=r"--prompt: the tokenizer of --target .* encodes 'Hi' "
+                                         r"to no tokens \(1 in its vocabulary"):
+        main(["generate", "--target", str(tmp_path), "--drafter", "prompt-lookup",
+              "--prompt", "Hi", "--device", "cpu"])

@@ -111,6 +111,29 @@ class DiffusionDrafter:
         self.proxy_factory = proxy or (lambda: NgramProxy(self.vocab_size, config.ngram_order))
         self.prefix = PrefixCache()
 
+    @classmethod
+    def from_pretrained(cls, path, target, *, dtype="auto", config: DiffusionDrafterConfig | None
+                        = None, **kwargs) -> "DiffusionDrafter":
+        """A diffusion LM checkpoint folder as the drafter (`dlm_loading.load_diffusion_lm`:
+        Dream without its remote code, or any `AutoModelForCausalLM` folder whose config names
+        its `mask_token_id`). The default config takes the checkpoint's shift and context
+        (Dream: shift, 2048 tokens); a given `config` is used as is, but must keep the
+        checkpoint's shift. Other keywords
+        (`eos_token_id`, `tokenizer`, ...) go to the constructor. Move it with `.to(device)`."""
+        from .dlm_loading import load_diffusion_lm
+
+        dlm = load_diffusion_lm(path, dtype)
+        if config is None:
+            config = DiffusionDrafterConfig(shift=dlm.shift, max_context=dlm.max_context)
+        elif config.shift != dlm.shift:
+            raise ValueError(f"config.shift={config.shift} but the checkpoint in {path} is "
+                             f"trained with shift={dlm.shift}: its lattice would be off by one")
+        return cls(dlm.model, dlm.mask_token_id, target, config=config, **kwargs)
+
+    def to(self, device) -> "DiffusionDrafter":
+        self.model.to(device)
+        return self
+
     # -- state per sequence ------------------------------------------------------------------
     def _start(self, n: int) -> None:
         """n rows: the engine keeps every row for the whole `generate` call."""
