@@ -121,7 +121,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.out is not None and args.out.suffix == ".json":
         p.error(f"--out is the markdown table (its .json goes next to it), got {args.out}")
-    rows = compare_dirs(args.dense_dir, args.sparse_dir)
+    if args.dense_dir.resolve() == args.sparse_dir.resolve():
+        p.error(f"DENSE_DIR and SPARSE_DIR are the same folder ({args.dense_dir}): a video "
+                f"compared with itself has PSNR inf")
+    try:
+        rows = compare_dirs(args.dense_dir, args.sparse_dir)
+    except (FileNotFoundError, ValueError) as err:  # no such folder, no video in both, ...
+        p.error(str(err))
     text = table(rows)
     out = args.out or args.sparse_dir / "compare.md"
     out.write_text(text + "\n")

@@ -1,9 +1,11 @@
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from mmspec.video_dit import compare
 from mmspec.video_dit.compare import compare_dirs, psnr, ssim, table
 from mmspec.video_dit.video_io import write_mp4
 
@@ -81,3 +83,15 @@ def test_compare_leaves_out_unfinished_videos(tmp_path, caplog):
     assert [r["video"] for r in rows] == ["0000.mp4"]
     assert "leaving out 0001.mp4" in caplog.text
     assert sorted(p.name for p in dense.iterdir()) == ["0000.json", "0000.mp4", "0001.mp4"]
+
+
+def test_bad_folders_are_usage_errors(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for argv, message in (([tmp_path / "a", tmp_path / "a"], "are the same folder"),
+                          ([tmp_path / "nope", tmp_path / "b"], "DENSE_DIR: no such directory"),
+                          ([tmp_path / "a", tmp_path / "b"], r"no finished video name \(\*.mp4\) "
+                                                             "is in both")):
+        with pytest.raises(SystemExit) as err:
+            compare.main([str(d) for d in argv])
+        assert err.value.code == 2 and re.search(message, capsys.readouterr().err)
