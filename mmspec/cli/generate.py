@@ -15,10 +15,11 @@ Drafters: zoo targets name theirs (`vlm`: vispec, text-only; `text`: diffusion, 
 prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
 drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary, e.g. Dream,
-loaded without its remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts for itself: every token is accepted,
-a check of the engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text
-preset's `model`) sample as the target does (its temperature, top-k and top-p; `self` then has
-every token accepted too); tree nodes are chosen, not sampled.
+loaded without its remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts
+for itself: every token is accepted, a check of the engine). Under --sample, chain drafters
+(`model:`, `self`, `builtin`, the text preset's `model`) sample as the target does (its
+temperature, top-k and top-p; `self` then has every token accepted too); tree nodes are chosen,
+not sampled.
 """
 
 from __future__ import annotations
@@ -243,8 +244,9 @@ def main(argv=None) -> int:
     given = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_k", "top_p")
              if getattr(args, n) is not None]
     if given and not args.sample:  # greedy would ignore them without a word
-        parser.error(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} with --sample "
-                     f"only (without it decoding is greedy)")
+        verb = "apply" if len(given) > 1 else "applies"
+        parser.error(f"{', '.join(given)} {verb} with --sample only (without it decoding is "
+                     f"greedy)")
     threads = args.threads or (1 if args.target in ZOO_TARGETS else None)
     if threads is not None:
         torch.set_num_threads(threads)

@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dense-steps", type=float, default=0.3,
                    help="leading dense steps: a fraction if < 1, else a count (default 0.3)")
     p.add_argument("--dense-layers", type=int, default=1)
-    p.add_argument("--steps", type=positive_int, default=None, help="denoising steps (pipeline default)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="denoising steps (pipeline default)")
     p.add_argument("--seed", type=int, default=42, help="seed of prompt i is seed + i")
     p.add_argument("--height", type=positive_int, default=None)
     p.add_argument("--width", type=positive_int, default=None)

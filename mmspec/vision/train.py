@@ -82,7 +82,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 zero = " (0: never)" if name in ("eval_every", "checkpoint_every") else ""
-                raise ValueError(f"TrainConfig.{name} must be an int >= {low}{zero}, got {value!r}")
+                raise ValueError(f"TrainConfig.{name} must be an int >= {low}{zero}, got "
+                                 f"{value!r}")
         for name, positive in (("lr", True), ("grad_clip", True), ("noise", False),
                                ("feature_weight", False), ("tv_weight", False),
                                ("rank_weight", False), ("ce_weight", False)):
@@ -93,7 +94,8 @@ class TrainConfig:
                                  f"{'> 0' if positive else '>= 0'}, got {value!r}")
         if (len(self.betas) != 2
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
-            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got "
+                             f"{self.betas!r}")
         if not any((self.feature_weight, self.tv_weight, self.rank_weight, self.ce_weight)):
             raise ValueError("TrainConfig: feature_weight, tv_weight, rank_weight and ce_weight "
                              "are all 0: there would be nothing to train on")
@@ -364,8 +366,8 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                 dist.all_reduce(counts)
             drafter.train()
             if rank == 0:
-                bar.write(f"step {done}: held-out tau {int(counts[0]) / max(int(counts[1]), 1):.3f}"
-                          f" (with bonus)")
+                tau = int(counts[0]) / max(int(counts[1]), 1)
+                bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
         if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
             _save_checkpoint(drafter, opt, sched, rng, done, out_dir)
     drafter.eval()

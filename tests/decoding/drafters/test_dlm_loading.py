@@ -1,4 +1,4 @@
-"""`DiffusionDrafter.from_pretrained`: a Dream checkpoint loads without its remote code, strictly."""
+"""`DiffusionDrafter.from_pretrained`: a Dream checkpoint loads without remote code, strictly."""
 
 import json
 
