@@ -337,10 +337,27 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
                              cfg, eos, asked_eos, streamer,
                              0 if pad_token_id is None else pad_token_id, generator, on_round,
                              model_kwargs)
+        except IndexError as err:  # a learned position table (GPT-2, OPT) indexed past its end
+            _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
+            raise
         finally:  # inside the target's switch: a drafter sharing the model restores it first
             end = getattr(drafter, "end", None)
             if end is not None:
                 end()
+
+
+def _refuse_past_positions(target, prompt_len: int, max_new_tokens: int, err) -> None:
+    """After an IndexError: a ValueError naming the position limit when the call went past it."""
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") \
+        else target.config
+    for name in ("n_positions", "max_position_embeddings"):
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and prompt_len + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens}: the prompt ({prompt_len} tokens) plus "
+                f"max_new_tokens is {prompt_len + max_new_tokens}, past the target's "
+                f"{name}={limit}, where its positions ran out ({err}); ask for at most "
+                f"{max(limit - prompt_len, 0)} new tokens") from err
 
 
 class _Slots:

@@ -174,3 +174,17 @@ def test_neutral_generation_settings_in_kwargs_pass(target):
     out = generate(target, PromptLookupDrafter(), IDS, max_new_tokens=6, repetition_penalty=1.0,
                    num_return_sequences=1)
     assert torch.equal(out.sequences, ref)
+
+
+def test_running_out_of_learned_positions_names_the_limit():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=24, n_embd=32, n_layer=1,
+                                      n_head=2, eos_token_id=None, bos_token_id=None)).eval()
+    ids = torch.randint(2, 60, (1, 10))
+    with pytest.raises(ValueError, match=r"max_new_tokens=30: the prompt \(10 tokens\) plus "
+                                         r"max_new_tokens is 40, past the target's n_positions=24"
+                                         r".*ask for at most 14 new tokens"):
+        generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=30)
+    assert generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=14).sequences.shape[1] == 24
