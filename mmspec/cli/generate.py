@@ -153,7 +153,35 @@ def _load_path_target(args):
     return model, tok, inputs
 
 
-def _path_drafter(args, target):
+def _folder_tokenizer(path: str):
+    """The tokenizer saved in a model folder, or None (none there, or one needing remote code)."""
+    import transformers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(path)
+    except Exception:  # noqa: BLE001 (nothing to compare with: the check is skipped)
+        return None
+    return tok if len(tok) > 1 else None  # transformers 5 makes an empty one from nothing
+
+
+def _same_vocabulary(kind: str, path: str, target_tokenizer) -> None:
+    """Refuse a drafter folder whose tokenizer maps ids to other tokens than the target's (its
+    drafts would be lossless but almost never accepted). A folder without a tokenizer that loads
+    offline is not checked."""
+    from mmspec.decoding.drafters.vocab import drafter_only_ids
+
+    if target_tokenizer is None or not hasattr(target_tokenizer, "get_vocab"):
+        return
+    tok = _folder_tokenizer(path)
+    if tok is None:
+        return
+    try:
+        drafter_only_ids(tok, target_tokenizer, len(tok) + len(target_tokenizer))
+    except ValueError as err:
+        raise SystemExit(f"--drafter {kind}: {err}") from None
+
+
+def _path_drafter(args, target, target_tokenizer=None):
     from mmspec.decoding import ModelDrafter, PromptLookupDrafter
 
     kind = args.drafter or ("builtin" if args.target == "builtin" else "prompt-lookup")
@@ -172,8 +200,10 @@ def _path_drafter(args, target):
         from mmspec.decoding.drafters import DiffusionDrafter
 
         path = kind[len("diffusion:"):]
-        try:
-            drafter = DiffusionDrafter.from_pretrained(path, target)
+        tok = _folder_tokenizer(path) if hasattr(target_tokenizer, "get_vocab") else None
+        pair = {} if tok is None else {"tokenizer": tok, "target_tokenizer": target_tokenizer}
+        try:  # with both tokenizers, ids are compared and DLM-only specials suppressed
+            drafter = DiffusionDrafter.from_pretrained(path, target, **pair)
         except (FileNotFoundError, ValueError, NotImplementedError) as err:
             raise SystemExit(f"--drafter {kind}: {err}") from None
         # the prefix KV cache: approximate for a bidirectional DLM, lossless all the same
@@ -188,6 +218,7 @@ def _path_drafter(args, target):
     elif kind.startswith("model:"):
         import transformers
 
+        _same_vocabulary(kind, kind[len("model:"):], target_tokenizer)
         model = transformers.AutoModelForCausalLM.from_pretrained(kind[len("model:"):], dtype="auto")
     else:
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
@@ -235,7 +266,7 @@ def _setup(args):
         return (preset.target, preset.tokenizer, preset.inputs, preset.drafters[name],
                 preset.eos_token_id)
     target, tokenizer, inputs = _load_path_target(args)
-    return target, tokenizer, inputs, lambda: _path_drafter(args, target), None
+    return target, tokenizer, inputs, lambda: _path_drafter(args, target, tokenizer), None
 
 
 def main(argv=None) -> int:

@@ -122,3 +122,23 @@ def test_a_target_folder_without_a_tokenizer_is_named(tmp_path):
                                          r"to no tokens \(1 in its vocabulary"):
         main(["generate", "--target", str(tmp_path), "--drafter", "prompt-lookup",
               "--prompt", "Hi", "--device", "cpu"])
+
+
+def test_a_drafter_of_another_tokenizer_is_refused(tmp_path, capsys):
+    """Lossless either way, but its drafts would almost never be accepted: say so up front."""
+    import shutil
+
+    from mmspec.zoo.paths import ZOO_DIR
+
+    other = tmp_path / "drafter"
+    shutil.copytree(ZOO_DIR / "text-drafter", other)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the VLM's 511-token tokenizer
+        shutil.copy(ZOO_DIR / "vlm-processor" / name, other / name)
+    with pytest.raises(SystemExit, match=r"--drafter model:.*: vocabulary mismatch: \d+ shared "
+                                         r"ids map to different tokens"):
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+              f"model:{other}", "--prompt", "def f(x):", "--device", "cpu"])
+    # the same tokenizer passes
+    assert main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+                 f"model:{ZOO_DIR / 'text-drafter'}", "--prompt", "def f(x):",
+                 "--max-new-tokens", "8", "--no-baseline", "--device", "cpu"]) == 0

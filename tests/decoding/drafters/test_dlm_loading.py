@@ -107,7 +107,12 @@ def test_the_cli_drafts_with_a_dream_folder(tmp_path, capsys):
         "architectures": ["DreamModel"], "model_type": "Dream",
         "rope_theta": shipped["rope_parameters"]["rope_theta"],
         **{name: shipped[name] for name in fields}}))
-    assert main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
-                 f"diffusion:{dream}", "--prompt", "def fib(n):", "--max-new-tokens", "16",
-                 "--device", "cpu", "--threads", "1"]) == 0
+    argv = ["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+            f"diffusion:{dream}", "--prompt", "def fib(n):", "--max-new-tokens", "16",
+            "--device", "cpu", "--threads", "1"]
+    assert main(argv) == 0
     assert "identical to target-only greedy" in capsys.readouterr().err
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a tokenizer of other ids
+        (dream / name).write_bytes((ZOO_DIR / "vlm-processor" / name).read_bytes())
+    with pytest.raises(SystemExit, match=r"--drafter diffusion:.*: vocabulary mismatch"):
+        main(argv)
