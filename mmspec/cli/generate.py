@@ -193,7 +193,11 @@ def _path_drafter(args, target, target_tokenizer=None):
     if kind.startswith("vispec:"):
         from mmspec.vision import ViSpecDrafter
 
-        return ViSpecDrafter.from_pretrained(kind[len("vispec:"):], target).to(args.device)
+        try:
+            drafter = ViSpecDrafter.from_pretrained(kind[len("vispec:"):], target)
+        except (FileNotFoundError, ValueError, TypeError) as err:
+            raise SystemExit(f"--drafter {kind}: {err}") from None
+        return drafter.to(args.device)
     if kind.startswith("diffusion:"):
         import dataclasses
 

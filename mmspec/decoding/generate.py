@@ -113,6 +113,9 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
         raise ValueError(f"a batch of {input_ids.shape[0]} rows needs a padding token: pass "
                          f"pad_token_id=, set target.generation_config.pad_token_id or give "
                          f"the target an EOS id (which then pads, as in target.generate)")
+    check_target = getattr(drafter, "check_target", None)
+    if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
+        check_target(target)
     drafter_vocab = getattr(drafter, "vocab_size", None)
     if drafter_vocab is not None and drafter_vocab != vocab_size(target):
         raise ValueError(f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "

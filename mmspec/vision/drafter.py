@@ -81,6 +81,10 @@ class ViSpecDrafter(nn.Module):
             "vocab_size": int(adapter.lm_head.weight.shape[0]),
             "rms_norm_eps": text.rms_norm_eps, "rope_theta": theta, "mrope_section": section,
             "attention_bias": adapter.qkv_bias, "target": target_signature(target)}
+        for name in ("hidden_size", "vocab_size", "target"):  # the target's, not choices
+            if name in config and config[name] != arch[name]:
+                raise ValueError(f"{name}: a ViSpec drafter takes its target's {name} "
+                                 f"({arch[name]!r}), got {config[name]!r}")
         drafter = cls(ViSpecConfig(**{**arch, **config}), target)
         return drafter.to(device=adapter.embed_weight.device, dtype=adapter.embed_weight.dtype)
 
@@ -172,6 +176,18 @@ class ViSpecDrafter(nn.Module):
         return self.head(x, entries.positions, past, mask)
 
     # --- the drafter contract ---
+
+    def check_target(self, target) -> None:
+        """ValueError unless `target` is the model this drafter was built for (`generate` asks
+        before it starts): the drafter runs its own target's vision tower and embeddings."""
+        own = self.adapter.target
+        if target is own or getattr(target, "_orig_mod", None) is own:  # torch.compile wraps
+            return
+        why = signature_mismatch(self.config.target, target)
+        if why:
+            raise ValueError(f"target: this ViSpecDrafter was built for another "
+                             f"{self.config.target.get('class')} ({why}); build it with "
+                             f"ViSpecDrafter.from_target(target) or from_pretrained(path, target)")
 
     def propose(self, state: DraftState) -> Draft:
         if state.target_hidden is None:

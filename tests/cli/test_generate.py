@@ -142,3 +142,12 @@ def test_a_drafter_of_another_tokenizer_is_refused(tmp_path, capsys):
     assert main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
                  f"model:{ZOO_DIR / 'text-drafter'}", "--prompt", "def f(x):",
                  "--max-new-tokens", "8", "--no-baseline", "--device", "cpu"]) == 0
+
+
+def test_a_missing_vispec_drafter_is_a_message(tmp_path):
+    from mmspec.zoo.paths import ZOO_DIR
+
+    with pytest.raises(SystemExit, match=r"--drafter vispec:.*nothing: path: no vispec_config"):
+        main(["generate", "--target", str(ZOO_DIR / "vlm-target"), "--image",
+              str(ZOO_DIR / "vlm-target" / "sample.png"), "--drafter",
+              f"vispec:{tmp_path / 'nothing'}", "--device", "cpu"])

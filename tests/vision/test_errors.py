@@ -81,3 +81,28 @@ def test_unknown_config_field(llava):
     with pytest.raises(TypeError, match="num_querys"):
         ViSpecDrafter.from_target(llava, num_querys=3)
 
+
+
+def test_generate_refuses_a_drafter_built_for_another_target(llava):
+    from mmspec import generate
+
+    ids, extras = llava_prompt(images=1, seed=3)
+    drafter = ViSpecDrafter.from_target(llava)
+    same_shape = tiny_llava(seed=1)  # same sizes, other weights: ran A's vision tower silently
+    wider = tiny_qwen2_5_vl()
+    for other, why in ((same_shape, "embedding_signature"), (wider, "class")):
+        with pytest.raises(ValueError, match=rf"target: this ViSpecDrafter was built for another "
+                                             rf"LlavaForConditionalGeneration \({why}"):
+            generate(other, drafter, ids, max_new_tokens=3, **extras)
+    # the model it was built for, also behind torch.compile's wrapper, passes
+    compiled = torch.compile(llava, backend="eager")
+    drafter.check_target(compiled)
+    assert generate(llava, drafter, ids, max_new_tokens=3, **extras).sequences.shape[1] == \
+        ids.shape[1] + 3
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "vocab_size"])
+def test_target_bound_sizes_cannot_be_overridden(llava, field):
+    with pytest.raises(ValueError, match=rf"{field}: a ViSpec drafter takes its target's {field} "
+                                         rf"\(\d+\), got 32"):
+        ViSpecDrafter.from_target(llava, **{field: 32})
