@@ -368,7 +368,7 @@ def _card(spec, tok, losses, elapsed, args, n_params, mask_id, results, size_mb)
             shift=True,
             shift_meaning="Dream-style: the logits at position i predict token i+1; to fill a "
                           "mask at position p read logits[p-1] "
-                          "(DiffusionDrafter(..., shift=True))",
+                          "(DiffusionDrafter(..., config=DiffusionDrafterConfig(shift=True)))",
         )
     summary = {
         "causal": "Causal Qwen2 LM trained on stdlib Python source.",

@@ -92,6 +92,14 @@ def _last(logits: torch.Tensor, keep: int, model) -> torch.Tensor:
 
 
 @torch.no_grad()
+def known_ids(ids: torch.Tensor, model, unknown_id: int) -> torch.Tensor:
+    """`ids` with those past `model`'s input embedding (a drafter narrower than the target: the
+    target may write ids it lacks) replaced by `unknown_id` (the mask: "a token not known")."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embed, "num_embeddings", None)
+    return ids if rows is None else torch.where(ids < rows, ids, torch.full_like(ids, unknown_id))
+
+
 def build_lattice(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ks: list[int],
                   mask_token_id: int, target_vocab_size: int, shift: bool,
                   suppressed_ids: torch.Tensor | None = None) -> Lattice:
@@ -105,6 +113,7 @@ def build_lattice(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         raise ValueError("shift=True needs a non-empty prefix: the first mask reads the last "
                          "prefix token's logits")
     ids, valid, starts = append_mask_blocks(input_ids, attention_mask, ks, mask_token_id)
+    ids = known_ids(ids, model, mask_token_id)
     dtype = next(model.parameters()).dtype
     position_ids = (valid.cumsum(-1) - 1).clamp(min=0)  # [B, L']
     width, k_max = ids.shape[1], max(ks)
@@ -187,6 +196,7 @@ def build_lattice_cached(model, cache: PrefixCache, input_ids: torch.Tensor,
                    < torch.tensor(ks, device=device)[:, None]).long()  # [B, k_max]
     ids = torch.cat([input_ids[:, p:], torch.full((batch, k_max), mask_token_id,
                                                   dtype=torch.long, device=device)], dim=1)
+    ids = known_ids(ids, model, mask_token_id)
     valid = torch.cat([attention_mask.long(), block_valid], dim=1)  # every column so far
     position_ids = (valid.cumsum(-1) - 1).clamp(min=0)[:, p:]
     dtype = next(model.parameters()).dtype

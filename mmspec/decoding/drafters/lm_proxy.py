@@ -21,6 +21,9 @@ class CausalLMProxy:
     @torch.no_grad()
     def begin(self, history: torch.Tensor) -> None:
         device = next(self.model.parameters()).device
+        rows = self.model.get_input_embeddings().num_embeddings
+        history = history.clamp_max(rows - 1) if int(history.max()) >= rows else history
+        # (a narrower LM than the target: an id it lacks reads as its last one, a rough proxy)
         out = self.model(input_ids=history[None].to(device), use_cache=True)
         self.cache = out.past_key_values
         self.last = torch.log_softmax(out.logits[0, -1].float(), -1)  # [V_lm]
@@ -34,7 +37,9 @@ class CausalLMProxy:
         else:
             cache = copy.deepcopy(self.cache)
             cache.batch_repeat_interleave(n)
-            logits = self.model(input_ids=paths.to(self.last.device), past_key_values=cache,
+            rows = self.model.get_input_embeddings().num_embeddings
+            logits = self.model(input_ids=paths.clamp_max(rows - 1).to(self.last.device),
+                                past_key_values=cache,
                                 use_cache=True).logits[:, -1]
             logp = torch.log_softmax(logits.float(), -1)  # [n, V_lm]
         inside = candidates < logp.shape[-1]

@@ -139,3 +139,20 @@ def test_the_papers_rule_is_biased_which_is_why_it_is_labelled_approximate(targe
     drafter = DiffusionDrafter(shared_dlm, MASK, target, config=config)
     _, new = sample_rows(target, drafter, prompt, 1500, seed=0)
     assert chi_square_p_value(new[:, 1], marginals[1]) < 1e-6
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_a_drafter_narrower_than_the_target_reads_ids_it_lacks_as_masks(target, prefix_cache):
+    """A 60-token DLM (and proxy LM) for a 64-token target: ids 60-63 in the prompt or the
+    output crashed its embedding with an IndexError."""
+    narrow = tiny_qwen2(1, vocab=60)
+    proxy_lm = tiny_qwen2(2, vocab=60)
+    ids = torch.tensor([[5, 62, 7, 61, 9, 63, 5, 62]])
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                          do_sample=False, eos_token_id=EOS)
+    for proxy in (None, lambda: CausalLMProxy(proxy_lm)):
+        drafter = DiffusionDrafter(narrow, 59, target, proxy=proxy,
+                                   config=DiffusionDrafterConfig(prefix_cache=prefix_cache,
+                                                                 cps=CPSConfig(lam=0.5)))
+        out = generate(target, drafter, ids, max_new_tokens=16)
+        assert torch.equal(out.sequences, ref)
