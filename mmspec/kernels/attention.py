@@ -96,7 +96,9 @@ torch.library.register_autograd("mmspec::block_sparse_attention", _backward, lib
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)
 def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
       block_q, block_k, scale, softcap, backend):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    # contiguous, as the real op returns (empty_like would copy a transposed q's strides, and
+    # inductor asserts the strides it was promised)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def block_sparse_attention(

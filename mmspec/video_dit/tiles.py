@@ -125,6 +125,11 @@ class TileLayout:
 
 @functools.lru_cache(maxsize=64)
 def _layout_cached(grid, tile, device: str) -> TileLayout:
+    with torch.inference_mode(False):  # cached for every later call, grad-enabled ones too
+        return _build_layout(grid, tile, device)
+
+
+def _build_layout(grid, tile, device: str) -> TileLayout:
     perm = tile_permutation(grid, tile)
     n = grid[0] * grid[1] * grid[2]
     valid = perm < n

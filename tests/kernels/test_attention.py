@@ -210,6 +210,25 @@ def test_custom_op_passes_through_torch_compile():
     torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
 
 
+def test_the_fake_op_promises_the_real_ops_strides():
+    """inductor checks the real output against the fake's strides: with a transposed q (as the
+    DraftAttention processors pass it) `empty_like(q)` promised q's strides and a compiled Wan
+    crashed at its first sparse step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v, mask = make_case(9, 1, 2, 2, 32, 32, 16, (16, 16), torch.float32)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, N, D] view of [B, N, H, D]
+    real = torch.ops.mmspec.block_sparse_attention(
+        q, k, v, mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks,
+        mask.full_kv_indices, mask.partial_masks, 16, 16, 0.25, 0.0, "reference")
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = torch.ops.mmspec.block_sparse_attention(
+            mode.from_tensor(q), mode.from_tensor(k), mode.from_tensor(v), mask.kv_num_blocks,
+            mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices, mask.partial_masks,
+            16, 16, 0.25, 0.0, "reference")
+    assert [t.stride() for t in fake] == [t.stride() for t in real]
+
+
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
                     reason="the fused CPU kernel needs AVX2")
 def test_fused_cpu_kernel_builds_here():

@@ -53,3 +53,13 @@ def test_layout_is_cached():
 def test_bad_grid_or_tile(grid, tile, match):
     with pytest.raises(ValueError, match=match):
         tile_permutation(grid, tile)
+
+
+def test_a_layout_first_built_under_inference_mode_serves_grad_enabled_calls():
+    from mmspec.video_dit import tile_layout
+
+    with torch.inference_mode():
+        layout = tile_layout((2, 6, 10), (3, 5))
+    x = torch.randn(1, 120, 4, requires_grad=True)
+    layout.to_tiles(x, dim=1).sum().backward()  # saved the inference-mode index: RuntimeError
+    assert x.grad is not None
