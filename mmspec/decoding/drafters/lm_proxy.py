@@ -22,8 +22,9 @@ class CausalLMProxy:
     def begin(self, history: torch.Tensor) -> None:
         device = next(self.model.parameters()).device
         rows = self.model.get_input_embeddings().num_embeddings
-        history = history.clamp_max(rows - 1) if int(history.max()) >= rows else history
-        # (a narrower LM than the target: an id it lacks reads as its last one, a rough proxy)
+        # a narrower LM than the target: an id it lacks reads as its last one (a rough proxy);
+        # clamped unconditionally, not after a host sync to ask whether any id is that wide
+        history = history.clamp_max(rows - 1)
         out = self.model(input_ids=history[None].to(device), use_cache=True)
         self.cache = out.past_key_values
         self.last = torch.log_softmax(out.logits[0, -1].float(), -1)  # [V_lm]
