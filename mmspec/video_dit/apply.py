@@ -156,8 +156,12 @@ class DraftAttentionState(_DensityReport):
         family = self.family
         # frames that are not whole tiles reorder in each sparse layer instead: padding slots
         # carried through the blocks cost every FFN and projection (Wan at 480x832: 31% more
-        # tokens; on an H100 1.10x vs 1.40x at 90%, BENCHMARKS.md `draft_attention_gpu`)
-        self.tiled = (self.config.permute_once and self.sparse_step()
+        # tokens; on an H100 1.10x vs 1.40x at 90%, BENCHMARKS.md `draft_attention_gpu`).
+        # Dense warm-up steps run in tile order too (their attention goes to the model's own
+        # processor, which does not mind the order): step caches (diffusers' FirstBlockCache,
+        # PyramidAttentionBroadcast, ...) keep block residuals or attention outputs from one
+        # step for the next, and these must be in the order the later step runs in.
+        self.tiled = (self.config.permute_once and self.num_layers > self.config.dense_layers
                       and not self.layout.has_padding
                       and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
         if self.tiled and family.tile_inputs is not None:

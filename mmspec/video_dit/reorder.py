@@ -8,7 +8,9 @@ reordered here: padding slots would travel through every block's FFN and project
 480x832, 31% more tokens, which cost more than reordering in each layer; `apply.py`).
 
 Each `install_*` registers forward hooks on the model's own submodules (no patched model code) that
-act only while `state.tiled` is True, i.e. in a forward whose step has sparse layers.
+act only while `state.tiled` is True: in every forward of a model with sparse layers whose frames
+are whole tiles, dense warm-up steps included, so that a step cache (diffusers' FirstBlockCache,
+PyramidAttentionBroadcast) never mixes the orders of two steps.
 """
 
 from __future__ import annotations
