@@ -219,7 +219,7 @@ def _tokenizer_card(out_dir: Path, tok, t0: float, args) -> None:
                            "mask_token_id": tok.convert_tokens_to_ids(MASK_TOKEN)},
         "data": _data_card(),
         "heldout_bytes_per_token": round(held_bytes / held.numel(), 3),
-        "wall_time_s": round(time.time() - t0, 1),
+        "wall_time_s": round(time.time() - t0, 3),
         "command": _command(args.argv),
     })
     print(f"tokenizer: {held_bytes / held.numel():.2f} bytes/token held out")
@@ -394,7 +394,7 @@ def _card(spec, tok, losses, elapsed, args, n_params, mask_id, results, size_mb)
             **{k: round(v, 4) for k, v in results.items()},
             "heldout_slice": f"mmspec.zoo.data.eval_windows(heldout stream, {spec.seq_len}, "
                              f"{EVAL_WINDOWS}); fp16 weights as shipped",
-            "wall_time_s": round(elapsed, 1),
+            "wall_time_s": round(elapsed, 3),
             "threads": args.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,

@@ -239,7 +239,7 @@ def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size
             "heldout_note": f"flow-matching loss on {EVAL_CLIPS} held-out clips, noise and t from "
                             f"Generator(1234), fp16 weights as shipped "
                             f"(mmspec.zoo.train_video.heldout_loss)",
-            "wall_time_s": round(elapsed, 1),
+            "wall_time_s": round(elapsed, 3),
             "threads": args.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,

@@ -111,7 +111,7 @@ def cmd_tokenizer(args) -> None:
         "special_tokens": {"pad": tok.pad_token_id, "bos": tok.bos_token_id,
                            "eos": tok.eos_token_id, "image": tok.convert_tokens_to_ids("<image>")},
         "data": {**DATA_CARD, "tokenizer_seeds": f"{TOKENIZER_SEEDS.start}-{TOKENIZER_SEEDS.stop}"},
-        "wall_time_s": round(time.time() - t0, 1),
+        "wall_time_s": round(time.time() - t0, 3),
         "command": _command(args.argv),
     })
     print(f"processor: {len(tok)} tokens -> {PROCESSOR_DIR}")
@@ -311,7 +311,7 @@ def cmd_train(args) -> None:
         t_vision = time.time()
         vision_pretrain = pretrain_vision(model, spec, processor, ckpt_path.parent, args.resume,
                                           args.save_every_s)
-        vision_pretrain["wall_time_s"] = round(time.time() - t_vision, 1)
+        vision_pretrain["wall_time_s"] = round(time.time() - t_vision, 3)
     if spec.freeze_vision:  # pre-trained above, then fixed: not in the optimizer
         model.model.vision_tower.requires_grad_(False)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -420,7 +420,7 @@ def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_param
             "one_shape_colour_accuracy_slice": f"train_vlm.one_shape_seeds({ONE_SHAPE_SCENES}): "
                                                "the first one-shape scenes from seed "
                                                f"{HELDOUT_START + 10_000}, exact match",
-            "wall_time_s": round(elapsed, 1),
+            "wall_time_s": round(elapsed, 3),
             **_machine(args),
         },
         "command": _command(args.argv),
@@ -560,9 +560,9 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
             "heldout_tau_note": f"tokens per target forward, bonus included, greedy, "
                                 f"{spec.eval_new_tokens} new tokens, fp16 weights as shipped "
                                 "(mmspec.vision.train.held_out_tau)",
-            "heldout_tau_wall_s": round(time.time() - t0, 1),
-            "answers_wall_time_s": round(answers_s, 1),
-            "wall_time_s": round(elapsed, 1),
+            "heldout_tau_wall_s": round(time.time() - t0, 3),
+            "answers_wall_time_s": round(answers_s, 3),
+            "wall_time_s": round(elapsed, 3),
             "wall_time_note": "answers + training of the last invocation (a resumed run counts "
                               "only its own part)",
             **_machine(args),

@@ -26,6 +26,18 @@ def require_ints(config, *names: str) -> None:
             raise ValueError(f"{type(config).__name__}.{name} must be an int, got {value!r}")
 
 
+def require_types(config, **expected) -> None:
+    """`name=type` (or a tuple of types; bool is never taken for a number): a string "0.5" failed
+    later at a comparison with a TypeError that named neither the config nor the field."""
+    for name, kinds in expected.items():
+        value = getattr(config, name)
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        number = bool not in kinds and isinstance(value, bool)
+        if number or not isinstance(value, kinds):
+            names = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+            raise ValueError(f"{type(config).__name__}.{name} must be {names}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ADLConfig:
     k_min: int = 20  # paper §4.1: k in [20, 30]
@@ -36,6 +48,7 @@ class ADLConfig:
 
     def __post_init__(self):
         require_ints(self, "k_min", "k_max", "delta")
+        require_types(self, rho=(int, float), rounding=str)
         if not 0 < self.k_min <= self.k_max:
             raise ValueError(f"need 0 < k_min <= k_max, got k_min={self.k_min}, "
                              f"k_max={self.k_max}")

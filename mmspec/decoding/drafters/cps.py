@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from .adl import require_ints
+from .adl import require_ints, require_types
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class CPSConfig:
 
     def __post_init__(self):
         require_ints(self, "max_candidates", "beam_width")
+        require_types(self, tau=(int, float), lam=(int, float), eos_stop=str, rank=str)
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
         if self.max_candidates < 1 or self.beam_width < 1:

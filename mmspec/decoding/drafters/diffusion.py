@@ -22,6 +22,7 @@ Deliberate differences from the paper:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ import torch
 
 from ..draft import Draft, DraftState, VerifyResult
 from .adl import (AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length,
-                  require_ints)
+                  require_ints, require_types)
 from .cps import CausalProxy, CPSConfig, search
 from .lattice import Lattice, PrefixCache, build_lattice, build_lattice_cached
 from .ngram_proxy import NgramProxy
@@ -55,6 +56,8 @@ class DiffusionDrafterConfig:
 
     def __post_init__(self):
         require_ints(self, "fixed_k", "ngram_order", "max_context")
+        require_types(self, shift=bool, return_tree=bool, prefix_cache=bool, proposal=str,
+                      adl=ADLConfig, cps=(CPSConfig, type(None)))
         if self.ngram_order < 1:
             raise ValueError(f"ngram_order must be >= 1, got {self.ngram_order}")
         if self.fixed_k is not None and self.fixed_k <= 0:
@@ -68,6 +71,10 @@ class DiffusionDrafterConfig:
             raise ValueError(f"max_context {self.max_context} must exceed the largest block {k_max}")
 
 
+def _is_id(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _eos_ids(eos_token_id, target) -> list[int]:
     for source in (getattr(target, "generation_config", None), getattr(target, "config", None),
                    target):
@@ -75,7 +82,9 @@ def _eos_ids(eos_token_id, target) -> list[int]:
             eos_token_id = getattr(source, "eos_token_id", None)
     if eos_token_id is None:
         return []
-    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if isinstance(eos_token_id, torch.Tensor):
+        return eos_token_id.flatten().tolist()
+    return list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [eos_token_id]
 
 
 class DiffusionDrafter:
@@ -97,9 +106,18 @@ class DiffusionDrafter:
     def __init__(self, model, mask_token_id: int, target, *, eos_token_id=None, tokenizer=None,
                  target_tokenizer=None, proxy: Callable[[], CausalProxy] | None = None,
                  config: DiffusionDrafterConfig = DiffusionDrafterConfig()):
-        self.model, self.mask_token_id, self.config = model, mask_token_id, config
+        if not isinstance(config, DiffusionDrafterConfig):
+            raise TypeError(f"config must be a DiffusionDrafterConfig, got {type(config).__name__}")
+        if not _is_id(mask_token_id):
+            raise TypeError(f"mask_token_id must be an int, got {mask_token_id!r}")
+        self.model, self.mask_token_id, self.config = model, int(mask_token_id), config
         self.vocab_size = target_width(target)
-        self.eos_ids = self.default_eos_ids = _eos_ids(eos_token_id, target)
+        eos_ids = _eos_ids(eos_token_id, target)
+        bad = [e for e in eos_ids if not (_is_id(e) and 0 <= e < self.vocab_size)]
+        if bad:  # 100 past a 64-token vocabulary failed at the lattice's index, -1 read the last
+            raise ValueError(f"eos_token_id: expected ids in the target's vocabulary "
+                             f"[0, {self.vocab_size}), got {bad}")
+        self.eos_ids = self.default_eos_ids = [int(e) for e in eos_ids]
         width = logits_width(model)
         check_mask_token(mask_token_id, width, self.eos_ids)
         extra = []
@@ -161,17 +179,22 @@ class DiffusionDrafter:
                 # target.generate) rather than failing at the lattice's index
                 self.eos_ids = [e for e in state.eos_token_id if 0 <= e < self.vocab_size]
         ks = [length.k for length in self.lengths]
-        lattice = None
         suppressed = self.suppressed.to(state.input_ids.device)
         if self.config.prefix_cache and self._fits_context(state, ks):
             lattice = build_lattice_cached(self.model, self.prefix, state.input_ids,
                                            state.attention_mask, ks, self.mask_token_id,
                                            self.vocab_size, self.config.shift, suppressed)
-        if lattice is None:
+        else:
             self.prefix.reset()
             lattice = build_lattice(self.model, state.input_ids, self._context_mask(state, ks),
                                     ks, self.mask_token_id, self.vocab_size, self.config.shift,
                                     suppressed)
+        broken = lattice.logprobs.isnan().any(-1).any(-1)  # [B]
+        if bool(broken.any()):  # NaN/inf logits: every path would score NaN and draft nothing
+            raise RuntimeError(
+                f"the diffusion LM returned non-finite logits (NaN or inf) for batch rows "
+                f"{broken.nonzero().flatten().tolist()} in round {state.round}: its dtype may "
+                f"overflow (float16: load it in bfloat16 or float32) or its weights are broken")
         raw = lattice.argmax().tolist()  # [B, K]
         self.generated = [generated_length(raw[b][:k], self.eos_ids) for b, k in enumerate(ks)]
         depth = [min(k, state.max_tokens) for k in ks]  # deeper nodes could not be committed
@@ -246,5 +269,8 @@ class NaiveDiffusionDrafter(DiffusionDrafter):
 
     def __init__(self, model, mask_token_id: int, target, *, k: int = 20, shift: bool = True,
                  **kwargs):
+        if k is None:  # fixed_k=None is ADL: not the baseline this class is
+            raise ValueError("NaiveDiffusionDrafter: k must be an int > 0 (the fixed block "
+                             "length), got None")
         config = DiffusionDrafterConfig(shift=shift, fixed_k=k, cps=None)
         super().__init__(model, mask_token_id, target, config=config, **kwargs)

@@ -169,23 +169,21 @@ class PrefixCache:
 def build_lattice_cached(model, cache: PrefixCache, input_ids: torch.Tensor,
                          attention_mask: torch.Tensor, ks: list[int], mask_token_id: int,
                          target_vocab_size: int, shift: bool,
-                         suppressed_ids: torch.Tensor | None = None) -> Lattice | None:
+                         suppressed_ids: torch.Tensor | None = None) -> Lattice:
     """`build_lattice`, running the DLM only over the columns the cache does not hold plus the
     blocks, and keeping the prefix KV for the next round. Layout: `[input_ids, MASK x max(ks)]`
     with row b's masks past `ks[b]` hidden, so the engine's holes and left padding stay where they
     are and the cached columns keep their meaning.
 
-    Returns None where this layout cannot give the lattice: with `shift`, a row whose last column
-    is not a token (its first mask reads that column's logits). The caller then runs
-    `build_lattice`.
+    With `shift` the first mask reads the last column's logits. In the engine's layout that column
+    is every live row's root; a row whose last column is a hole has finished, and its lattice
+    (read there all the same) is never drafted from (`generate` masks finished rows' drafts), so
+    it does not stop the other rows from reading the cache.
     """
     from transformers import DynamicCache
 
     if any(k <= 0 for k in ks):
         raise ValueError(f"draft length k must be > 0, got {ks}")
-    if shift and not bool(attention_mask[:, -1].all()):
-        cache.reset()
-        return None
     p = cache.length(input_ids, attention_mask)
     if p == 0:
         cache.reset()

@@ -5,7 +5,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mmspec.decoding.draft import DraftState, VerifyResult
 from mmspec.decoding.drafters import diffusion
-from mmspec.decoding.drafters.adl import AdaptiveDraftLength, generated_length
+from mmspec.decoding.drafters.adl import ADLConfig, AdaptiveDraftLength, generated_length
 from mmspec.decoding.drafters.cps import CPSConfig
 from mmspec.decoding.drafters.diffusion import (
     DiffusionDrafter,
@@ -82,10 +82,43 @@ def test_k_not_positive_raises(dlm, target, make):
     ({"fixed_k": "8"}, r"fixed_k must be an int, got '8'"),
     ({"ngram_order": 0}, "ngram_order must be >= 1, got 0"),
     ({"adl": None, "fixed_k": 8, "ngram_order": 2.5}, "ngram_order must be an int"),
+    # wrong types passed on to a comparison or an attribute read deep inside a round
+    ({"adl": None}, r"DiffusionDrafterConfig.adl must be ADLConfig, got None"),
+    ({"cps": {"tau": 0.9}}, r"cps must be CPSConfig or None, got \{'tau': 0.9\}"),
+    ({"shift": "no"}, r"shift must be bool, got 'no'"),
+    ({"prefix_cache": 1}, r"prefix_cache must be bool, got 1"),
+    ({"adl": {"k_min": 2}}, r"adl must be ADLConfig"),
 ])
 def test_bad_drafter_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DiffusionDrafterConfig(**kwargs)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: ADLConfig(rho="0.5"), r"ADLConfig.rho must be int or float, got '0.5'"),
+    (lambda: ADLConfig(rho=True), r"ADLConfig.rho must be int or float, got True"),
+    (lambda: CPSConfig(tau="0.8"), r"CPSConfig.tau must be int or float, got '0.8'"),
+    (lambda: CPSConfig(lam=None), r"CPSConfig.lam must be int or float, got None"),
+])
+def test_bad_adl_and_cps_values_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_drafter_arguments_are_named(dlm, target):
+    with pytest.raises(TypeError, match="config must be a DiffusionDrafterConfig, got dict"):
+        DiffusionDrafter(dlm, MASK, target, config={"fixed_k": 4})
+    with pytest.raises(TypeError, match="mask_token_id must be an int, got '63'"):
+        DiffusionDrafter(dlm, "63", target)
+    for eos, shown in ((100, r"\[100\]"), (-1, r"\[-1\]"), ([EOS, "2"], r"\['2'\]")):
+        with pytest.raises(ValueError, match=r"eos_token_id: expected ids in the target's "
+                                             r"vocabulary \[0, 64\), got " + shown):
+            DiffusionDrafter(dlm, MASK, target, eos_token_id=eos)
+    # k=None made the baseline an ADL drafter, silently
+    with pytest.raises(ValueError, match="k must be an int > 0 .*got None"):
+        NaiveDiffusionDrafter(dlm, MASK, target, k=None)
+    drafter = DiffusionDrafter(dlm, MASK, target, eos_token_id=torch.tensor([EOS]))
+    assert drafter.eos_ids == [EOS] and type(drafter.eos_ids[0]) is int
 
 
 # -- one round ----------------------------------------------------------------------------------
@@ -131,6 +164,22 @@ def _replay(accepted, ids, dlm):
         raw = build_lattice(dlm, ids, torch.ones_like(ids), [adl.k], MASK, VOCAB, True)
         ks.append(adl.update(generated_length(raw.argmax()[0].tolist(), [EOS]), acc))
     return ks
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_non_finite_dlm_logits_are_named(target, tree):
+    # a NaN lattice drafted nothing, silently, as a chain, and crashed in build_tree as a tree
+    from .models import tiny_qwen2
+
+    dlm = tiny_qwen2(1)
+
+    def poison(module, args, kwargs, output):
+        output.logits[1] = float("nan")  # row 1 only, as an fp16 overflow would
+
+    dlm.register_forward_hook(poison, with_kwargs=True)
+    drafter = DiffusionDrafter(dlm, MASK, target, config=DiffusionDrafterConfig(return_tree=tree))
+    with pytest.raises(RuntimeError, match=r"non-finite logits .* batch rows \[1\] in round 0"):
+        drafter.propose(state(torch.randint(2, 60, (2, 6))))
 
 
 def test_max_tokens_caps_the_depth(dlm, target):

@@ -168,12 +168,25 @@ def test_a_changed_prefix_is_not_served_from_the_cache(dlm):
     torch.testing.assert_close(got.logprobs, fresh.logprobs, atol=1e-4, rtol=1e-4)
 
 
-def test_the_cached_lattice_declines_a_last_column_that_is_not_a_token(dlm):
-    """With shift the first mask reads the last column's logits: a hole there cannot be used."""
-    ids = torch.randint(2, 60, (2, 6))
-    attn = torch.ones_like(ids)
-    attn[1, -1] = 0
-    assert build_lattice_cached(dlm, PrefixCache(), ids, attn, [3, 3], MASK, VOCAB, True) is None
+def test_a_finished_row_does_not_stop_the_others_reading_the_cache():
+    """The engine leaves a finished row holes only; with shift its last column is a hole. The
+    cache used to be dropped for the whole batch from then on (a full forward every round)."""
+    dlm = tiny_qwen2(1)
+    widths = Widths(dlm)
+    torch.manual_seed(2)
+    ids = torch.randint(2, 60, (2, 8))
+    cache = PrefixCache()
+    build_lattice_cached(dlm, cache, ids, torch.ones_like(ids), [4, 4], MASK, VOCAB, True)
+    longer = torch.cat([ids, torch.randint(2, 60, (2, 3))], 1)
+    attn = torch.ones_like(longer)
+    attn[1, 8:] = 0  # row 1 finished: holes only
+    got = build_lattice_cached(dlm, cache, longer, attn, [4, 4], MASK, VOCAB, True)
+    assert widths.seen == [8 + 4, 3 + 4]
+    alone = PrefixCache()  # row 0 on its own, through the same two rounds
+    build_lattice_cached(dlm, alone, ids[:1], torch.ones_like(ids[:1]), [4], MASK, VOCAB, True)
+    expected = build_lattice_cached(dlm, alone, longer[:1], attn[:1], [4], MASK, VOCAB, True)
+    torch.testing.assert_close(got.logprobs[:1], expected.logprobs, atol=1e-4, rtol=1e-4)
+    assert not got.logprobs.isnan().any()
 
 
 def test_a_model_that_ignores_logits_to_keep_gives_the_same_lattice(dlm):
