@@ -39,24 +39,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, write_section
+from benchmarks.report import markdown_table, timed, write_section
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.video_dit import draft_attention, tile_layout
 from mmspec.video_dit.draft_map import block_budget, draft_probs, pool_tiles, select_blocks
-
-
-def timed(fn, reps: int, sync=lambda: None) -> float:
-    """Fastest of `reps` calls after one warm-up call (the machine's CPU is shared, so the
-    minimum is the least noisy estimate); `sync` waits for a GPU's queued work."""
-    fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 # ------------------------------------------------------------------------------ 1 and 3: timing
@@ -72,7 +58,7 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small,
     sync = device_sync(device)
 
     def clock(fn, reps):
-        return timed(fn, reps, sync)
+        return timed(fn, reps, sync, reduce=min)  # a shared CPU: the fastest call
 
     dense = clock(lambda: F.scaled_dot_product_attention(q, k, v), reps_dense)
 

@@ -40,19 +40,6 @@ def random_block_mask(h, n, block, density, device, seed=0):
     return BlockSparseMask.from_dense(blocks.to(device), block, n, n)
 
 
-def timed(fn, repeats, sync=lambda: None):
-    """Median seconds of `fn` after one warm-up call (`kernel_configs.py` times with it)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def timed_pair(fn_a, fn_b, repeats, sync=lambda: None, ctx_a=None):
     """Medians of `fn_a` and `fn_b` timed alternately, so that a load change on a shared machine
     moves both rather than the ratio."""
