@@ -205,18 +205,26 @@ def test_a_refused_apply_changes_nothing():
     assert getattr(pipe.transformer, "_mmspec_draft_attention", None) is None
 
 
-@pytest.mark.parametrize("cache", ["first_block", "pyramid_broadcast"])
+@pytest.mark.parametrize("model, cache", [("wan", "first_block"), ("wan", "pyramid_broadcast"),
+                                          ("cogvideox", "first_block")])
 @torch.no_grad()
-def test_step_caches_see_one_token_order_over_the_run(cache):
+def test_step_caches_see_one_token_order_over_the_run(model, cache):
     # tokens put in tile order from the first sparse step on: a cache holding a dense step's
     # block residual (FirstBlockCache) or attention output (PyramidAttentionBroadcast) added it
     # to tile-ordered tokens; at sparsity 0 the output was off by 0.21 (FBC) and 0.06 (PAB)
     from diffusers import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig
 
-    pipe = tiny_wan_pipeline()
-    pipe.transformer = tiny_wan(num_layers=3)
+    from .tiny import tiny_cogvideox_pipeline
+
+    if model == "wan":
+        pipe = tiny_wan_pipeline()
+        pipe.transformer = tiny_wan(num_layers=3)
+        call = {**_SMALL_CALL, "num_inference_steps": 4}
+    else:  # CFG as one batch of 2, text tokens first, RoPE tables from the pipeline
+        pipe = tiny_cogvideox_pipeline()
+        call = {**_SMALL_CALL, "num_inference_steps": 4, "negative_prompt": "blue",
+                "guidance_scale": 6.0}
     pipe.set_progress_bar_config(disable=True)
-    call = {**_SMALL_CALL, "num_inference_steps": 4}
     plain = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     if cache == "first_block":
         pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=10.0))  # reuse every step
@@ -229,4 +237,4 @@ def test_step_caches_see_one_token_order_over_the_run(cache):
     apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.0, tile=(2, 2), dense_steps=1,
                                                      dense_layers=0))
     out = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    torch.testing.assert_close(out, cached, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, cached, atol=1e-4, rtol=1e-4)
