@@ -286,6 +286,12 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             raise TypeError(
                 f"pipe_or_transformer: DraftAttention supports {sorted(_FAMILIES)}, got {name}"
             )
+        layers = len(_FAMILIES[name].layers(transformer))
+        if config.dense_layers >= layers:  # DraftAttention would never engage, silently
+            raise ValueError(
+                f"config.dense_layers={config.dense_layers} leaves no sparse layer: this {name} "
+                f"has {layers} self-attention layers"
+            )
         if getattr(transformer, _ATTR, None) is not None:
             raise RuntimeError(
                 f"DraftAttention is already applied to this {name}; call remove_draft_attention first"

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,26 @@ def _meta(path: Path) -> dict | None:
     return json.loads(meta.read_text()) if meta.exists() else None
 
 
+def _generate_folder(d: Path) -> bool:
+    """A folder of `mmspec.video_dit.generate`: it holds a `NNNN.json` (compare's own
+    `compare.json`, or any other JSON, does not make it one)."""
+    return any(re.fullmatch(r"\d{4,}\.json", p.name) for p in d.glob("*.json"))
+
+
+def _check_same_run(name: str, dense: dict, sparse: dict) -> None:
+    """Both videos must come from one prompt and one set of settings (all but the attention
+    config): a table over unrelated videos would read their gap as DraftAttention's loss."""
+    from .generate import settings_differ
+
+    ours = {"prompt": sparse.get("prompt"), **sparse.get("settings", {})}
+    theirs = {"prompt": dense.get("prompt"), **dense.get("settings", {})}
+    differ = settings_differ(ours, theirs, skip=("config",))
+    if differ:
+        raise ValueError(f"{name}: the dense and sparse videos come from different runs ("
+                         + ", ".join(d.replace(" there,", " dense,").replace(" now", " sparse")
+                                     for d in differ) + ")")
+
+
 def compare_dirs(dense_dir: Path, sparse_dir: Path) -> list[dict]:
     for name, d in (("DENSE_DIR", dense_dir), ("SPARSE_DIR", sparse_dir)):
         if not d.is_dir():
@@ -71,7 +92,7 @@ def compare_dirs(dense_dir: Path, sparse_dir: Path) -> list[dict]:
     # in a folder of mmspec.video_dit.generate a video without its JSON is unfinished (a run
     # still going, or killed while writing it): leave it out rather than fail on a torn file
     unfinished = [n for n in names for d in (dense_dir, sparse_dir)
-                  if any(d.glob("*.json")) and not (d / n).with_suffix(".json").exists()]
+                  if _generate_folder(d) and not (d / n).with_suffix(".json").exists()]
     if unfinished:
         logging.getLogger(__name__).warning(
             "leaving out %s: no JSON next to the video, so its run has not finished it",
@@ -80,13 +101,17 @@ def compare_dirs(dense_dir: Path, sparse_dir: Path) -> list[dict]:
     if not names:
         raise ValueError(f"no finished video name (*.mp4) is in both {dense_dir} and "
                          f"{sparse_dir}")
+    metas = {n: (_meta(dense_dir / n), _meta(sparse_dir / n)) for n in names}
+    for name, (dense_meta, sparse_meta) in metas.items():  # before any video is read
+        if dense_meta and sparse_meta:
+            _check_same_run(name, dense_meta, sparse_meta)
     rows = []
     for name in names:
         a, b = read_video(dense_dir / name), read_video(sparse_dir / name)
         if a.shape != b.shape:
             raise ValueError(f"{name}: dense video is {a.shape} but sparse video is {b.shape}")
         row = {"video": name, "psnr": psnr(a, b), "ssim": ssim(a, b)}
-        dense_meta, sparse_meta = _meta(dense_dir / name), _meta(sparse_dir / name)
+        dense_meta, sparse_meta = metas[name]
         if dense_meta and sparse_meta:
             row["speedup"] = dense_meta["seconds"] / sparse_meta["seconds"]
         if sparse_meta and sparse_meta.get("density"):
@@ -124,15 +149,17 @@ def main(argv=None) -> int:
     if args.dense_dir.resolve() == args.sparse_dir.resolve():
         p.error(f"DENSE_DIR and SPARSE_DIR are the same folder ({args.dense_dir}): a video "
                 f"compared with itself has PSNR inf")
+    out = args.out or args.sparse_dir / "compare.md"
+    if args.out is not None and not args.out.parent.is_dir():  # before the work, not after
+        p.error(f"--out: no such directory {args.out.parent}")
     try:
         rows = compare_dirs(args.dense_dir, args.sparse_dir)
     except (FileNotFoundError, ValueError) as err:  # no such folder, no video in both, ...
         p.error(str(err))
     text = table(rows)
-    out = args.out or args.sparse_dir / "compare.md"
+    print(text)
     out.write_text(text + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
-    print(text)
     return 0
 
 

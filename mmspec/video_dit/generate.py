@@ -137,24 +137,62 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
         step_ends.append(time.perf_counter())
         return {}
 
+    first_call = []  # the denoising loop starts at the transformer's first forward
+
+    def on_first_forward(module, args):
+        if not first_call:
+            _sync(device)
+            first_call.append(time.perf_counter())
+
+    transformer = getattr(pipe, "transformer", None)
+    hook = transformer.register_forward_pre_hook(on_first_forward) if transformer else None
     if state is not None:
         state.reset()
     _sync(device)
     start = time.perf_counter()
-    frames = pipe(**call, callback_on_step_end=on_step_end).frames[0]  # [F, H, W, 3] in [0, 1]
+    try:
+        frames = pipe(**call, callback_on_step_end=on_step_end).frames[0]  # [F, H, W, 3] in [0, 1]
+    finally:
+        if hook is not None:
+            hook.remove()
     _sync(device)
     seconds = time.perf_counter() - start
-    steps = [b - a for a, b in zip([start, *step_ends[:-1]], step_ends)]
+    # step 0 from the first forward: prompt encoding and latent set-up are not a step's time
+    loop_start = first_call[0] if first_call else start
+    steps = [b - a for a, b in zip([loop_start, *step_ends[:-1]], step_ends)]
     density = None
     if state is not None:
         density = {"mean": state.mean_density(),
                    "by_step": {str(k): v for k, v in state.density_by_step().items()}}
-    return {"frames": frames, "seconds": seconds, "step_seconds": steps, "density": density}
+    return {"frames": frames, "seconds": seconds, "step_seconds": steps, "density": density,
+            "setup_seconds": loop_start - start,
+            "decode_seconds": (start + seconds - step_ends[-1]) if step_ends else None}
+
+
+def model_name(model) -> str:
+    """`--model` as recorded: an existing folder resolved (`wan/`, `./wan` and `/abs/wan` are one
+    model), anything else as given."""
+    path = Path(model)
+    return str(path.resolve()) if path.exists() else str(model)
+
+
+def settings_differ(ours: dict, theirs: dict, skip=()) -> list[str]:
+    """Human-readable differences of two runs' settings (`run_settings`, plus the prompt); a key
+    one side lacks (JSONs of older versions) does not count. The model compares as a folder."""
+    out = []
+    for key, value in ours.items():
+        other = theirs.get(key, value)
+        if key in skip or other == value:
+            continue
+        if key == "model" and model_name(other) == model_name(value):
+            continue
+        out.append(f"{key} {other!r} there, {value!r} now")
+    return out
 
 
 def run_settings(args, config) -> dict:
     """What a finished prompt's JSON must share with a run that resumes it."""
-    return {"model": str(args.model), "seed": args.seed, "steps": args.steps,
+    return {"model": model_name(args.model), "seed": args.seed, "steps": args.steps,
             "height": args.height, "width": args.width, "frames": args.frames, "fps": args.fps,
             "guidance": args.guidance, "negative_prompt": args.negative_prompt,
             "true_cfg_scale": args.true_cfg_scale,
@@ -181,11 +219,9 @@ def main(argv=None) -> int:
             continue
         old = json.loads(done.read_text())
         # JSONs of older versions lack some settings (all of them, or fps): those pass
-        theirs = {"prompt": old.get("prompt"), **settings, **old.get("settings", {})}
-        ours = {"prompt": prompt, **settings}
-        if theirs != ours:  # resuming must never mix runs or label one as the other
-            differ = ", ".join(f"{k} {theirs.get(k)!r} there, {v!r} now"
-                               for k, v in ours.items() if theirs.get(k) != v)
+        differ = ", ".join(settings_differ({"prompt": prompt, **settings},
+                                           {"prompt": old.get("prompt"), **old.get("settings", {})}))
+        if differ:  # resuming must never mix runs or label one as the other
             raise SystemExit(f"--out {args.out}: {done.name} was made by another prompt or "
                              f"settings ({differ}); use a new --out, or delete it to redo it")
     with dist.split_between_processes(todo) as mine:
@@ -199,7 +235,10 @@ def main(argv=None) -> int:
     pipe = load_pipeline(args.model, _DTYPES[args.dtype])
     pipe.to(dist.device)
     pipe.set_progress_bar_config(leave=False, position=1, desc="steps")
-    state = apply_draft_attention(pipe, config) if config is not None else None
+    try:
+        state = apply_draft_attention(pipe, config) if config is not None else None
+    except (TypeError, ValueError) as err:  # an unsupported model, --dense-layers too many
+        raise SystemExit(f"--model {args.model}: {err}") from None
     for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
         result = generate_one(pipe, prompts[index], index, args, state, dist.device)
         stem = args.out / f"{index:04d}"
@@ -209,9 +248,11 @@ def main(argv=None) -> int:
         record = {
             "index": index, "prompt": prompts[index], "settings": settings,
             "seed": args.seed + index,
-            "model": str(args.model), "attention": "dense" if config is None else "draft",
+            "model": settings["model"], "attention": "dense" if config is None else "draft",
             "config": None if config is None else asdict(config),
-            "seconds": result["seconds"], "step_seconds": result["step_seconds"],
+            # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
+            "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
+            "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
             "density": result["density"], "frames": int(frames.shape[0]),
             "height": int(frames.shape[1]), "width": int(frames.shape[2]),
             "device": str(dist.device), "process": dist.process_index,

@@ -11,6 +11,13 @@ def test_unsupported_model_class():
         apply_draft_attention(torch.nn.Linear(2, 2), DraftAttentionConfig(dense_steps=0))
 
 
+def test_dense_layers_that_leave_no_sparse_layer():
+    # every call went to the dense processor and reported density 1.0, with no error
+    with pytest.raises(ValueError, match=r"dense_layers=2 leaves no sparse layer: this "
+                                         r"WanTransformer3DModel has 2 self-attention layers"):
+        apply_draft_attention(tiny_wan(), DraftAttentionConfig(dense_steps=0, dense_layers=2))
+
+
 def test_fractional_warmup_needs_a_pipeline():
     with pytest.raises(ValueError, match="fraction of the denoising steps"):
         apply_draft_attention(tiny_wan(), DraftAttentionConfig(dense_steps=0.3))

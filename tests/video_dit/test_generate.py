@@ -57,12 +57,48 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"prompt 'a red cat' there, 'a blue cat' now"):
         generate.main([*args, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"])
     prompts.write_text("a red cat\na dog on the beach\n")
+    # the model folder spelled another way is the same model: `wan/`, `./wan`, `/abs/wan`
+    capsys.readouterr()
+    again = ["--model", str(model_dir) + "/", *args[2:]]
+    generate.main([*again, "--out", str(sparse), "--sparsity", "0.5", "--dense-steps", "1"])
+    assert "resuming: 2 of 2" in capsys.readouterr().out
 
     assert compare.main([str(dense), str(sparse)]) == 0
     rows = json.loads((sparse / "compare.json").read_text())
     assert [r["video"] for r in rows] == ["0000.mp4", "0001.mp4"]
     assert all(np.isfinite(r["psnr"]) and 0 < r["ssim"] < 1 for r in rows)
     assert "| **mean** |" in (sparse / "compare.md").read_text()
+    # a rerun reads past its own compare.json; a table lands in an existing folder only
+    assert compare.main([str(dense), str(sparse)]) == 0
+    with pytest.raises(SystemExit):
+        compare.main([str(dense), str(sparse), "--out", str(tmp_path / "no" / "t.md")])
+    assert "--out: no such directory" in capsys.readouterr().err
+
+    # videos of different runs are not compared: their gap is not DraftAttention's
+    other = tmp_path / "other"
+    generate.main([*args, "--out", str(other), "--dense", "--seed", "7"])
+    with pytest.raises(SystemExit):
+        compare.main([str(other), str(sparse)])
+    assert re.search(r"0000.mp4: the dense and sparse videos come from different runs \(seed 7 "
+                     r"dense, 42 sparse\)", capsys.readouterr().err)
+
+
+def test_step_seconds_start_at_the_denoising_loop(model_dir, tmp_path):
+    # the clock started before the pipeline call: step 0 also held prompt encoding
+    import time
+
+    from mmspec.video_dit.generate import generate_one, load_pipeline
+
+    pipe = load_pipeline(str(model_dir), __import__("torch").float32)
+    pipe.set_progress_bar_config(disable=True)
+    encode = pipe.encode_prompt
+    pipe.encode_prompt = lambda *a, **k: (time.sleep(0.5), encode(*a, **k))[1]
+    args = generate.parse_args(["--model", str(model_dir), "--prompts", "p", "--out", "o",
+                                *COMMON])
+    result = generate_one(pipe, "a red cat", 0, args, None, "cpu")
+    assert result["setup_seconds"] >= 0.5 and max(result["step_seconds"]) < 0.5
+    assert result["seconds"] >= result["setup_seconds"] + sum(result["step_seconds"])
+    assert result["decode_seconds"] > 0
 
 
 def test_bad_cli_input(tmp_path, model_dir, capsys):
