@@ -35,7 +35,7 @@ from mmspec.kernels.hf import require_block_sparse_mask
 from . import kv_cache
 from .draft import Draft, DraftState, VerifyResult
 from .positions import prefill_position_ids
-from .sampling import SamplingConfig, target_probs
+from .sampling import RepetitionPenalty, SamplingConfig, target_probs
 from .stats import SpecStats
 from .tree import build_tree, verify_mask
 from .windows import sliding_windows
@@ -126,7 +126,7 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
 # generation-config settings whose logits processors `generate` does not apply: refused, so that
 # the output never silently differs from `target.generate`'s. (attribute, neutral values, sampling only)
 _UNSUPPORTED = (
-    ("repetition_penalty", (None, 1.0), False), ("no_repeat_ngram_size", (None, 0), False),
+    ("no_repeat_ngram_size", (None, 0), False),
     ("encoder_repetition_penalty", (None, 1.0), False), ("bad_words_ids", (None,), False),
     ("suppress_tokens", (None,), False), ("begin_suppress_tokens", (None,), False),
     ("forced_bos_token_id", (None,), False), ("forced_eos_token_id", (None,), False),
@@ -191,9 +191,9 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
     gen = target.generation_config
     settings = dict(settings or {})
     blank = _blank_generation_config()
-    unsupported = {name for name, _, _ in _UNSUPPORTED}
+    known = {name for name, _, _ in _UNSUPPORTED} | {"repetition_penalty"}  # checked below
     for name, value in settings.items():  # a setting no logits processor here would apply
-        if name not in unsupported and value != getattr(blank, name):
+        if name not in known and value != getattr(blank, name):
             raise ValueError(f"{name}={value!r}: mmspec.generate does not apply this generation "
                              f"setting (its output would differ from target.generate's); leave it "
                              f"out or use target.generate")
@@ -204,6 +204,13 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
         return _hf_default(name) if value is None else value
 
     do_sample = bool(resolve("do_sample", do_sample))
+    penalty = settings.get("repetition_penalty", getattr(gen, "repetition_penalty", None))
+    if penalty is not None and (isinstance(penalty, bool) or not isinstance(penalty, (int, float))
+                                or not penalty > 0):
+        where = "repetition_penalty" if "repetition_penalty" in settings else \
+            "target.generation_config.repetition_penalty"
+        raise ValueError(f"{where} must be a number > 0, got {penalty!r}")
+    penalty = None if penalty in (None, 1.0) else float(penalty)
     for name, neutral, sampling_only in _UNSUPPORTED:
         if name in settings:
             value = settings[name]
@@ -219,10 +226,10 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
                 f"mmspec.generate does not apply it; set target.generation_config.{name} = "
                 f"{neutral[-1]!r} (target.generate then gives the same output)")
     if not do_sample:
-        return SamplingConfig(False)
+        return SamplingConfig(False, repetition_penalty=penalty)
     top_k = resolve("top_k", top_k)
     return SamplingConfig(True, resolve("temperature", temperature), top_k or None,
-                          resolve("top_p", top_p))
+                          resolve("top_p", top_p), penalty)
 
 
 def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
@@ -295,8 +302,10 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             None means the target's generation config and, where that leaves it unset,
             transformers' default (greedy; sampling at temperature 1.0 with top-k 50), exactly
             as `target.generate` resolves them.
-            Generation-config settings that `generate` does not apply (repetition penalty,
-            min length, ...) raise a ValueError instead of silently changing the output.
+            `repetition_penalty` (argument or generation config) applies as in
+            `target.generate`, greedy or sampled; generation-config settings that `generate`
+            does not apply (min length, no-repeat n-grams, ...) raise a ValueError instead of
+            silently changing the output.
         eos_token_id: int or list; None means `target.generation_config.eos_token_id` (as
             `target.generate` called without it; `[]` stops on no token). Given,
             it also overrides a drafter's own EOS ids (`DraftState.eos_token_id`).
@@ -310,7 +319,7 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             round by round, e.g. in a demo; the drafter has already seen `result`).
         **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...);
             as in `target.generate`, a name the model does not take is an error, and so is a
-            generation setting `generate` does not apply (`repetition_penalty=`, ...).
+            generation setting `generate` does not apply (`no_repeat_ngram_size=`, ...).
     """
     engine_owned = sorted(set(model_kwargs) & _ENGINE_KWARGS)
     if engine_owned:
@@ -425,9 +434,15 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
     windows = sliding_windows(target)
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
                                                  layers, windows)
+    penalty = None
+    if cfg.repetition_penalty is not None:
+        penalty = RepetitionPenalty(cfg.repetition_penalty, input_ids, logits.shape[-1])
+        logits = penalty.last(logits)
     first = _pick(logits, cfg, generator)  # [B]
     rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
     rows.commit(first[:, None], torch.ones_like(first))
+    if penalty is not None:
+        penalty.add(first[:, None])
     stats.new_tokens += input_ids.shape[0]
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -453,10 +468,11 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         tc = _sync(device)
         out = _verify_forward(target, tree, slots, cache, need_hidden, windows)
         td = _sync(device)
+        logits = out.logits if penalty is None else penalty.tree(out.logits, tree.tokens, tree.anc)
         if cfg.do_sample:
-            best, bonus = verify_sampling(tree, target_probs(out.logits, cfg), generator)
+            best, bonus = verify_sampling(tree, target_probs(logits, cfg), generator)
         else:
-            best, bonus = verify_greedy(tree, out.logits)
+            best, bonus = verify_greedy(tree, logits)
 
         # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
         depth, keep, keep_valid = _accepted_path(tree, best)
@@ -466,6 +482,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         new[torch.arange(len(depth)), depth] = bonus  # right after each row's accepted tokens
         live = rows.live.clone()
         num = rows.commit(new, depth + 1)  # cut at EOS and max_new_tokens
+        if penalty is not None:
+            penalty.add(new, torch.arange(new.shape[1], device=device) < num[:, None])
         slots.append(path_tokens, keep_valid[:, 1:], bonus, depth, live)
         if need_hidden:
             h = _hidden(out, layers)  # [B, N, H']

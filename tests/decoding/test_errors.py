@@ -95,13 +95,13 @@ def test_malformed_draft(target, draft, message):
 
 
 def test_unapplied_generation_config_processors_are_refused(target):
-    target.generation_config.repetition_penalty = 1.05
+    target.generation_config.no_repeat_ngram_size = 3
     try:
-        with pytest.raises(ValueError, match=r"generation_config.repetition_penalty=1.05 .*set "
-                                             r"target.generation_config.repetition_penalty = 1.0"):
+        with pytest.raises(ValueError, match=r"generation_config.no_repeat_ngram_size=3 .*set "
+                                             r"target.generation_config.no_repeat_ngram_size = 0"):
             generate(target, PromptLookupDrafter(), IDS)
     finally:
-        target.generation_config.repetition_penalty = None
+        target.generation_config.no_repeat_ngram_size = None
 
 
 def test_top_k_and_top_p_default_to_the_generation_config(target):
@@ -158,7 +158,7 @@ def test_engine_owned_forward_arguments_are_refused(target):
 
 @pytest.mark.parametrize("kwargs,message", [
     # generation settings passed to the call reached the prefill's **kwargs and were dropped
-    ({"repetition_penalty": 5.0}, r"repetition_penalty=5.0 changes the target's distribution"),
+    ({"encoder_repetition_penalty": 5.0}, r"encoder_repetition_penalty=5.0 changes the target"),
     ({"no_repeat_ngram_size": 1}, r"no_repeat_ngram_size=1 changes the target's distribution"),
     ({"num_return_sequences": 3}, r"num_return_sequences=3 changes the target's distribution"),
     ({"output_scores": True}, r"output_scores=True: mmspec.generate does not apply this"),

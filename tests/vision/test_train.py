@@ -140,12 +140,12 @@ def test_answer_cache_knows_the_image_and_the_length(tmp_path, llava, samples):
 
 
 def test_a_refused_generation_setting_fails_before_training(llava, samples):
-    llava.generation_config.repetition_penalty = 1.05
+    llava.generation_config.no_repeat_ngram_size = 3
     try:
-        with pytest.raises(ValueError, match="repetition_penalty"):
+        with pytest.raises(ValueError, match="no_repeat_ngram_size"):
             train(_fresh(llava), llava, samples, CFG, held_out=samples[:1])
     finally:
-        llava.generation_config.repetition_penalty = None
+        llava.generation_config.no_repeat_ngram_size = None
 
 
 def _kill_the_second_save_at(point, monkeypatch):
