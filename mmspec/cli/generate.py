@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -135,22 +137,43 @@ def _load_path_target(args):
     import transformers
 
     prompt = args.prompt or "Describe the image." if args.image else args.prompt or "Hello"
+    _model_folder("--target", args.target)
     if args.image:
         from PIL import Image
 
         from mmspec.zoo.vlm_processor import vlm_inputs
 
-        processor = transformers.AutoProcessor.from_pretrained(args.target)
-        model = transformers.AutoModelForImageTextToText.from_pretrained(args.target, dtype="auto")
+        with _load_errors("--target", args.target, "a vision-language model (with --image)"):
+            processor = transformers.AutoProcessor.from_pretrained(args.target)
+            model = transformers.AutoModelForImageTextToText.from_pretrained(args.target,
+                                                                             dtype="auto")
         return model, processor.tokenizer, vlm_inputs(processor, Image.open(args.image), prompt)
-    tok = transformers.AutoTokenizer.from_pretrained(args.target)
+    with _load_errors("--target", args.target, "a causal LM"):
+        tok = transformers.AutoTokenizer.from_pretrained(args.target)
     inputs = dict(tok(prompt, return_tensors="pt"))
     if inputs["input_ids"].numel() == 0:  # transformers 5 builds an empty tokenizer from nothing
         raise SystemExit(f"--prompt: the tokenizer of --target {args.target} encodes {prompt!r} "
                          f"to no tokens ({len(tok)} in its vocabulary: does the folder hold the "
                          f"tokenizer files?)")
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype="auto")
+    with _load_errors("--target", args.target, "a causal LM"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype="auto")
     return model, tok, inputs
+
+
+def _model_folder(flag: str, path: str) -> None:
+    """Checkpoints load by path (nothing downloads): a missing folder is named as such, not as
+    transformers' 'Repo id must use alphanumeric chars' of a hub lookup."""
+    if not Path(path).is_dir():
+        raise SystemExit(f"{flag}: no such model folder {path}")
+
+
+@contextmanager
+def _load_errors(flag: str, path: str, what: str):
+    try:
+        yield
+    except (OSError, ValueError, KeyError) as err:  # no config/weights, an unknown class
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SystemExit(f"{flag} {path}: cannot load it as {what}: {first}") from None
 
 
 def _folder_tokenizer(path: str):
@@ -222,8 +245,11 @@ def _path_drafter(args, target, target_tokenizer=None):
     elif kind.startswith("model:"):
         import transformers
 
-        _same_vocabulary(kind, kind[len("model:"):], target_tokenizer)
-        model = transformers.AutoModelForCausalLM.from_pretrained(kind[len("model:"):], dtype="auto")
+        path = kind[len("model:"):]
+        _model_folder(f"--drafter {kind}", path)
+        _same_vocabulary(kind, path, target_tokenizer)
+        with _load_errors("--drafter", kind, "a causal LM"):
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     else:
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
                          f"diffusion:PATH, self or builtin for --target {args.target}, "
@@ -307,7 +333,10 @@ def main(argv=None) -> int:
     def target_only(n):
         torch.manual_seed(args.seed)
         with torch.no_grad():
-            return target.generate(**inputs, max_new_tokens=n, eos_token_id=eos,
+            # eos_token_id=None passed to transformers turns EOS off: leave it to the
+            # generation config as `mmspec.generate` does
+            stop = {} if eos is None else {"eos_token_id": eos}
+            return target.generate(**inputs, max_new_tokens=n, **stop,
                                    **{k: v for k, v in sampling.items() if v is not None})
 
     if not args.no_baseline:  # first calls pay lazy imports and allocator growth: not timed

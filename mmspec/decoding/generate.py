@@ -103,6 +103,9 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise ValueError(f"attention_mask must be a tensor [B, L] or None, got "
+                             f"{type(attention_mask).__name__}")
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
                              f"{tuple(attention_mask.shape)}")

@@ -151,3 +151,30 @@ def test_a_missing_vispec_drafter_is_a_message(tmp_path):
         main(["generate", "--target", str(ZOO_DIR / "vlm-target"), "--image",
               str(ZOO_DIR / "vlm-target" / "sample.png"), "--drafter",
               f"vispec:{tmp_path / 'nothing'}", "--device", "cpu"])
+
+
+def test_the_baseline_stops_at_eos_as_the_speculative_run_does(capsys):
+    # with --target PATH the baseline passed eos_token_id=None to target.generate, which turns
+    # EOS off there: it ran past the answer's EOS and the CLI printed "DIFFERS" and exited 1
+    from mmspec.zoo.paths import ZOO_DIR
+
+    assert main(["generate", "--target", str(ZOO_DIR / "vlm-target"), "--image",
+                 str(ZOO_DIR / "vlm-target" / "sample.png"), "--prompt",
+                 "What shapes do you see?", "--max-new-tokens", "40", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    tokens = int(re.search(r"(\d+) tokens", err).group(1))
+    assert tokens < 40 and "identical to target-only greedy" in err
+
+
+def test_model_folders_that_do_not_load_are_named(tmp_path):
+    from mmspec.zoo.paths import ZOO_DIR
+
+    with pytest.raises(SystemExit, match=r"--target: no such model folder .*nope"):
+        main(["generate", "--target", str(tmp_path / "nope"), "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"--drafter model:.*nope: no such model folder"):
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+              f"model:{tmp_path / 'nope'}", "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"--target .*text-target: cannot load it as a "
+                                         r"vision-language model \(with --image\)"):
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--image",
+              str(ZOO_DIR / "vlm-target" / "sample.png"), "--device", "cpu"])

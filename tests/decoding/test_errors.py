@@ -188,3 +188,25 @@ def test_running_out_of_learned_positions_names_the_limit():
                                          r".*ask for at most 14 new tokens"):
         generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=30)
     assert generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=14).sequences.shape[1] == 24
+
+
+@pytest.mark.parametrize("make, message", [
+    # floats passed the checks and failed inside generate ('float' object cannot be interpreted
+    # as an integer, topk(): argument 'k' must be int), or ran as if rounded, unnamed
+    (lambda m: ModelDrafter(m, num_tokens=2.5), r"num_tokens must be an int >= 1, got 2.5"),
+    (lambda m: ModelDrafter(m, 4, top_k=2.0), r"top_k must be an int >= 1, got 2.0"),
+    (lambda m: ModelDrafter(m, 4, top_k=True), r"top_k must be an int >= 1, got True"),
+    (lambda m: ModelDrafter(m, temperature=None), r"temperature must be a number >= 0, got None"),
+    (lambda m: ModelDrafter(m, sample="yes"), r"sample must be a bool, got 'yes'"),
+    (lambda m: PromptLookupDrafter(num_tokens=2.5), r"num_tokens must be an int >= 1, got 2.5"),
+    (lambda m: PromptLookupDrafter(max_ngram_size=1.5), r"max_ngram_size must be an int >= 1"),
+])
+def test_drafter_arguments_of_the_wrong_type_are_named(target, make, message):
+    with pytest.raises(ValueError, match=message):
+        make(target)
+
+
+def test_an_attention_mask_that_is_not_a_tensor_is_named(target):
+    with pytest.raises(ValueError, match=r"attention_mask must be a tensor \[B, L\] or None, "
+                                         r"got list"):
+        generate(target, PromptLookupDrafter(), IDS, attention_mask=[[1] * IDS.shape[1]])

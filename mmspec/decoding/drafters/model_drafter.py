@@ -45,15 +45,21 @@ DEFAULT_TREE_DEPTH = 4
 _EPS = 1e-6  # score decrease along a path where float32 can represent it
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class ModelDrafter:
     def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: int | None = None,
                  temperature: float = 0.0, sample: bool = False):
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        for name, value in (("num_tokens", num_tokens), ("top_k", top_k)):
+            if not _is_int(value) or value < 1:  # a float failed inside generate, unnamed
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        if not isinstance(sample, bool):
+            raise ValueError(f"sample must be a bool, got {sample!r}")
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
                                   or depth < 1):
             raise ValueError(f"depth must be None or an int >= 1, got {depth!r}")

@@ -16,9 +16,9 @@ from ..draft import Draft, DraftState, VerifyResult
 class PromptLookupDrafter:
     # transformers' defaults: prompt_lookup_num_tokens=10, max_matching_ngram_size=2
     def __init__(self, num_tokens: int = 10, max_ngram_size: int = 2):
-        if num_tokens < 1 or max_ngram_size < 1:
-            raise ValueError(f"num_tokens and max_ngram_size must be >= 1, got {num_tokens} and "
-                             f"{max_ngram_size}")
+        for name, value in (("num_tokens", num_tokens), ("max_ngram_size", max_ngram_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.num_tokens = num_tokens
         self.max_ngram_size = max_ngram_size
 
