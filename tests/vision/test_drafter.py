@@ -82,6 +82,21 @@ def test_qwen2_5_vl_greedy_is_the_targets_output(qwen, trained_qwen, kind, grids
         assert out.stats.accepted >= NEW // 4, out.stats
 
 
+@pytest.mark.parametrize("model", ["llava", "qwen"])
+def test_a_repetition_penalty_keeps_the_targets_output(llava, trained_llava, qwen, trained_qwen,
+                                                       model):
+    # Qwen2.5-VL-Instruct ships repetition_penalty 1.05; image placeholder ids in the prompt are
+    # penalised too, as in target.generate
+    target, drafter = (llava, trained_llava) if model == "llava" else (qwen, trained_qwen)
+    ids, extras = (llava_prompt(images=2, seed=7) if model == "llava"
+                   else qwen_prompt(grids=QWEN_PROMPTS[1][0], seed=7))
+    ref = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=NEW, repetition_penalty=1.3, **extras)
+    assert not torch.equal(ref, reference(target, ids, extras, NEW))
+    out = generate(target, drafter, ids, max_new_tokens=NEW, repetition_penalty=1.3, **extras)
+    assert torch.equal(out.sequences, ref)
+
+
 def test_llava_next_greedy_is_the_targets_output():
     target = no_eos(tiny_llava_next())
     g = torch.Generator().manual_seed(0)
