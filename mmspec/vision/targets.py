@@ -46,8 +46,13 @@ class TargetAdapter:
 
     def _feature_kwargs(self, extras: dict) -> dict:
         cfg = self.target.config  # a generate() kwarg overrides the config, as for the target
-        return {name: extras[name] if extras.get(name) is not None else getattr(cfg, name)
-                for name in ("vision_feature_layer", "vision_feature_select_strategy")}
+        kwargs = {name: extras[name] if extras.get(name) is not None else getattr(cfg, name)
+                  for name in ("vision_feature_layer", "vision_feature_select_strategy")}
+        # a Pixtral vision tower (Pixtral / Mistral LLaVA checkpoints) needs each image's size to
+        # drop its padding and split the features per image; without, images run together
+        if extras.get("image_sizes") is not None:
+            kwargs["image_sizes"] = extras["image_sizes"]
+        return kwargs
 
     def image_features(self, extras: dict) -> list:
         """K tensors `[n_k, d]`, one per image in prompt order; [] without `pixel_values`."""
@@ -92,7 +97,10 @@ class TargetAdapter:
 
 class LlavaNextAdapter(TargetAdapter):
     def _feature_kwargs(self, extras: dict) -> dict:
-        return {**super()._feature_kwargs(extras), "image_sizes": extras["image_sizes"]}
+        if extras.get("image_sizes") is None:
+            raise ValueError("LLaVA-NeXT prompts with images need image_sizes (from the "
+                             "processor) to unpad their anyres tiles, got none")
+        return super()._feature_kwargs(extras)
 
 
 class Qwen2_5_VLAdapter(TargetAdapter):

@@ -11,6 +11,7 @@ from tiny_vlms import (
     reference,
     tiny_llava,
     tiny_llava_next,
+    tiny_pixtral_llava,
     tiny_qwen2_5_vl,
 )
 
@@ -105,6 +106,20 @@ def test_llava_next_greedy_is_the_targets_output():
     drafter = ViSpecDrafter.from_target(target)
     counts = [f.shape[0] for f in drafter.adapter.image_features(extras)]
     ids = torch.tensor([[1, 5] + [127] * counts[0] + [6, 7] + [127] * counts[1] + [8, 9]])
+    ref = reference(target, ids, extras, NEW)
+    out = generate(target, drafter, ids, max_new_tokens=NEW, **extras)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_pixtral_llava_greedy_is_the_targets_output():
+    # image_sizes was dropped: the Pixtral tower read both padded images as one of 32 tokens
+    target = no_eos(tiny_pixtral_llava())
+    g = torch.Generator().manual_seed(0)
+    extras = {"pixel_values": torch.randn(2, 3, 32, 32, generator=g),  # padded to 32 x 32
+              "image_sizes": torch.tensor([[16, 32], [32, 32]])}
+    drafter = ViSpecDrafter.from_target(target)
+    assert [f.shape[0] for f in drafter.adapter.image_features(extras)] == [8, 16]
+    ids = torch.tensor([[1, 5] + [127] * 8 + [6, 7] + [127] * 16 + [8, 9]])
     ref = reference(target, ids, extras, NEW)
     out = generate(target, drafter, ids, max_new_tokens=NEW, **extras)
     assert torch.equal(out.sequences, ref)

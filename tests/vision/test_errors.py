@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_vlms import llava_prompt, qwen_prompt, tiny_llava, tiny_qwen2_5_vl
+from tiny_vlms import llava_prompt, qwen_prompt, tiny_llava, tiny_llava_next, tiny_qwen2_5_vl
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec.decoding import DraftState
@@ -106,3 +106,9 @@ def test_target_bound_sizes_cannot_be_overridden(llava, field):
     with pytest.raises(ValueError, match=rf"{field}: a ViSpec drafter takes its target's {field} "
                                          rf"\(\d+\), got 32"):
         ViSpecDrafter.from_target(llava, **{field: 32})
+
+
+def test_llava_next_needs_image_sizes():
+    drafter = ViSpecDrafter.from_target(tiny_llava_next())
+    with pytest.raises(ValueError, match="LLaVA-NeXT prompts with images need image_sizes"):
+        drafter.adapter.image_features({"pixel_values": torch.randn(1, 3, 3, 32, 32)})

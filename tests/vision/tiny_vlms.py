@@ -8,6 +8,8 @@ from transformers import (
     LlavaForConditionalGeneration,
     LlavaNextConfig,
     LlavaNextForConditionalGeneration,
+    MistralConfig,
+    PixtralVisionConfig,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
 )
@@ -58,6 +60,17 @@ def tiny_llava_next(seed=0):
                           image_token_id=IMAGE, projector_hidden_act="gelu", vision_feature_layer=-1,
                           image_grid_pinpoints=[[32, 32], [32, 64]], image_seq_length=16)
     return _seeded(seed, lambda: LlavaNextForConditionalGeneration(cfg))
+
+
+def tiny_pixtral_llava(seed=0):
+    """Pixtral / Mistral LLaVA layout: a Pixtral tower (any image size up to 32, patch 8) under
+    `LlavaForConditionalGeneration`; an image of h x w has (h / 8) * (w / 8) tokens."""
+    vision = PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, image_size=32, patch_size=8)
+    cfg = LlavaConfig(vision_config=vision, text_config=MistralConfig(**_text_config()),
+                      image_token_id=IMAGE, projector_hidden_act="gelu", vision_feature_layer=-1,
+                      vision_feature_select_strategy="full")
+    return _seeded(seed, lambda: LlavaForConditionalGeneration(cfg))
 
 
 def tiny_qwen2_5_vl(seed=0):
