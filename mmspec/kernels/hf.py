@@ -9,10 +9,19 @@ sliding-window layers (Gemma 2 and 3) takes a dict `{None: mask, window: mask wi
 which each layer picks by its `sliding_window` (`mmspec.decoding.windows`). Without a
 `block_sparse_mask` the layer runs transformers' own SDPA attention, so prefill and ordinary decoding
 are unchanged.
+
+With a `block_sparse_mask`, that mask replaces the model's causal (and window) pattern, so a tree
+or a bidirectional draft block attends as built; the `attention_mask` still hides padding: a key
+the layer's own mask hides from every query is hidden from the block-sparse path too. On a
+sliding-window layer that rule covers only the keys inside the last query's window, because
+transformers counts the window in cache slots and hides older keys for that reason as well; the
+per-window masks of the dict must hide older padding themselves (`mmspec.decoding.windows` builds
+them from a token mask that does).
 """
 
 import contextlib
 import threading
+import weakref
 
 import torch
 
@@ -101,6 +110,8 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
             f"{key.shape[2]} keys, and block_sparse_attention would attend beyond the window; "
             f"pass a dict {{None: mask, {window}: mask within the window}} "
             f"(mmspec.decoding.windows.block_masks)")
+    if attention_mask is not None:  # the block mask replaces the causal pattern, not padding
+        block_sparse_mask = _hide_hidden_keys(block_sparse_mask, attention_mask, window)
     # Gemma 2 soft-caps its logits (attn_logit_softcapping; None elsewhere)
     out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling,
                                  softcap=kwargs.get("softcap") or None)
@@ -118,9 +129,54 @@ def _block_mask_of(attention_mask, causal: bool, q_len: int, kv_len: int,
             return causal_block_mask(q_len, kv_len, 64, device=device)
         return BlockSparseMask.from_token_mask(
             torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=device), 64)
-    if attention_mask.dtype != torch.bool:  # an additive float mask
-        attention_mask = attention_mask == 0
-    return BlockSparseMask.from_token_mask(attention_mask[..., :kv_len], 64)
+    return BlockSparseMask.from_token_mask(_attends(attention_mask, kv_len), 64)
+
+
+def _attends(attention_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """bool `[B, 1|H, Nq, kv_len]` from transformers' mask: bool (True = attend) or additive float
+    (0 = attend, its dtype's minimum or -inf = hidden); HF may build it wider than the keys."""
+    attention_mask = attention_mask[..., :kv_len]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    attends = attention_mask == 0
+    hidden = attention_mask <= torch.finfo(attention_mask.dtype).min
+    if not (attends | hidden).all():
+        bad = attention_mask[~(attends | hidden)][0].item()
+        raise NotImplementedError(
+            f"attention_mask: block-sparse attention can only attend or hide keys (0, or "
+            f"{attention_mask.dtype}'s minimum / -inf, in an additive mask), got the bias {bad}")
+    return attends
+
+
+class _LastCombined(threading.local):
+    """Per sliding window (None: full layers), the last `_hide_hidden_keys` call: weak references
+    to its two masks and its result. Every layer of a forward passes the same two masks, so the
+    combination is built once per forward, not per layer (~1.5 ms each on a CPU)."""
+
+    def __init__(self):
+        self.by_window = {}
+
+
+_LAST_COMBINED = _LastCombined()
+
+
+def _hide_hidden_keys(mask: BlockSparseMask, attention_mask: torch.Tensor,
+                      window) -> BlockSparseMask:
+    """`mask` without the keys that `attention_mask` hides from every query (padding, holes);
+    on a sliding-window layer only among the keys inside the last query's window (see the module
+    docstring)."""
+    last = _LAST_COMBINED.by_window.get(window)
+    if last is not None and last[0]() is mask and last[1]() is attention_mask:
+        return last[2]
+    kv_len = mask.kv_len
+    hidden = ~_attends(attention_mask, kv_len).any(-2, keepdim=True)  # [B, 1|H, 1, kv_len]
+    if window is not None:
+        hidden &= torch.arange(kv_len, device=hidden.device) >= kv_len - window
+    combined = mask
+    if hidden.any():
+        combined = BlockSparseMask.from_token_mask(mask.to_dense() & ~hidden, mask.block_size)
+    _LAST_COMBINED.by_window[window] = (weakref.ref(mask), weakref.ref(attention_mask), combined)
+    return combined
 
 
 def register_hf_attention() -> str:

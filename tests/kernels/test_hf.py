@@ -6,6 +6,7 @@ from mmspec.kernels import (
     HF_ATTENTION_NAME,
     BlockSparseMask,
     causal_block_mask,
+    prefix_block_mask,
     register_hf_attention,
     tree_block_mask,
     tree_depths,
@@ -47,6 +48,54 @@ def test_tree_forward_matches_each_branch(llama):
             seq = torch.cat([prefix, tree[:, path]], dim=1)
             expect = llama(seq).logits[0, -1]
             torch.testing.assert_close(tree_logits[0, node], expect, atol=1e-5, rtol=1e-5)
+
+
+def _left_padded(pad_rows):
+    ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(4))
+    valid = torch.ones(2, 20, dtype=torch.bool)
+    for row, pad in pad_rows.items():
+        valid[row, :pad] = False
+    return ids, valid, (valid.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def test_left_padded_batch_matches_sdpa(llama):
+    """The hook ignored attention_mask when given a block_sparse_mask: the padded row's logits
+    were 0.2 off. One mask object for both calls: the second must not reuse the first's keys."""
+    mask = causal_block_mask(20, 20, 16)
+    for pad_rows in ({0: 7}, {1: 3}):
+        ids, valid, positions = _left_padded(pad_rows)
+        with torch.no_grad():
+            llama.set_attn_implementation("sdpa")
+            ref = llama(ids, attention_mask=valid.long(), position_ids=positions).logits
+            llama.set_attn_implementation(HF_ATTENTION_NAME)
+            out = llama(ids, attention_mask=valid.long(), position_ids=positions,
+                        block_sparse_mask=mask).logits
+        torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_padding_is_hidden_but_the_block_mask_replaces_causality(llama):
+    # a bidirectional draft block on a causal model stays bidirectional; only padding is hidden
+    ids, valid, positions = _left_padded({0: 5})
+    block = prefix_block_mask(12, 8, 16)
+    token = block.to_dense() & valid[:, None, None, :] | torch.eye(20, dtype=torch.bool)
+    with torch.no_grad():
+        llama.set_attn_implementation("sdpa")  # a 4-D bool mask goes to SDPA as it is
+        ref = llama(ids, attention_mask=token, position_ids=positions).logits
+        causal = llama(ids, attention_mask=valid.long(), position_ids=positions).logits
+        llama.set_attn_implementation(HF_ATTENTION_NAME)
+        out = llama(ids, attention_mask=valid.long(), position_ids=positions,
+                    block_sparse_mask=block).logits
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
+    assert (causal - ref)[valid].abs().max() > 1e-2
+
+
+def test_refuses_an_additive_bias_it_cannot_add(llama):
+    bias = torch.zeros(1, 1, 20, 20)
+    bias[..., 3] = 0.5
+    with torch.no_grad(), pytest.raises(NotImplementedError,
+                                        match="attention_mask: .* got the bias 0.5"):
+        llama(torch.zeros(1, 20, dtype=torch.long), attention_mask=bias,
+              block_sparse_mask=causal_block_mask(20, 20, 16))
 
 
 def test_rejects_non_mask(llama):
