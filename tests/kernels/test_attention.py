@@ -393,3 +393,23 @@ def test_backward_is_refused_on_every_path(backend, run_backend):
     out = run_backend(backend, q, k, v, mask)
     with pytest.raises(NotImplementedError, match="block_sparse_attention is forward-only"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_mask_tensors(run_backend, backend):
+    """The Triton kernel steps through index lists and element masks assuming contiguous rows:
+    a mask built from transposed views read other blocks' ids and elements."""
+    q, k, v, mask = make_case(13, 1, 2, 2, 64, 64, 16, (16, 16), torch.float32)
+    assert mask.kv_indices.shape[-1] > 1 and mask.full_kv_indices.shape[-1] > 1
+
+    def strided(t, dims):  # the same values, laid out with `dims` swapped
+        return t.transpose(*dims).contiguous().transpose(*dims)
+
+    odd = BlockSparseMask(
+        strided(mask.kv_num_blocks, (1, 2)), strided(mask.kv_indices, (-1, -2)),
+        strided(mask.full_kv_num_blocks, (1, 2)), strided(mask.full_kv_indices, (-1, -2)),
+        strided(mask.partial_masks, (-1, -2)), mask.block_size, mask.q_len, mask.kv_len)
+    assert not (odd.kv_indices.is_contiguous() or odd.partial_masks.is_contiguous())
+    torch.testing.assert_close(run_backend(backend, q, k, v, odd),
+                               block_sparse_attention(q, k, v, mask, backend="reference"),
+                               atol=1e-5, rtol=1e-5)

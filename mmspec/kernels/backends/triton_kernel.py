@@ -191,9 +191,11 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: floa
     def rows(t):  # broadcast B/H to stride 0
         return t.expand(b, hq, *t.shape[2:])
 
-    full_num, full_idx = rows(mask.full_kv_num_blocks), rows(mask.full_kv_indices)
-    part_num, part_idx = rows(mask.kv_num_blocks), rows(mask.kv_indices)
-    part_mask = mask.partial_masks.view(torch.uint8)
+    # the kernel takes the strides of B, H and the query block but steps through an index list
+    # (and a [bq, bk] element mask) as contiguous: a mask built from views must be copied
+    full_num, full_idx = rows(mask.full_kv_num_blocks), rows(mask.full_kv_indices.contiguous())
+    part_num, part_idx = rows(mask.kv_num_blocks), rows(mask.kv_indices.contiguous())
+    part_mask = mask.partial_masks.contiguous().view(torch.uint8)
     if part_idx.shape[-1] == 0:  # never read (counts are 0), but the kernel needs real pointers
         part_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
         part_mask = torch.zeros(1, 1, mq, 1, bq, bk, dtype=torch.uint8, device=q.device)
