@@ -111,10 +111,36 @@ def _extend_extras(extras: dict, length: int) -> dict:
     return out
 
 
-def _key(index: int, sample: dict, max_new_tokens: int) -> str:
+# config entries that say where a model came from or how it was saved (save_pretrained fills
+# dtype and architectures in), not how it answers; the parameters carry the dtype
+_NOT_ANSWERING = frozenset({"_name_or_path", "transformers_version", "architectures", "dtype",
+                            "torch_dtype"})
+
+
+def target_fingerprint(target) -> str:
+    """What the target's greedy answers depend on, hashed: its class, config and generation
+    config (not the folder it was loaded from: a moved model keeps its answers) and its weights,
+    the name, dtype, shape and first 16 values of every parameter (differ between checkpoints and
+    dtypes, and cost little even for a 7B)."""
+    def answering(config: dict) -> dict:
+        return {k: answering(v) if isinstance(v, dict) else v
+                for k, v in config.items() if k not in _NOT_ANSWERING}
+
+    digest = hashlib.sha1(type(target).__name__.encode())
+    for config in (target.config.to_dict(), target.generation_config.to_dict()):
+        digest.update(json.dumps(answering(config), sort_keys=True, default=str).encode())
+    for name, p in target.named_parameters():
+        digest.update(f"{name}:{p.dtype}:{tuple(p.shape)}".encode())
+        digest.update(p.detach().reshape(-1)[:16].cpu().view(torch.uint8).numpy())
+    return digest.hexdigest()[:16]
+
+
+def _key(index: int, sample: dict, max_new_tokens: int, target: str) -> str:
     """Cache key of a sample's answer: its position, every tensor in it (the image too: the same
-    prompt with another image has another answer) and the answer length."""
-    digest = hashlib.sha1(str(max_new_tokens).encode())
+    prompt with another image has another answer), the answer length and `target`, the
+    answering model's `target_fingerprint` (another target's cached answers are not its own:
+    they are made anew, never distilled)."""
+    digest = hashlib.sha1(f"{max_new_tokens}:{target}".encode())
     for name in sorted(sample):
         value = sample[name]
         if isinstance(value, torch.Tensor):
@@ -124,7 +150,7 @@ def _key(index: int, sample: dict, max_new_tokens: int) -> str:
 
 
 class AnswerCache:
-    """The answer cache file, `{_key: long [A]}`. New answers are saved every `save_every_s`
+    """The answer cache file, `{_key: long [A]}` (answers of every target it served). New answers are saved every `save_every_s`
     seconds (and by `save`) through `save_atomic`, so an interrupted run keeps the answers made so
     far and a rerun makes only the missing ones (as `mmspec.zoo.distill.target_continuations`).
     With `path` None it is a plain dict in memory."""
@@ -172,11 +198,12 @@ def target_answers(target, samples: list, max_new_tokens: int, cache_path: Path 
     `rank, rank + world, ...` and returns None for the others."""
     rank, world = shard
     cache = AnswerCache(cache_path, save_every_s, also)
+    fingerprint = target_fingerprint(target)
     answers = []
     try:
         for i, s in enumerate(tqdm(samples, desc="target answers", leave=False,
                                    disable=rank != 0)):
-            key = _key(i, s, max_new_tokens)
+            key = _key(i, s, max_new_tokens, fingerprint)
             if key not in cache and i % world != rank:
                 answers.append(None)
                 continue
@@ -277,14 +304,23 @@ def _noise_generator(seed: int, step: int, slot: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
+def _zero_missing_grads(params: list) -> None:
+    """A zero gradient for each parameter the step did not reach (the adaptor on a step without
+    images): AdamW skips a parameter without one (no moment decay, no weight decay) but steps one
+    with zeros, so one process would train otherwise than N, whose summed gradients always exist.
+    Zeros in both, as under DeepSpeed, ViSpec's trainer."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
 def _all_reduce_grads(params: list) -> None:
     """Sum the gradients over the processes (one flat all-reduce)."""
     import torch.distributed as dist
 
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
     dist.all_reduce(flat)
-    for p, chunk in zip(params, flat.split([g.numel() for g in grads])):
+    for p, chunk in zip(params, flat.split([p.numel() for p in params])):
         p.grad = chunk.view_as(p).clone()
 
 
@@ -349,6 +385,7 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                                   _noise_generator(cfg.seed, step, slot))
             (loss / per_step).backward()  # the mean over the step's global batch
             total += float(loss.detach())
+        _zero_missing_grads(params)
         if world > 1:
             _all_reduce_grads(params)
             dist.all_reduce(total)

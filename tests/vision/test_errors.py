@@ -2,7 +2,13 @@
 
 import pytest
 import torch
-from tiny_vlms import llava_prompt, qwen_prompt, tiny_llava, tiny_llava_next, tiny_qwen2_5_vl
+from tiny_vlms import (
+    llava_prompt,
+    qwen_prompt,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_qwen2_5_vl,
+)
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec.decoding import DraftState

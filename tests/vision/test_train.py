@@ -8,10 +8,18 @@ import pytest
 import torch
 from PIL import Image
 from tiny_vlms import llava_prompt, no_eos, tiny_llava, tiny_llava_processor
+from transformers import AutoModelForImageTextToText
 
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision import train as train_mod
-from mmspec.vision.train import TrainConfig, main, sample_loss, target_answers, train
+from mmspec.vision.train import (
+    TrainConfig,
+    main,
+    sample_loss,
+    target_answers,
+    target_fingerprint,
+    train,
+)
 
 CFG = TrainConfig(steps=12, lr=3e-3, warmup_steps=2, noise=0.0, answer_tokens=16, eval_every=0,
                   checkpoint_every=0)
@@ -77,6 +85,20 @@ def test_resume_continues_exactly(tmp_path, llava, samples, monkeypatch, interru
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_step_without_images_steps_the_adaptor_as_several_processes_do(tmp_path, llava):
+    # one process left the unused adaptor without a gradient (AdamW skipped it) while the
+    # all-reduce of several gave it zeros (AdamW decays it): zeros in both now
+    text = [{"input_ids": torch.tensor([[1, 5, 6, 7, 8, 9]])}]
+    drafter = _fresh(llava)
+    before = {k: v.clone() for k, v in drafter.adaptor.state_dict().items()}
+    train(drafter, llava, text, TrainConfig(**{**CFG.__dict__, "steps": 2}), out_dir=tmp_path)
+    trainer = torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)
+    steps = [int(s["step"]) for s in trainer["optimizer"]["state"].values()]
+    assert steps == [2] * len(list(drafter.parameters()))
+    after = drafter.adaptor.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in ("queries", "k_proj.weight"))
+
+
 def test_command_line(tmp_path, llava, samples, capsys):
     llava.save_pretrained(tmp_path / "target")
     torch.save(samples * 2, tmp_path / "samples.pt")
@@ -137,6 +159,25 @@ def test_answer_cache_knows_the_image_and_the_length(tmp_path, llava, samples):
                        target_answers(llava, [other], 8, None)[0])
     assert len(target_answers(llava, samples[:1], 12, cache)[0]) == 12
     assert torch.equal(target_answers(llava, samples[:1], 8, cache)[0], first)
+
+
+def test_answer_cache_knows_the_target(tmp_path, llava, samples):
+    # the key had no target: a cache made with one target fed its answers to another's training
+    cache = tmp_path / "answers.pt"
+    first = target_answers(llava, samples[:1], 8, cache)[0]
+    penalised = no_eos(tiny_llava())
+    penalised.generation_config.repetition_penalty = 1.5
+    for target in (no_eos(tiny_llava(seed=1)), penalised):
+        own = target_answers(target, samples[:1], 8, None)[0]
+        assert not torch.equal(own, first)
+        assert torch.equal(target_answers(target, samples[:1], 8, cache)[0], own)
+    # another dtype is another target; the same model loaded from another folder is not
+    fingerprint = target_fingerprint(llava)
+    assert target_fingerprint(no_eos(tiny_llava()).to(torch.bfloat16)) != fingerprint
+    for folder in ("a", "b"):
+        llava.save_pretrained(tmp_path / folder)
+        loaded = no_eos(AutoModelForImageTextToText.from_pretrained(tmp_path / folder))
+        assert target_fingerprint(loaded) == fingerprint
 
 
 def test_a_refused_generation_setting_fails_before_training(llava, samples):
