@@ -38,12 +38,17 @@ def _check_inputs(q, k, v, mask) -> None:
             f"{mask.device}"
         )
     b, hq, nq, d = q.shape
+    if hq == 0 or d == 0:
+        raise ValueError(
+            f"q must have at least one head and a head dim D > 0, got shape {tuple(q.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(
             f"k/v must be [B={b}, Hkv, Nk, D={d}] to match q {tuple(q.shape)}, got {tuple(k.shape)}"
         )
+    if k.shape[1] == 0:
+        raise ValueError(f"k/v must have at least one head, got shape {tuple(k.shape)}")
     if hq % k.shape[1] != 0:
         raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({k.shape[1]}) for GQA")
     mb, mh, mq_len, mkv_len = mask.shape
@@ -101,6 +106,17 @@ def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, p
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
+def _real(value) -> float | None:
+    """A real number (Python, NumPy) or a one-element real tensor as a float; None otherwise."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+            return None
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -121,7 +137,8 @@ def block_sparse_attention(
             Lengths need not be multiples of the block size.
         scale: softmax scale, default `D ** -0.5`.
         softcap: soft-cap the scaled logits, `s -> softcap * tanh(s / softcap)` before the softmax
-            (Gemma 2's `attn_logit_softcapping`); None for none.
+            (Gemma 2's `attn_logit_softcapping`); None for none. Both are real numbers (Python's,
+            NumPy's) or one-element tensors.
         return_lse: also return the natural-log log-sum-exp of each row, fp32 `[B, Hq, Nq]`.
         backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"` or
             `"reference"`.
@@ -138,17 +155,21 @@ def block_sparse_attention(
     _check_inputs(q, k, v, mask)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (numbers.Real, torch.Tensor)) or (
-            isinstance(scale, torch.Tensor) and scale.numel() != 1) or not math.isfinite(scale):
-        raise ValueError(f"scale must be None (D ** -0.5) or a finite number, got {scale!r}")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not 0 < softcap < math.inf):
-        raise ValueError(f"softcap must be None or a positive finite number, got {softcap!r}")
+    else:
+        real = _real(scale)
+        if real is None or not math.isfinite(real):
+            raise ValueError(f"scale must be None (D ** -0.5) or a finite number, got {scale!r}")
+        scale = real
+    if softcap is not None:
+        real = _real(softcap)
+        if real is None or not 0 < real < math.inf:
+            raise ValueError(f"softcap must be None or a positive finite number, got {softcap!r}")
+        softcap = real
     backend = resolve_backend(backend, q, k, v, mask).name
     out, lse = torch.ops.mmspec.block_sparse_attention(
         q, k, v,
         mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
-        mask.partial_masks, mask.block_size[0], mask.block_size[1], float(scale),
-        float(softcap or 0.0), backend,
+        mask.partial_masks, mask.block_size[0], mask.block_size[1], scale, softcap or 0.0,
+        backend,
     )
     return (out, lse) if return_lse else out

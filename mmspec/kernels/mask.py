@@ -31,6 +31,29 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _length(name: str, value, minimum: int = 1) -> int:
+    """`value` as an int, or an error naming `name`: lengths are counts of tokens."""
+    if not _is_int(value) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return int(value)
+
+
+def _check_block_flags(name: str, flags, block_size: tuple[int, int], q_len: int,
+                       kv_len: int) -> None:
+    """Block flags are bool `[B|1, H|1, ceil(q_len / bq), ceil(kv_len / bk)]`."""
+    if not isinstance(flags, torch.Tensor) or flags.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be a bool tensor [B, H, Mq, Nk], got "
+            f"{getattr(flags, 'dtype', type(flags).__name__)} (`flags != 0` turns 0/1 ints "
+            f"into one)")
+    blocks = (math.ceil(q_len / block_size[0]), math.ceil(kv_len / block_size[1]))
+    if flags.ndim != 4 or tuple(flags.shape[2:]) != blocks:
+        raise ValueError(
+            f"{name} must be [B, H, Mq, Nk], where q_len={q_len}, kv_len={kv_len} and block_size "
+            f"{block_size} need (Mq, Nk) = {blocks}; got shape {tuple(flags.shape)}")
+
+
 def _pair(block_size) -> tuple[int, int]:
     if _is_int(block_size):
         block_size = (block_size, block_size)
@@ -78,10 +101,7 @@ class BlockSparseMask:
         bq, bk = _pair(self.block_size)
         object.__setattr__(self, "block_size", (bq, bk))
         for name in ("q_len", "kv_len"):
-            value = getattr(self, name)
-            if not _is_int(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, _length(name, getattr(self, name)))
         mq, nk = self.num_q_blocks, self.num_kv_blocks
         tensors = {
             "kv_num_blocks": (self.kv_num_blocks, torch.int32, 3),
@@ -169,24 +189,9 @@ class BlockSparseMask:
     def from_dense(cls, block_bool: torch.Tensor, block_size, q_len: int, kv_len: int):
         """Every kept block is full. `block_bool` is bool `[B|1, H|1, ceil(q_len/bq), ceil(kv_len/bk)]`."""
         bq, bk = _pair(block_size)
-        if not isinstance(block_bool, torch.Tensor) or block_bool.dtype != torch.bool:
-            raise TypeError(
-                f"block_bool must be a bool tensor, got "
-                f"{getattr(block_bool, 'dtype', type(block_bool).__name__)}"
-            )
-        if block_bool.ndim != 4:
-            raise ValueError(
-                f"block_bool must be [B, H, Mq, Nk], got shape {tuple(block_bool.shape)}"
-            )
-        mq, nk = math.ceil(q_len / bq), math.ceil(kv_len / bk)
-        if tuple(block_bool.shape[2:]) != (mq, nk):
-            raise ValueError(
-                f"block_bool has {tuple(block_bool.shape[2:])} blocks but q_len={q_len}, "
-                f"kv_len={kv_len} with block_size {(bq, bk)} need {(mq, nk)}"
-            )
-        if not (_is_int(q_len) and _is_int(kv_len) and q_len > 0 and kv_len > 0):
-            raise ValueError(f"q_len and kv_len must be positive ints, got {q_len!r}, {kv_len!r}")
-        q_len, kv_len = int(q_len), int(kv_len)
+        q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
+        _check_block_flags("block_bool", block_bool, (bq, bk), q_len, kv_len)
+        mq = math.ceil(q_len / bq)
         full_num, full_idx = _dense_to_ordered(block_bool)
         b, h = block_bool.shape[:2]
         dev = block_bool.device
@@ -248,12 +253,16 @@ class BlockSparseMask:
                          q_len: int, kv_len: int) -> "BlockSparseMask":
         """Fast constructor for masks whose block structure is known analytically.
 
-        `full` and `partial` are bool `[B|1, H|1, Mq, Nk]` block flags. The predicate
-        `mask_mod(b, h, q_idx, kv_idx) -> bool` (FlexAttention's signature, broadcasting tensors) is
-        evaluated only inside the `partial` blocks; those it finds all-kept become full and those
-        it finds empty are dropped.
+        `full` and `partial` are bool `[B|1, H|1, Mq, Nk]` block flags (bool, not 0/1 ints: as in
+        `from_dense`, a flag tensor of another dtype is refused rather than guessed at). The
+        predicate `mask_mod(b, h, q_idx, kv_idx) -> bool` (FlexAttention's signature, broadcasting
+        tensors) is evaluated only inside the `partial` blocks; those it finds all-kept become full
+        and those it finds empty are dropped.
         """
         bq, bk = _pair(block_size)
+        q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
+        for name, flags in (("full", full), ("partial", partial)):
+            _check_block_flags(name, flags, (bq, bk), q_len, kv_len)
         full, partial = torch.broadcast_tensors(full, partial)  # [B|1, H|1] each, as documented
         full, partial = full & ~partial, partial.clone()
         cand = partial.nonzero(as_tuple=True)  # (b, h, m, n) of each candidate block

@@ -158,14 +158,17 @@ def test_softcap_on_a_dense_mask_leaves_the_flash_path():
     torch.testing.assert_close(out, softcapped_attention(q, k, v, mask, 5.0), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("softcap", [0, -1.0, float("inf"), float("nan"), "50", True])
+@pytest.mark.parametrize("softcap", [0, -1.0, float("inf"), float("nan"), "50", True,
+                                     np.float32(-1.0), torch.tensor(0.0), torch.ones(2),
+                                     torch.tensor(True)])
 def test_rejects_bad_softcap(softcap):
     q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
     with pytest.raises(ValueError, match="softcap must be None or a positive finite number"):
         block_sparse_attention(q, k, v, mask, softcap=softcap)
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", True, torch.ones(2)])
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", True, torch.ones(2),
+                                   torch.tensor(True), np.float64("nan")])
 def test_rejects_bad_scale(scale):  # a NaN scale gave an all-NaN output without a word
     q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
     with pytest.raises(ValueError, match="scale must be None .* or a finite number"):
@@ -177,6 +180,17 @@ def test_a_numpy_or_tensor_scale_is_a_number():
     ref = block_sparse_attention(q, k, v, mask, scale=0.3)
     for scale in (np.float32(0.3), torch.tensor(0.3)):
         torch.testing.assert_close(block_sparse_attention(q, k, v, mask, scale=scale), ref)
+
+
+def test_a_numpy_or_tensor_softcap_is_a_number():
+    # softcap took only int and float: np.float32(5.0) (a config read with NumPy) was refused
+    q, k, v, mask = make_case(0, 1, 2, 2, 16, 16, 16, (16, 16), torch.float32)
+    q = q * 4
+    ref = block_sparse_attention(q, k, v, mask, softcap=5.0)
+    assert (ref - block_sparse_attention(q, k, v, mask)).abs().max() > 0.1  # the cap matters
+    for softcap in (5, np.float32(5.0), np.int64(5), torch.tensor(5.0), torch.tensor([5.0])):
+        out = block_sparse_attention(q, k, v, mask, softcap=softcap)
+        torch.testing.assert_close(out, ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -305,6 +319,20 @@ def test_rejects_shape_mismatch(case):
         block_sparse_attention(q[0], k, v, mask)
     with pytest.raises(ValueError, match="multiple of k/v heads"):
         block_sparse_attention(torch.randn(1, 3, 32, 16), k, v, mask)
+
+
+def test_rejects_no_heads_or_head_dim(case):
+    # these divided by zero (`integer modulo by zero`, `0.0 cannot be raised to a negative power`)
+    _, _, _, mask = case
+    for shape in ((1, 0, 32, 16), (1, 2, 32, 0)):
+        q = torch.randn(shape)
+        with pytest.raises(ValueError, match=r"q must have at least one head and a head dim "
+                                             r"D > 0, got shape \(1, \d, 32, \d+\)"):
+            block_sparse_attention(q, q, q, mask)
+    kv = torch.randn(1, 0, 32, 16)
+    with pytest.raises(ValueError, match=r"k/v must have at least one head, got shape "
+                                         r"\(1, 0, 32, 16\)"):
+        block_sparse_attention(torch.randn(1, 2, 32, 16), kv, kv, mask)
 
 
 def test_rejects_mask_for_other_lengths(case):

@@ -153,6 +153,41 @@ def test_from_dense_rejects_wrong_block_count():
         BlockSparseMask.from_dense(torch.ones(1, 1, 2, 3), 16, 32, 48)
 
 
+def _causal_mod(b, h, q, k):
+    return q >= k
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda: causal_block_mask("32", 32), "q_len must be a positive int, got '32'"),
+    (lambda: causal_block_mask(32, 0), "kv_len must be a positive int, got 0"),
+    (lambda: BlockSparseMask.from_dense(torch.ones(1, 1, 2, 2, dtype=torch.bool), 16, "32", 32),
+     "q_len must be a positive int, got '32'"),
+    (lambda: BlockSparseMask.from_block_flags(
+        torch.ones(1, 1, 2, 2, dtype=torch.bool), torch.zeros(1, 1, 2, 2, dtype=torch.bool),
+        _causal_mod, 16, 32, 32.0), "kv_len must be a positive int, got 32.0"),
+    (lambda: tree_block_mask([-1, 0], 4.0), "prefix_len must be an int >= 0, got 4.0"),
+    (lambda: prefix_block_mask(3.5, 4), "prefix_len must be an int >= 0, got 3.5"),  # said q_len
+    (lambda: prefix_block_mask(3, 0), "block_len must be a positive int, got 0"),
+], ids=["causal-str", "causal-zero", "from_dense-str", "from_block_flags-float", "tree-float",
+        "prefix-float", "prefix-zero-block"])
+def test_builders_name_the_bad_length(build, match):
+    # a str length failed inside `<=` or `/`, a float prefix named q_len or failed in torch.ones
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_from_block_flags_wants_4d_bool_flags():
+    # 2-D flags failed to unpack into (b, h, m, n); int64 flags failed in an index_put
+    flags = torch.zeros(2, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"full must be \[B, H, Mq, Nk\], where q_len=32, "
+                                         r"kv_len=32 .* need \(Mq, Nk\) = \(2, 2\); got shape "
+                                         r"\(2, 2\)"):
+        BlockSparseMask.from_block_flags(flags, flags, _causal_mod, 16, 32, 32)
+    flags = torch.zeros(1, 1, 2, 2, dtype=torch.int64)
+    with pytest.raises(TypeError, match="partial must be a bool tensor .* got torch.int64"):
+        BlockSparseMask.from_block_flags(flags.bool(), flags, _causal_mod, 16, 32, 32)
+
+
 def test_from_block_flags_broadcasts_full_and_partial():
     # documented [B|1, H|1, ...] each: a batch-2 `full` with a shared `partial` crashed
     full = torch.zeros(2, 1, 2, 2, dtype=torch.bool)

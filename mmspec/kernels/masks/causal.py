@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..mask import BlockSparseMask, _pair
+from ..mask import BlockSparseMask, _length, _pair
 
 
 def causal_predicate(offset: int):
@@ -24,8 +24,7 @@ def causal_predicate(offset: int):
 def causal_block_mask(q_len: int, kv_len: int, block_size=128, device="cpu") -> BlockSparseMask:
     """Causal `BlockSparseMask` of shape `[1, 1, q_len, kv_len]` (broadcasts over batch and heads)."""
     bq, bk = _pair(block_size)
-    if q_len <= 0 or kv_len <= 0:
-        raise ValueError(f"q_len and kv_len must be positive, got {q_len} and {kv_len}")
+    q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
     offset = kv_len - q_len
     mq, nk = math.ceil(q_len / bq), math.ceil(kv_len / bk)
     q_first = torch.arange(mq, device=device) * bq  # first row of each query block

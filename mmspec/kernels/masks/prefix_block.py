@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..mask import BlockSparseMask, _pair
+from ..mask import BlockSparseMask, _length, _pair
 
 
 def prefix_block_predicate(prefix_len: int, prefix_causal: bool):
@@ -29,10 +29,8 @@ def prefix_block_mask(prefix_len: int, block_len: int, block_size=64, prefix_cau
                       device="cpu") -> BlockSparseMask:
     """`BlockSparseMask` `[1, 1, n, n]` with `n = prefix_len + block_len`."""
     bq, bk = _pair(block_size)
-    if prefix_len < 0 or block_len <= 0:
-        raise ValueError(
-            f"prefix_len must be >= 0 and block_len > 0, got {prefix_len} and {block_len}"
-        )
+    prefix_len = _length("prefix_len", prefix_len, minimum=0)
+    block_len = _length("block_len", block_len)
     n = prefix_len + block_len
     mq, nk = math.ceil(n / bq), math.ceil(n / bk)
     q_first = torch.arange(mq, device=device) * bq

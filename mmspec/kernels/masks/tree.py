@@ -11,7 +11,7 @@ A chain is the tree with `parents = [-1, 0, 1, ...]`.
 
 import torch
 
-from ..mask import BlockSparseMask, _pair
+from ..mask import BlockSparseMask, _length, _pair
 
 
 def _check_parents(parents: torch.Tensor) -> torch.Tensor:
@@ -50,8 +50,7 @@ def tree_depths(parents) -> torch.Tensor:
 def tree_block_mask(parents, prefix_len: int, block_size=16) -> BlockSparseMask:
     """`BlockSparseMask` `[1, 1, T, prefix_len + T]` for verifying a draft tree in one forward."""
     bq, bk = _pair(block_size)
-    if prefix_len < 0:
-        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    prefix_len = _length("prefix_len", prefix_len, minimum=0)
     anc = tree_ancestors(parents)
     t = anc.shape[0]
     kv_len = prefix_len + t
