@@ -6,6 +6,7 @@ the rest default to what ViSpec ships (`vispec.md` = `shared/reference/vispec.md
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -35,20 +36,37 @@ class ViSpecConfig:
     target: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("num_layers", "depth", "top_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.total_tokens < 2:
-            raise ValueError(f"total_tokens counts the root and at least one draft node, "
-                             f"got {self.total_tokens}")
+        for name, low in (("hidden_size", 1), ("num_heads", 1), ("head_dim", 1),
+                          ("intermediate_size", 1), ("vocab_size", 1), ("num_layers", 1),
+                          ("num_queries", 1), ("depth", 1), ("top_k", 1), ("total_tokens", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                why = " (the root and at least one draft node)" if name == "total_tokens" else ""
+                raise ValueError(f"ViSpecConfig.{name} must be an int >= {low}{why}, got "
+                                 f"{value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"ViSpecConfig.{name} must be a finite number > 0, got {value!r}")
+        for name in ("attention_bias", "text_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ViSpecConfig.{name} must be a bool, got "
+                                 f"{getattr(self, name)!r}")
         if not self.text_only and self.num_queries < 2:
-            raise ValueError(f"num_queries must be >= 2 (compressed tokens + 1 global vector), "
-                             f"got {self.num_queries}")
+            raise ValueError(f"ViSpecConfig.num_queries must be >= 2 (compressed tokens + 1 "
+                             f"global vector), got {self.num_queries}")
         if self.mrope_section is not None:
-            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+            section = self.mrope_section
+            if (not isinstance(section, (tuple, list))
+                    or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                               for n in section)):
+                raise ValueError(f"ViSpecConfig.mrope_section must be None or a sequence of "
+                                 f"ints >= 0, got {section!r}")
+            object.__setattr__(self, "mrope_section", tuple(section))
             if 2 * sum(self.mrope_section) != self.head_dim:
-                raise ValueError(f"mrope_section {self.mrope_section} must sum to head_dim/2 = "
-                                 f"{self.head_dim // 2}")
+                raise ValueError(f"ViSpecConfig.mrope_section {self.mrope_section} must sum to "
+                                 f"head_dim/2 = {self.head_dim // 2}")
 
     @property
     def draft_nodes(self) -> int:

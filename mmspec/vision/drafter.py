@@ -58,6 +58,12 @@ class ViSpecDrafter(nn.Module):
         super().__init__()
         self.config = config
         self.adapter = adapter_for(target)
+        axes, section = self.adapter.position_axes, config.mrope_section
+        if (section is not None) if axes == 1 else (section is None or len(section) != axes):
+            has, takes = (("one position axis", "no mrope_section (1-D RoPE)") if axes == 1 else
+                          (f"{axes} position axes (M-RoPE)", f"{axes} sections, one per axis"))
+            raise ValueError(f"mrope_section: a {type(target).__name__} target has {has}, so its "
+                             f"drafter takes {takes}, got {section!r}")
         self.head = DraftHead(config)
         self.adaptor = None if config.text_only else VisionAdaptor(config)
         # frozen, shared with the target (vispec.md §1.2); not saved with the drafter

@@ -101,6 +101,31 @@ class TrainConfig:
                              "are all 0: there would be nothing to train on")
 
 
+def check_samples(samples, name: str) -> None:
+    """ValueError naming `name` (and the sample) unless `samples` is a non-empty list of dicts
+    with `input_ids` an integer tensor `[1, L]` (one unpadded row) and only tensors besides."""
+    if not isinstance(samples, list) or not samples:
+        got = "an empty list" if isinstance(samples, list) else f"a {type(samples).__name__}"
+        raise ValueError(f"{name}: expected a non-empty list of samples (dicts with input_ids "
+                         f"[1, L]), got {got}")
+    for i, sample in enumerate(samples):
+        where = f"{name}[{i}]"
+        if not isinstance(sample, dict) or "input_ids" not in sample:
+            got = sorted(sample) if isinstance(sample, dict) else type(sample).__name__
+            raise ValueError(f"{where}: expected a dict with input_ids, got {got}")
+        ids = sample["input_ids"]
+        if (not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool
+                or ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] == 0):
+            got = (f"{ids.dtype} {list(ids.shape)}" if isinstance(ids, torch.Tensor)
+                   else type(ids).__name__)
+            raise ValueError(f"{where}: input_ids must be an integer tensor [1, L] (one row, "
+                             f"L >= 1), got {got}")
+        for key, value in sample.items():
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"{where}: {key} must be a tensor (a processor output), got "
+                                 f"{type(value).__name__}")
+
+
 def _extend_extras(extras: dict, length: int) -> dict:
     """Processor outputs for a longer sequence: per-token types get zeros (text) appended."""
     out = dict(extras)
@@ -150,10 +175,10 @@ def _key(index: int, sample: dict, max_new_tokens: int, target: str) -> str:
 
 
 class AnswerCache:
-    """The answer cache file, `{_key: long [A]}` (answers of every target it served). New answers are saved every `save_every_s`
-    seconds (and by `save`) through `save_atomic`, so an interrupted run keeps the answers made so
-    far and a rerun makes only the missing ones (as `mmspec.zoo.distill.target_continuations`).
-    With `path` None it is a plain dict in memory."""
+    """The answer cache file, `{_key: long [A]}`, the answers of every target it served. New
+    answers are saved every `save_every_s` seconds (and by `save`) through `save_atomic`, so an
+    interrupted run keeps the answers made so far and a rerun makes only the missing ones (as
+    `mmspec.zoo.distill.target_continuations`). With `path` None it is a plain dict in memory."""
 
     def __init__(self, path: Path | None, save_every_s: float = 120.0, also=()):
         self.path = Path(path) if path is not None else None
@@ -335,6 +360,9 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     the batch. Process 0 writes the checkpoints and the drafter; the held-out tau is shared out."""
     import torch.distributed as dist
 
+    check_samples(samples, "samples")
+    if held_out:
+        check_samples(held_out, "held_out")
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     rank = dist.get_rank() if world > 1 else 0
     out_dir = Path(out_dir) if out_dir is not None else None
@@ -465,6 +493,16 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
     if not (ckpt / "trainer.pt").is_file():
         return 0
     loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
+    saved, now = dataclasses.asdict(loaded.config), dataclasses.asdict(drafter.config)
+    def shown(k, value):
+        return f"{k}={value!r}" + (" (--text-only)" if k == "text_only" and value else "")
+
+    differ = [f"{shown(k, saved[k])}, this run's {shown(k, now[k])}" for k in saved
+              if k not in ("target", "depth", "top_k", "total_tokens")  # tree: not in the weights
+              and saved[k] != now[k]]
+    if differ:
+        raise ValueError(f"resume: the checkpoint in {ckpt} holds a drafter with "
+                         f"{'; '.join(differ)}: resume it with the settings it was started with")
     drafter.load_state_dict(loaded.state_dict())
     state = torch.load(ckpt / "trainer.pt", weights_only=True)
     opt.load_state_dict(state["optimizer"])
@@ -479,11 +517,24 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
     from PIL import Image
 
     samples = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        where = f"--data {path} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err})") from None
+        if not isinstance(row, dict) or not {"image", "prompt"} <= set(row):
+            got = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f'{where}: expected {{"image": path or [paths], "prompt": text}}, '
+                             f"got {got}")
         paths = row["image"] if isinstance(row["image"], list) else [row["image"]]
+        if not paths or not all(isinstance(p, str) for p in paths):
+            raise ValueError(f'{where}: "image" must be a path or a non-empty list of paths, '
+                             f"got {row['image']!r}")
+        if not isinstance(row["prompt"], str):
+            raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
         images = [Image.open(p).convert("RGB") for p in paths]
         text = f"{row['prompt']} {suffix}".strip()
         conv = [{"role": "user", "content": [{"type": "image"} for _ in images]
@@ -491,15 +542,42 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
         prompt = processor.apply_chat_template(conv, add_generation_prompt=True)
         inputs = processor(text=prompt, images=images, return_tensors="pt")
         samples.append({k: v for k, v in inputs.items() if k != "attention_mask"})
+    if not samples:
+        raise ValueError(f"--data {path}: no samples, the file has no non-empty line")
     return samples
 
 
-def load_samples(path: Path, target_path: str, suffix: str) -> list:
-    if path.suffix == ".pt":
-        return torch.load(path, weights_only=True)
-    from transformers import AutoProcessor
+def start_from_saved(path, target, text_only: bool) -> ViSpecDrafter:
+    """The drafter `--drafter PATH` trains: the saved one as it is, or, a text-only drafter
+    (ViSpec's stage 1) in a ViSpec run, a ViSpec drafter with its head and new `img_fc`
+    (`[I | 0]`: it drafts as the text drafter did until it learns to use the images) and adaptor;
+    the new weights are printed."""
+    saved = ViSpecDrafter.from_pretrained(path, target, dtype=torch.float32)
+    if saved.config.text_only == text_only:
+        return saved
+    if text_only:
+        raise ValueError(f"--text-only: the --drafter in {path} is a ViSpec drafter (with a "
+                         "vision adaptor); a text-only run starts from a text-only one or none")
+    kept = {k: v for k, v in dataclasses.asdict(saved.config).items()
+            if k not in ("text_only", "target")}
+    drafter = ViSpecDrafter.from_target(target, **kept).float()
+    new = drafter.load_state_dict(saved.state_dict(), strict=False).missing_keys
+    print(f"--drafter {path}: a text-only drafter, its head loaded into a ViSpec drafter; new: "
+          f"{', '.join(new)}")
+    return drafter
 
-    return _load_jsonl(path, AutoProcessor.from_pretrained(target_path), suffix)
+
+def load_samples(path: Path, target_path: str, suffix: str) -> list:
+    """The samples of `--data`: a `.pt` list as saved, or a `.jsonl` through the target's
+    processor; ValueError naming the file (and line or sample) when they are not samples."""
+    if path.suffix == ".pt":
+        samples = torch.load(path, weights_only=True)
+    else:
+        from transformers import AutoProcessor
+
+        samples = _load_jsonl(path, AutoProcessor.from_pretrained(target_path), suffix)
+    check_samples(samples, f"--data {path}")
+    return samples
 
 
 def main(argv=None) -> None:
@@ -508,7 +586,9 @@ def main(argv=None) -> None:
     p.add_argument("--target", required=True, help="path or hub id of the target VLM")
     p.add_argument("--data", required=True, type=Path, help=".jsonl (image, prompt) or .pt samples")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--drafter", help="start from this saved drafter (e.g. a stage-1 one)")
+    p.add_argument("--drafter", help="start from this saved drafter: a ViSpec one as saved; a "
+                   "text-only one (stage 1) keeps its head and gets a new adaptor, or stays "
+                   "text-only with --text-only")
     p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
     p.add_argument("--suffix", default=LONG_ANSWER, help="appended to every jsonl prompt")
@@ -547,12 +627,10 @@ def main(argv=None) -> None:
                for s in load_samples(args.data, args.target, args.suffix)]
     n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0
     held, train_set = samples[:n_held], samples[n_held:]
+    torch.manual_seed(cfg.seed)  # the initial weights: all, or those a --drafter lacks
     if args.drafter:
-        if args.text_only:
-            raise SystemExit("--text-only: a --drafter keeps the variant it was saved as")
-        drafter = ViSpecDrafter.from_pretrained(args.drafter, target, dtype=torch.float32)
+        drafter = start_from_saved(args.drafter, target, args.text_only)
     else:
-        torch.manual_seed(cfg.seed)
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
     drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
     train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out, resume=args.resume)

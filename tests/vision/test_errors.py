@@ -73,14 +73,39 @@ def test_missing_checkpoint(tmp_path, llava):
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("depth", 0, "depth must be >= 1"),
-    ("total_tokens", 1, "total_tokens counts the root"),
-    ("num_queries", 1, "num_queries must be >= 2"),
-    ("mrope_section", (2, 2, 2), "mrope_section"),
+    ("depth", 0, r"ViSpecConfig.depth must be an int >= 1, got 0"),
+    ("total_tokens", 1, r"total_tokens must be an int >= 2 \(the root and at least one"),
+    ("num_queries", 1, r"ViSpecConfig.num_queries must be >= 2 .*, got 1"),
+    ("mrope_section", (2, 2, 2), r"mrope_section \(2, 2, 2\) must sum to head_dim/2 = 8"),
+    # floats, strings and bools where an int is expected: range(top_k) and friends failed later
+    ("depth", 2.0, r"ViSpecConfig.depth must be an int >= 1, got 2.0"),
+    ("top_k", "8", r"ViSpecConfig.top_k must be an int >= 1, got '8'"),
+    ("num_layers", True, r"ViSpecConfig.num_layers must be an int >= 1, got True"),
+    ("total_tokens", 30.5, r"ViSpecConfig.total_tokens must be an int >= 2 .*, got 30.5"),
+    ("intermediate_size", None, r"ViSpecConfig.intermediate_size must be an int >= 1, got None"),
+    ("rope_theta", "1e4", r"ViSpecConfig.rope_theta must be a finite number > 0, got '1e4'"),
+    ("text_only", "no", r"ViSpecConfig.text_only must be a bool, got 'no'"),
+    ("mrope_section", (4, 4.0), r"mrope_section must be None or a sequence of ints >= 0"),
 ])
 def test_config_errors(llava, field, value, match):
     with pytest.raises(ValueError, match=match):
         ViSpecDrafter.from_target(llava, **{field: value})
+
+
+def test_mrope_section_must_fit_the_targets_position_axes(llava):
+    # LLaVA with an 8-sum section passed the config check and drafted with M-RoPE on 1-D positions
+    with pytest.raises(ValueError, match=r"mrope_section: a LlavaForConditionalGeneration target "
+                                         r"has one position axis, so its drafter takes no "
+                                         r"mrope_section \(1-D RoPE\), got \(2, 3, 3\)"):
+        ViSpecDrafter.from_target(llava, mrope_section=(2, 3, 3))
+    qwen = tiny_qwen2_5_vl()
+    for section in (None, (8,)):
+        with pytest.raises(ValueError, match=r"Qwen2_5_VLForConditionalGeneration target has 3 "
+                                             r"position axes \(M-RoPE\), so its drafter takes "
+                                             r"3 sections, one per axis"):
+            ViSpecDrafter.from_target(qwen, mrope_section=section)
+    assert ViSpecDrafter.from_target(qwen, mrope_section=[4, 2, 2]).config.mrope_section == \
+        (4, 2, 2)
 
 
 def test_unknown_config_field(llava):

@@ -1,6 +1,7 @@
 """Training: a few steps lower the loss, checkpoints resume exactly, the command line runs."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,20 @@ def test_a_step_without_images_steps_the_adaptor_as_several_processes_do(tmp_pat
     assert steps == [2] * len(list(drafter.parameters()))
     after = drafter.adaptor.state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in ("queries", "k_proj.weight"))
+
+
+@pytest.mark.parametrize("first_text_only", [True, False])
+def test_resume_refuses_the_other_variant(tmp_path, llava, samples, first_text_only):
+    # the checkpoint's weights went into the other variant: a missing/unexpected keys traceback
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 1})
+    train(_fresh(llava, first_text_only), llava, samples, cfg, out_dir=tmp_path)
+    flag = " (--text-only)" if first_text_only else ""
+    with pytest.raises(ValueError, match=rf"resume: the checkpoint in .*checkpoint holds a "
+                                         rf"drafter with text_only={first_text_only}"
+                                         rf"{re.escape(flag)}, this run's "
+                                         rf"text_only={not first_text_only}"):
+        train(_fresh(llava, not first_text_only), llava, samples, cfg, out_dir=tmp_path,
+              resume=True)
 
 
 def test_command_line(tmp_path, llava, samples, capsys):
@@ -297,7 +312,7 @@ def main_train(monkeypatch):
     seen = {}
 
     def record(drafter, target, train_set, cfg, held_out, out_dir, resume):
-        seen.update(train=len(train_set), held=len(held_out), cfg=cfg)
+        seen.update(train=len(train_set), held=len(held_out), cfg=cfg, drafter=drafter)
 
     monkeypatch.setattr(train_mod, "train", record)
     return seen
@@ -330,6 +345,28 @@ def test_command_line_warm_up_never_outlasts_the_run(cli_files, main_train, caps
     assert "--warmup-steps must be at most --steps (10)" in capsys.readouterr().err
 
 
+def test_command_line_grows_a_text_only_drafter_into_a_vispec_one(cli_files, main_train,
+                                                                  llava, tmp_path, capsys):
+    # --drafter kept the saved variant: a stage-1 text-only drafter never got its adaptor
+    stage1 = _fresh(llava, text_only=True)
+    with torch.no_grad():
+        stage1.head.fc.weight.mul_(2)  # not what a fresh drafter starts from
+    stage1.save_pretrained(tmp_path / "stage1")
+    main([*cli_files, "--drafter", str(tmp_path / "stage1")])
+    grown = main_train["drafter"]
+    assert not grown.config.text_only and grown.adaptor is not None
+    saved = stage1.state_dict()
+    assert all(torch.equal(grown.state_dict()[k], v) for k, v in saved.items())
+    d = grown.config.hidden_size  # img_fc = [I | 0]: it drafts as the text drafter did
+    assert torch.equal(grown.head.img_fc.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1))
+    assert "new: head.img_fc.weight, head.img_fc.bias, adaptor.queries" in capsys.readouterr().out
+    main([*cli_files, "--drafter", str(tmp_path / "stage1"), "--text-only"])
+    assert main_train["drafter"].config.text_only
+    _fresh(llava).save_pretrained(tmp_path / "vispec")
+    with pytest.raises(ValueError, match=r"--text-only: the --drafter in .*vispec is a ViSpec"):
+        main([*cli_files, "--drafter", str(tmp_path / "vispec"), "--text-only"])
+
+
 @pytest.mark.parametrize("changes,message", [
     ({"steps": 0}, r"TrainConfig.steps must be an int >= 1, got 0"),
     ({"eval_every": -1}, r"TrainConfig.eval_every must be an int >= 0 \(0: never\), got -1"),
@@ -353,3 +390,58 @@ def test_the_cli_names_the_flag_of_a_bad_config_value(capsys, tmp_path):
         main(["--target", "t", "--data", str(tmp_path / "d.pt"), "--out", str(tmp_path / "o"),
               "--lr", "-1"])
     assert "--lr must be a finite number > 0, got -1.0" in capsys.readouterr().err
+
+
+GOOD_IDS = torch.tensor([[1, 5, 6]])
+
+
+@pytest.mark.parametrize("data, message", [
+    ([], r"expected a non-empty list of samples \(dicts with input_ids \[1, L\]\), got an empty "
+         r"list"),
+    ({"input_ids": GOOD_IDS}, r"expected a non-empty list of samples .*, got a dict"),
+    ([{"input_ids": GOOD_IDS}, {"pixel_values": torch.zeros(1, 3, 32, 32)}],
+     r"\[1\]: expected a dict with input_ids, got \['pixel_values'\]"),
+    ([GOOD_IDS], r"\[0\]: expected a dict with input_ids, got Tensor"),
+    ([{"input_ids": torch.ones(2, 5, dtype=torch.long)}],
+     r"\[0\]: input_ids must be an integer tensor \[1, L\] \(one row, L >= 1\), got "
+     r"torch.int64 \[2, 5\]"),
+    ([{"input_ids": torch.ones(5, dtype=torch.long)}], r"got torch.int64 \[5\]"),
+    ([{"input_ids": torch.ones(1, 0, dtype=torch.long)}], r"got torch.int64 \[1, 0\]"),
+    ([{"input_ids": torch.ones(1, 5)}], r"got torch.float32 \[1, 5\]"),
+    ([{"input_ids": [[1, 5, 6]]}], r"input_ids must be an integer tensor \[1, L\].*, got list"),
+    ([{"input_ids": GOOD_IDS, "image_sizes": [[32, 32]]}],
+     r"\[0\]: image_sizes must be a tensor \(a processor output\), got list"),
+])
+def test_load_samples_names_what_is_not_a_sample(tmp_path, data, message):
+    # a [2, L] or 1-D input_ids, a list for a tensor failed later, deep in generate or the loss
+    torch.save(data, tmp_path / "samples.pt")
+    with pytest.raises(ValueError, match=rf"--data {re.escape(str(tmp_path))}/samples.pt"):
+        train_mod.load_samples(tmp_path / "samples.pt", "unused", "")
+    with pytest.raises(ValueError, match=message):
+        train_mod.load_samples(tmp_path / "samples.pt", "unused", "")
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["", "  "], r"data.jsonl: no samples, the file has no non-empty line"),
+    (["", '{"image": "a.png"}'],
+     r'data.jsonl line 2: expected \{"image": path or \[paths\], "prompt": text\}, got '
+     r"\['image'\]"),
+    (['["a.png", "hi"]'], r"line 1: expected .*, got list"),
+    (['{"image": [], "prompt": "hi"}'],
+     r'line 1: "image" must be a path or a non-empty list of paths, got \[\]'),
+    (['{"image": 3, "prompt": "hi"}'], r'line 1: "image" must be a path .*, got 3'),
+    (['{"image": "a.png", "prompt": null}'], r'line 1: "prompt" must be text, got None'),
+    (["{'image': 'a.png'}"], r"line 1: not JSON \(Expecting property name"),
+])
+def test_load_samples_names_the_bad_jsonl_line(tmp_path, lines, message):
+    (tmp_path / "data.jsonl").write_text("\n".join(lines))
+    with pytest.raises(ValueError, match=message):
+        train_mod._load_jsonl(tmp_path / "data.jsonl", None, "")  # before any processor call
+
+
+def test_train_refuses_what_is_not_a_sample(llava):
+    with pytest.raises(ValueError, match=r"^samples\[0\]: input_ids must be an integer"):
+        train(_fresh(llava), llava, [{"input_ids": torch.tensor([1, 5, 6])}], CFG)
+    with pytest.raises(ValueError, match=r"^held_out: expected a non-empty list .*got a dict"):
+        train(_fresh(llava), llava, [{"input_ids": GOOD_IDS}], CFG,
+              held_out={"input_ids": GOOD_IDS})
