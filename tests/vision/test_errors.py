@@ -93,7 +93,8 @@ def test_config_errors(llava, field, value, match):
 
 
 def test_mrope_section_must_fit_the_targets_position_axes(llava):
-    # LLaVA with an 8-sum section passed the config check and drafted with M-RoPE on 1-D positions
+    # LLaVA with an 8-sum section passed the config check, then generate failed in rope_cos_sin
+    # ("index 1 is out of bounds for dimension 0 with size 1"); Qwen without one drafted 1-D
     with pytest.raises(ValueError, match=r"mrope_section: a LlavaForConditionalGeneration target "
                                          r"has one position axis, so its drafter takes no "
                                          r"mrope_section \(1-D RoPE\), got \(2, 3, 3\)"):
