@@ -1,4 +1,5 @@
-"""Token streams of the corpus splits, cached under `out/`, and the windows drawn from them.
+"""Token streams of the corpus splits, cached (the trainers: under `--out`), and the windows drawn
+from them.
 
 Each split is one stream: every file's tokens followed by EOS. Training draws random windows with a
 generator seeded per step (so a resumed run sees the same batches); evaluation uses fixed windows
@@ -20,8 +21,9 @@ CACHE_DIR = OUT_DIR / "data"
 
 
 def token_stream(tokenizer, split: str, cache_dir: Path = CACHE_DIR) -> torch.Tensor:
-    """long `[N]`: the split's files tokenized and joined with EOS. Cached by tokenizer content
-    and by the texts themselves (the corpus is this Python's stdlib, which differs by version)."""
+    """long `[N]`: the split's files tokenized and joined with EOS. Cached in `cache_dir` by
+    tokenizer content and by the texts themselves (the corpus is this Python's stdlib, which
+    differs by version)."""
     texts = read_texts(split)
     digest = hashlib.sha1(tokenizer.backend_tokenizer.to_str().encode())
     for text in texts:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mmspec.zoo.registry import ZOO_DLM_K, load
-from mmspec.zoo.vlm_processor import vlm_inputs
+from mmspec.zoo.vlm_processor import open_image, vlm_inputs
 
 
 @dataclass
@@ -37,17 +37,14 @@ class Preset:
 
 
 def vlm_preset(image: str | Path | None = None, prompt: str | None = None) -> Preset:
-    """The zoo VLM on `image` (default: its held-out sample scene) with question `prompt`."""
-    from PIL import Image
-
+    """The zoo VLM on image file `image` (default: its held-out sample scene) with question
+    `prompt`; a missing or unreadable file is a FileNotFoundError or ValueError naming it."""
     zoo_target = load("vlm-target")
     target, processor = zoo_target.model, zoo_target.tokenizer
     image_path = Path(image) if image is not None else zoo_target.path / "sample.png"
-    if not image_path.is_file():
-        raise FileNotFoundError(f"image {str(image_path)!r} does not exist")
     prompt = prompt if prompt is not None else zoo_target.card.get("sample_prompt",
                                                                     "Describe the image.")
-    inputs = vlm_inputs(processor, Image.open(image_path), prompt)
+    inputs = vlm_inputs(processor, open_image(image_path), prompt)
 
     def vispec(name):
         return lambda: load(name, target=target).model

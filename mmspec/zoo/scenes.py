@@ -16,6 +16,7 @@ vision-aware drafter (ViSpec) earns its longer accepted drafts.
 
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import dataclass
 
@@ -64,6 +65,13 @@ class Scene:
 
 
 def make_scene(seed: int) -> Scene:
+    # random.Random also takes None (a fresh seed each call), strings and floats, and seeds -s as s
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed: expected an int (the scene is a pure function of it), got "
+                        f"{type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed}")
+    seed = int(seed)  # a numpy int too
     rng = random.Random(seed)
     background = rng.choice(list(BACKGROUNDS))
     n = rng.choice((1, 2, 2, 3, 3, 4))

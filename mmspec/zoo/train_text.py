@@ -111,6 +111,15 @@ def refuse_other_run(ckpt: dict, run: dict, ckpt_path: Path, fix: str = "") -> N
                          f"pass another --out")
 
 
+def refuse_past_steps(done: int, steps: int, ckpt_path: Path) -> None:
+    """ValueError when checkpoint `ckpt_path`, already at step `done`, is past this run's
+    `--steps`: the end would save it as `steps` and ship it so."""
+    if done > steps:
+        raise ValueError(f"--steps {steps}: {ckpt_path} is already at step {done}; resuming it "
+                         f"would label weights trained {done} steps as {steps}; pass --steps "
+                         f"{done} or more, or delete it or pass another --out")
+
+
 def training_loss(spec: TextModelSpec, model, tokens, mask_token_id: int, generator):
     if spec.objective == "causal":
         return causal_lm_loss(model, tokens)
@@ -207,7 +216,7 @@ def cmd_tokenizer(args) -> None:
 
 
 def _tokenizer_card(out_dir: Path, tok, t0: float, args) -> None:
-    held = token_stream(tok, "heldout")
+    held = token_stream(tok, "heldout", Path(args.out) / "data")
     held_bytes = sum(len(t.encode()) for t in read_texts("heldout"))
     write_card(out_dir, {
         "name": "text-tokenizer",
@@ -248,12 +257,14 @@ def cmd_train(args) -> None:
     torch.manual_seed(args.seed)
     tok = load_tokenizer(tokenizer_dir(Path(args.assets)))
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
-    train = token_stream(tok, "train")
-    held = eval_windows(token_stream(tok, "heldout"), spec.seq_len, EVAL_WINDOWS)
+    streams = Path(args.out) / "data"  # the token streams' cache, beside the checkpoints
+    train = token_stream(tok, "train", streams)
+    held = eval_windows(token_stream(tok, "heldout", streams), spec.seq_len, EVAL_WINDOWS)
     distill = held_continuations = None
     if args.distill:
         distill = distill_data(args, tok, train, "train")
-        held_continuations = distill_data(args, tok, token_stream(tok, "heldout"), "heldout")
+        held_continuations = distill_data(args, tok, token_stream(tok, "heldout", streams),
+                                          "heldout")
 
     model = build_model(spec, tok, Path(args.assets))
     if args.init_from:
@@ -269,11 +280,7 @@ def cmd_train(args) -> None:
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=True)
         refuse_other_run(ckpt, run, ckpt_path)
-        if ckpt["step"] > spec.steps:  # the end would save it as spec.steps and ship it so
-            raise ValueError(f"--steps {spec.steps}: {ckpt_path} is already at step "
-                             f"{ckpt['step']}; resuming it would label weights trained "
-                             f"{ckpt['step']} steps as {spec.steps}; pass --steps "
-                             f"{ckpt['step']} or more, or delete it or pass another --out")
+        refuse_past_steps(ckpt["step"], spec.steps, ckpt_path)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]

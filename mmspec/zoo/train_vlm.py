@@ -9,9 +9,12 @@ text-only ablation.
 
 Seeded and resumable: the state goes to `out/zoo/<name>/` every `--save-every-s` seconds (the
 drafters: every 100 steps, by `mmspec.vision.train`) and `--resume` continues from there (batches
-are drawn from a generator seeded by the step). At the end the weights are written as fp16
-safetensors to `assets/zoo/<name>/` with a card whose held-out figures are measured on the shipped
-fp16 weights.
+are drawn from a generator seeded by the step) if it was saved with the same `--seed` and no more
+than `--steps` steps. At the end the weights are written as fp16 safetensors to
+`assets/zoo/<name>/` (`--zoo DIR`: `DIR/<name>/`) with a card whose held-out figures are measured
+on the shipped fp16 weights; the entry is staged beside its folder and swapped in whole once the
+card is written (`train_text.staged_export`). The processor goes to, and is read from,
+`DIR/vlm-processor/` (the shipped one when DIR has none).
 
 The drafters are trained by `mmspec.vision.train.train` on the target's own greedy answers. Those
 answers are precomputed here in batches of prompts of equal length (no padding) into the answer
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import os
 import platform
@@ -35,15 +39,17 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
-from mmspec.atomic import save_atomic
+from mmspec.atomic import save_atomic, write_text_atomic
 from mmspec.decoding.generate import _eos_ids
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
     AnswerCache,
     TrainConfig,
+    _checkpoint_dirs,
     _key,
     held_out_tau,
     refuse_to_overwrite,
+    target_fingerprint,
     train,
 )
 from mmspec.zoo.cards import write_card
@@ -61,6 +67,7 @@ from mmspec.zoo.scenes import (
     question_answer,
     render_scene,
 )
+from mmspec.zoo.train_text import refuse_other_run, refuse_past_steps, staged_export
 from mmspec.zoo.vlm_data import (
     answer_loss,
     heldout_seeds,
@@ -96,13 +103,44 @@ def _machine(args) -> dict:
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)"}
 
 
+def processor_dir(zoo: Path) -> Path:
+    """The processor of a zoo folder: its own `vlm-processor` if it has one (written by
+    `train_vlm tokenizer --zoo DIR`), else the shipped one."""
+    own = Path(zoo) / "vlm-processor"
+    return own if (own / "tokenizer.json").is_file() else PROCESSOR_DIR
+
+
+def refuse_other_vocab(state: dict, tokenizer, what: str) -> None:
+    """ValueError when the token embedding in `state` (the weights of `what`) has another number
+    of rows than `tokenizer` has tokens: trained with another processor, its ids mean other
+    tokens."""
+    rows = next(v.shape[0] for k, v in state.items() if k.endswith("embed_tokens.weight"))
+    if rows != len(tokenizer):
+        raise ValueError(f"--processor {tokenizer.name_or_path}: a vocabulary of "
+                         f"{len(tokenizer)} tokens, but {what} embeds {rows}; pass the processor "
+                         f"it was trained with (--processor, or a --zoo DIR holding it)")
+
+
 def cmd_tokenizer(args) -> None:
     t0 = time.time()
     processor = train_processor(corpus(TOKENIZER_SEEDS))
-    PROCESSOR_DIR.mkdir(parents=True, exist_ok=True)
-    processor.save_pretrained(str(PROCESSOR_DIR))
     tok = processor.tokenizer
-    write_card(PROCESSOR_DIR, {
+    out_dir = Path(args.zoo) / "vlm-processor"
+    if (out_dir / "tokenizer.json").is_file():
+        old = load_processor(out_dir).tokenizer
+        if old.get_vocab() != tok.get_vocab():
+            raise SystemExit(
+                f"{out_dir} holds another processor ({len(old)} tokens; these scenes give "
+                f"{len(tok)}, other merges): the VLM entries trained on it would no longer match "
+                f"it. Write this one elsewhere with --zoo DIR, or delete {out_dir} first")
+    with staged_export(out_dir) as stage:  # a kill mid-write leaves the previous processor
+        processor.save_pretrained(str(stage))
+        _processor_card(stage, tok, t0, args)
+    print(f"processor: {len(tok)} tokens -> {out_dir}")
+
+
+def _processor_card(out_dir: Path, tok, t0: float, args) -> None:
+    write_card(out_dir, {
         "name": "vlm-processor",
         "summary": "LlavaProcessor of the VLM zoo: byte-level BPE on the scene texts, <image>, "
                    "LLaVA-1.5 chat template, 64x64 CLIP image processor.",
@@ -114,7 +152,6 @@ def cmd_tokenizer(args) -> None:
         "wall_time_s": round(time.time() - t0, 3),
         "command": _command(args.argv),
     })
-    print(f"processor: {len(tok)} tokens -> {PROCESSOR_DIR}")
 
 
 # --- target and assistant ---
@@ -124,7 +161,7 @@ def build_model(spec: VLMSpec, tokenizer):
         return LlamaForCausalLM(spec.text_config(tokenizer))
     config = spec.llava_config(tokenizer)
     if spec.init_from:
-        model = committed_model(spec.init_from, config)
+        model = committed_model(spec.init_from, config, tokenizer)
     else:
         model = LlavaForConditionalGeneration(config)
     with torch.no_grad():  # bring the projected image features into the text-embedding range
@@ -133,12 +170,16 @@ def build_model(spec: VLMSpec, tokenizer):
     return model
 
 
-def committed_model(ref: str, config):
+def committed_model(ref: str, config, tokenizer):
     """`<git rev>:<entry dir>`'s weights in fp32 (read with `git show`, so a fine-tune starts from
-    the same weights after the entry has been overwritten)."""
+    the same weights after the entry has been overwritten); refused if they embed another
+    vocabulary than `tokenizer`'s."""
     import tempfile
 
+    from safetensors.torch import load
+
     blob = git_show(ref, "model.safetensors")
+    refuse_other_vocab(load(blob), tokenizer, f"init_from {ref}")
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         (Path(tmp) / "model.safetensors").write_bytes(blob)
@@ -298,16 +339,22 @@ def cmd_train(args) -> None:
         spec = VLMSpec(**{**spec.__dict__, "steps": args.steps})
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    processor = load_processor(args.processor)
+    processor = load_processor(args.processor or processor_dir(args.zoo))
     processor.patch_size = spec.patch_size  # <image> expands to this spec's number of patches
     with_images = spec.vision_layers > 0
-    model = build_model(spec, processor.tokenizer)
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
     if ckpt_path.exists() and not args.resume:  # as train_video: never overwrite a run's state
         raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
+    run = {"seed": args.seed}  # what a resumed checkpoint must share (--steps may grow)
+    ckpt = torch.load(ckpt_path, weights_only=True) if args.resume and ckpt_path.exists() else None
+    if ckpt is not None:  # refused before anything is built or trained
+        refuse_other_run(ckpt, run, ckpt_path, "resume with its settings, ")
+        refuse_past_steps(ckpt["step"], spec.steps, ckpt_path)
+        refuse_other_vocab(ckpt["model"], processor.tokenizer, str(ckpt_path))
+    model = build_model(spec, processor.tokenizer)
     start, elapsed, losses = 0, 0.0, []
     vision_pretrain = {}
-    if spec.vision_pretrain_steps and not (args.resume and ckpt_path.exists()):
+    if spec.vision_pretrain_steps and ckpt is None:
         t_vision = time.time()
         vision_pretrain = pretrain_vision(model, spec, processor, ckpt_path.parent, args.resume,
                                           args.save_every_s)
@@ -322,8 +369,7 @@ def cmd_train(args) -> None:
         {"params": [p for n, p in named if p.ndim < 2 and _is_vision(n) == vision],
          "weight_decay": 0.0, "lr_mult": spec.vision_lr_mult if vision else 1.0}
         for vision in (False, True)], lr=spec.lr, betas=(0.9, 0.95))
-    if args.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=True)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
@@ -335,7 +381,7 @@ def cmd_train(args) -> None:
     def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
         save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                      "elapsed": elapsed + time.time() - t0, "losses": losses,
-                     "vision_pretrain": vision_pretrain}, ckpt_path)
+                     "vision_pretrain": vision_pretrain, "run": run}, ckpt_path)
 
     aux = None
     if spec.image_word_loss:  # the projector's output is caught in the forward, not recomputed
@@ -376,20 +422,32 @@ def cmd_train(args) -> None:
 def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_params,
                  vision_pretrain=None) -> None:
     out_dir = Path(args.zoo) / spec.name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(str(out_dir))
-    processor.save_pretrained(str(out_dir))
-    cls = type(model)
-    shipped = cls.from_pretrained(str(out_dir), dtype=torch.float32)
+    with staged_export(out_dir) as stage:  # a kill mid-export leaves the previous entry
+        model.to(torch.float16).save_pretrained(str(stage))
+        processor.save_pretrained(str(stage))
+        cls = type(model)
+        shipped = cls.from_pretrained(str(stage), dtype=torch.float32)
+        with_images = spec.vision_layers > 0
+        results = {"heldout_loss": round(heldout_loss(shipped, processor, with_images,
+                                                      HELDOUT_SCENES), 4)}
+        if with_images:
+            results["heldout_colour_accuracy"] = colour_accuracy(shipped, processor,
+                                                                 COLOUR_SCENES)
+            results["heldout_one_shape_colour_accuracy"] = round(colour_accuracy(
+                shipped, processor, 0, one_shape_seeds(ONE_SHAPE_SCENES)), 4)
+        size_mb = (stage / "model.safetensors").stat().st_size / 1e6
+        card = _model_card(spec, cls, processor, losses, elapsed, args, n_params, results,
+                           size_mb, vision_pretrain)
+        if with_images:
+            render_scene(make_scene(card["sample_seed"])).save(stage / "sample.png")
+        write_card(stage, card)
+    print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+
+
+def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, results,
+                size_mb, vision_pretrain) -> dict:
     with_images = spec.vision_layers > 0
-    results = {"heldout_loss": round(heldout_loss(shipped, processor, with_images,
-                                                  HELDOUT_SCENES), 4)}
-    if with_images:
-        results["heldout_colour_accuracy"] = colour_accuracy(shipped, processor, COLOUR_SCENES)
-        results["heldout_one_shape_colour_accuracy"] = round(colour_accuracy(
-            shipped, processor, 0, one_shape_seeds(ONE_SHAPE_SCENES)), 4)
     tail = losses[-50:]
-    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     card = {
         "name": spec.name,
         "summary": ("Tiny LLaVA-1.5 (CLIP vision tower, GELU projector, Llama) trained on "
@@ -432,13 +490,10 @@ def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_param
             **vision_pretrain, "slice": "heldout_seeds(128), every patch; shape_patch_kind on "
                                         "patches showing a shape; the heads are not shipped"}
     if with_images:
-        sample_seed = HELDOUT_START + 7
-        render_scene(make_scene(sample_seed)).save(out_dir / "sample.png")
         card["sample_image"] = "sample.png"
-        card["sample_seed"] = sample_seed
+        card["sample_seed"] = HELDOUT_START + 7
         card["sample_prompt"] = "Describe the image."
-    write_card(out_dir, card)
-    print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
+    return card
 
 
 # --- drafters ---
@@ -462,7 +517,8 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
     EOS, any of them when the generation config lists several). Saved every `save_every_s`
     seconds as `target_answers` does: a rerun makes only the missing answers."""
     cache = AnswerCache(cache_path, save_every_s)
-    keys = [_key(i, s, max_new_tokens) for i, s in enumerate(samples)]  # hashes every tensor
+    fingerprint = target_fingerprint(target)  # the keys `target_answers` reads them under
+    keys = [_key(i, s, max_new_tokens, fingerprint) for i, s in enumerate(samples)]
     groups: dict = {}
     for i, s in enumerate(samples):
         if keys[i] not in cache:
@@ -490,6 +546,22 @@ def answers_cache_path(out: Path, spec: DrafterSpec, target_dir: Path) -> Path:
     return out / f"vlm-drafter-answers-{spec.samples}x{spec.answer_tokens}-{digest}.pt"
 
 
+def refuse_other_drafter_run(out_dir: Path, run: dict, steps: int) -> None:
+    """As `cmd_train` refuses a checkpoint of another --seed or past --steps, for the
+    `mmspec.vision.train` checkpoint in `out_dir` (its run is recorded beside it in run.json; a
+    checkpoint from before that was recorded passes)."""
+    record = out_dir / "run.json"
+    if record.is_file():
+        refuse_other_run({"run": json.loads(record.read_text())}, run, out_dir,
+                         "resume with its settings, ")
+    ckpt, _, previous = _checkpoint_dirs(out_dir)  # previous: a save killed mid-swap
+    for folder in (ckpt, previous):
+        if (folder / "trainer.pt").is_file():
+            done = torch.load(folder / "trainer.pt", weights_only=True)["step"]
+            refuse_past_steps(done, steps, folder)
+            return
+
+
 def cmd_drafter(args) -> None:
     from mmspec.zoo.registry import load
 
@@ -499,9 +571,13 @@ def cmd_drafter(args) -> None:
     target_entry = load(spec.target, Path(args.zoo))
     target, processor = target_entry.model, target_entry.tokenizer
     out_dir = Path(args.out) / spec.name
-    if not args.resume:  # before the answers, which can take long
+    run = {"seed": args.seed}  # what a resumed checkpoint must share (--steps may grow)
+    if args.resume:  # before the answers, which can take long
+        refuse_other_drafter_run(out_dir, run, steps)
+    else:
         refuse_to_overwrite(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out_dir / "run.json", json.dumps(run) + "\n")
     samples = drafter_samples(processor, range(DRAFTER_SEEDS, DRAFTER_SEEDS + spec.samples))
     held = drafter_samples(processor, heldout_seeds(spec.held_out))
     torch.save(samples, out_dir / "samples.pt")  # the `--data` file of `mmspec.vision.train`
@@ -527,14 +603,22 @@ def cmd_drafter(args) -> None:
 def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapsed, answers_s,
                    args) -> None:
     out_dir = Path(args.zoo) / spec.name
-    drafter.half().save_pretrained(out_dir)
-    shipped = ViSpecDrafter.from_pretrained(out_dir, target).eval()
-    t0 = time.time()
-    tau = held_out_tau(shipped, target, held, spec.eval_new_tokens)
+    with staged_export(out_dir) as stage:  # a kill mid-export leaves the previous entry
+        drafter.half().save_pretrained(stage)
+        shipped = ViSpecDrafter.from_pretrained(stage, target).eval()
+        t0 = time.time()
+        tau = held_out_tau(shipped, target, held, spec.eval_new_tokens)
+        size_mb = (stage / "model.safetensors").stat().st_size / 1e6
+        write_card(stage, _drafter_card(spec, shipped, losses, cfg, elapsed, answers_s, args,
+                                        tau, time.time() - t0, size_mb))
+    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out tau {tau:.3f}")
+
+
+def _drafter_card(spec: DrafterSpec, shipped, losses, cfg, elapsed, answers_s, args, tau,
+                  tau_s, size_mb) -> dict:
     tail = losses[-100:]
     n_params = sum(p.numel() for p in shipped.parameters())
-    size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
-    write_card(out_dir, {
+    return {
         "name": spec.name,
         "summary": ("ViSpec drafter (EAGLE-2 head + vision adaptor + global image vector)"
                     if not spec.text_only else
@@ -560,7 +644,7 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
             "heldout_tau_note": f"tokens per target forward, bonus included, greedy, "
                                 f"{spec.eval_new_tokens} new tokens, fp16 weights as shipped "
                                 "(mmspec.vision.train.held_out_tau)",
-            "heldout_tau_wall_s": round(time.time() - t0, 3),
+            "heldout_tau_wall_s": round(tau_s, 3),
             "answers_wall_time_s": round(answers_s, 3),
             "wall_time_s": round(elapsed, 3),
             "wall_time_note": "answers + training of the last invocation (a resumed run counts "
@@ -568,8 +652,7 @@ def export_drafter(spec: DrafterSpec, drafter, target, held, losses, cfg, elapse
             **_machine(args),
         },
         "command": _command(args.argv),
-    })
-    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out tau {tau:.3f}")
+    }
 
 
 def main(argv=None) -> None:
@@ -583,7 +666,9 @@ def main(argv=None) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     parser.add_argument("--out", default=str(OUT_DIR), help="checkpoint folder (git-ignored)")
     parser.add_argument("--zoo", default=str(ZOO_DIR), help="where the shipped entries go")
-    parser.add_argument("--processor", default=str(PROCESSOR_DIR))
+    parser.add_argument("--processor", default=None,
+                        help="target and assistant: the processor to train with (default: the "
+                             "--zoo folder's vlm-processor, else the shipped one)")
     parser.add_argument("--save-every-s", type=float, default=120.0)
     parser.add_argument("--eval-every", type=int, default=500, help="drafters: held-out tau")
     args = parser.parse_args(argv)

@@ -20,7 +20,8 @@ TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermedi
 def tiny_zoo(monkeypatch, tmp_path, heldout_stream):
     """The script pointed at tmp_path, a 20k-token stream and tiny specs."""
     monkeypatch.setattr(train_text, "ZOO_DIR", tmp_path / "zoo")
-    monkeypatch.setattr(train_text, "token_stream", lambda tok, split: heldout_stream[:20000])
+    monkeypatch.setattr(train_text, "token_stream",
+                        lambda tok, split, cache_dir: heldout_stream[:20000])
     monkeypatch.setitem(SPECS, "tiny-ar", TextModelSpec("tiny-ar", "causal", **TINY))
     monkeypatch.setitem(SPECS, "tiny-dlm", TextModelSpec("tiny-dlm", "diffusion", **TINY,
                                                          init_from="tiny-ar"))
@@ -52,6 +53,19 @@ def test_a_checkpoint_of_another_run_is_not_resumed(tiny_zoo):
                                          r"--lr None there, 0.001 here\)"):
         train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--lr", "1e-3",
                          "--seed", "7"])
+
+
+def test_token_streams_are_cached_under_out(tiny_zoo, monkeypatch, heldout_stream):
+    # the streams went to out/zoo/data whatever --out said (a run elsewhere wrote into the repo)
+    dirs = []
+    monkeypatch.setattr(train_text, "token_stream", lambda tok, split, cache_dir: (
+        dirs.append(cache_dir) or heldout_stream[:20000]))
+    _run(tiny_zoo, "tiny-ar", "a")
+    shipped = load_tokenizer(train_text.TOKENIZER_DIR)
+    monkeypatch.setattr(train_text, "train_tokenizer", lambda texts: shipped)
+    train_text.main(["tokenizer", "--out", str(tiny_zoo / "b")])
+    assert dirs[:-1] and set(dirs[:-1]) == {tiny_zoo / "a" / "data"}
+    assert dirs[-1] == tiny_zoo / "b" / "data"
 
 
 def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_zoo):

@@ -4,6 +4,7 @@ ViSpec is lossless on it, scenes are deterministic, and the training script resu
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -125,11 +126,67 @@ def test_vispec_greedy_equals_the_target_alone(target, name):
     assert out.stats.mean_accepted > 1.5  # trained drafts get accepted, not merely verified
 
 
+@pytest.mark.parametrize("name", ["vlm-vispec", "vlm-text-drafter"])
+def test_held_out_tau_matches_the_card(target, name):
+    # as export_drafter measures it: the saved tree, the card's held-out slice
+    from mmspec.vision.train import held_out_tau
+    from mmspec.zoo.cards import read_card
+    from mmspec.zoo.vlm_data import heldout_seeds
+
+    card = read_card(ZOO_DIR / name)
+    drafter = ViSpecDrafter.from_pretrained(ZOO_DIR / name, target.model).eval()
+    held = train_vlm.drafter_samples(target.tokenizer, heldout_seeds(card["config"]["held_out"]))
+    tau = held_out_tau(drafter, target.model, held, card["config"]["eval_new_tokens"])
+    assert abs(tau - card["results"]["heldout_tau"]) < 0.01
+
+
 def test_scenes_are_deterministic_per_seed():
     assert render(3).tobytes() == render(3).tobytes()
     assert describe(make_scene(3)) == describe(make_scene(3))
     assert render(3).tobytes() != render(4).tobytes()
     assert all(s < HELDOUT_START for s in train_seeds(0, 64) + train_seeds(999, 64))
+    assert render(np.int64(3)).tobytes() == render(3).tobytes()
+    # random.Random took them: None drew a new scene per call, -3 seeded the scene of 3
+    for seed in (None, "3", 1.5, 3.0, True):
+        with pytest.raises(TypeError, match=r"seed: expected an int .*pure function"):
+            render(seed)
+    with pytest.raises(ValueError, match="seed: expected an int >= 0, got -3"):
+        render(-3)
+
+
+def test_vlm_inputs_take_a_pil_image_a_path_or_a_tensor_alike(target, tmp_path):
+    # a path or a tensor failed with "'str' object has no attribute 'convert'"
+    image = render(FRESH[0])
+    image.save(tmp_path / "scene.png")
+    tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1)  # uint8 [3, H, W]
+
+    def pixels(image):
+        return mmspec.zoo.vlm_inputs(target.tokenizer, image, "Describe it.")["pixel_values"]
+
+    reference = pixels(image)
+    for same in (tmp_path / "scene.png", str(tmp_path / "scene.png"), tensor, tensor / 255):
+        assert torch.equal(pixels(same), reference)
+    assert not torch.equal(pixels(render(FRESH[1])), reference)
+    (tmp_path / "notes.txt").write_text("not a picture")
+    for bad, error, message in [
+            (None, TypeError, "image: expected a PIL image, a path to an image file or a "
+                              r"\[3, H, W\] tensor, got NoneType"),
+            (tensor[None], ValueError, r"got shape \[1, 3, 64, 64\]"),
+            (tensor.float(), ValueError, r"float tensor must hold values in \[0, 1\], got "
+                                         r"\[\d+.0, 255.0\]"),
+            (tensor.int(), ValueError, "expected a uint8 or float tensor, got torch.int32"),
+            (tmp_path / "gone.png", FileNotFoundError, "image '.*gone.png' does not exist"),
+            (tmp_path / "notes.txt", ValueError, "image '.*notes.txt' is not an image file")]:
+        with pytest.raises(error, match=message):
+            pixels(bad)
+
+
+def test_the_vlm_preset_names_an_image_file_it_cannot_read(tmp_path):
+    from mmspec.zoo.presets import vlm_preset
+
+    (tmp_path / "notes.txt").write_text("not a picture")
+    with pytest.raises(ValueError, match="image '.*notes.txt' is not an image file Pillow"):
+        vlm_preset(tmp_path / "notes.txt")  # was PIL.UnidentifiedImageError
 
 
 MICRO = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -161,6 +218,106 @@ def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch,
     assert card["kind"] == "vlm" and card["results"]["heldout_loss"] > 0
     assert card["results"]["wall_time_s"] > 0 and card["sample_prompt"]
     assert all(v.dtype == torch.float16 for v in straight.values())
+
+
+def _micro(monkeypatch, **changes):
+    monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **{**MICRO, **changes}))
+    monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
+    monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
+    monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
+
+
+def _entry_bytes(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_checkpoint_of_another_seed_or_past_steps_is_not_resumed(tmp_path, monkeypatch):
+    # both were resumed: a 4-step checkpoint shipped under a card saying 2 steps; seed 0's
+    # batches trained on under a card saying seed 7
+    _micro(monkeypatch)
+    _run(tmp_path, "a")
+    entry = _entry_bytes(tmp_path / "zoo" / "vlm-micro")
+    with pytest.raises(ValueError, match=r"--steps 2: .*ckpt.pt is already at step 4; .*pass "
+                                         r"--steps 4 or more"):
+        _run(tmp_path, "a", "--resume", "--steps", "2")
+    with pytest.raises(ValueError, match=r"ckpt.pt is another run.s checkpoint \(--seed 0 there, "
+                                         r"7 here\): .*resume with its settings"):
+        _run(tmp_path, "a", "--resume", "--seed", "7")
+    assert _entry_bytes(tmp_path / "zoo" / "vlm-micro") == entry
+    assert torch.load(tmp_path / "a" / "vlm-micro" / "ckpt.pt", weights_only=True)["step"] == 4
+    _run(tmp_path, "a", "--resume")  # its own settings: resumed (and exported again)
+
+
+def test_an_export_killed_while_evaluating_keeps_the_previous_entry(tmp_path, monkeypatch):
+    # the weights were written into the entry before the evaluation, the card after it: a kill
+    # in between shipped the new weights under the old card
+    _micro(monkeypatch)
+    _run(tmp_path, "a")
+    folder = tmp_path / "zoo" / "vlm-micro"
+    card = json.loads((folder / "card.json").read_text())
+    (folder / "card.json").write_text(json.dumps({**card, "attempts": ["an earlier recipe"]}))
+    before = _entry_bytes(folder)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real = train_vlm.heldout_loss
+    monkeypatch.setattr(train_vlm, "heldout_loss", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "b", "--seed", "1")
+    assert _entry_bytes(folder) == before
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["vlm-micro"]  # nothing staged
+    monkeypatch.setattr(train_vlm, "heldout_loss", real)
+    _run(tmp_path, "c", "--seed", "1")
+    new = json.loads((folder / "card.json").read_text())
+    assert new["results"]["seed"] == 1 and new["attempts"] == ["an earlier recipe"]
+    assert _entry_bytes(folder)["model.safetensors"] != before["model.safetensors"]
+    assert (folder / "sample.png").is_file()
+
+
+def _processor_with_extra_token(folder):
+    processor = load_processor(train_vlm.PROCESSOR_DIR)
+    processor.tokenizer.add_tokens(["<extra>"])
+    processor.save_pretrained(str(folder))
+    return processor
+
+
+def test_the_processor_goes_to_zoo_staged_and_another_one_is_not_overwritten(tmp_path,
+                                                                              monkeypatch):
+    # `tokenizer --zoo DIR` wrote the shipped assets/zoo/vlm-processor
+    shipped = load_processor(train_vlm.PROCESSOR_DIR)
+    monkeypatch.setattr(train_vlm, "train_processor", lambda texts: shipped)
+    monkeypatch.setattr(train_vlm, "TOKENIZER_SEEDS", range(2))
+    shipped_files = _entry_bytes(train_vlm.PROCESSOR_DIR)
+    zoo = tmp_path / "zoo"
+    assert train_vlm.processor_dir(zoo) == train_vlm.PROCESSOR_DIR  # none there yet
+    train_vlm.main(["tokenizer", "--zoo", str(zoo)])
+    out = zoo / "vlm-processor"
+    assert train_vlm.processor_dir(zoo) == out
+    assert load_processor(out).tokenizer.get_vocab() == shipped.tokenizer.get_vocab()
+    assert json.loads((out / "card.json").read_text())["vocab_size"] == len(shipped.tokenizer)
+    assert sorted(p.name for p in zoo.iterdir()) == ["vlm-processor"]  # no staging left
+    assert _entry_bytes(train_vlm.PROCESSOR_DIR) == shipped_files
+
+    _processor_with_extra_token(out)
+    before = (out / "tokenizer.json").read_bytes()
+    with pytest.raises(SystemExit, match=r"vlm-processor holds another processor \(512 tokens; "
+                                         r"these scenes give 511"):
+        train_vlm.main(["tokenizer", "--zoo", str(zoo)])
+    assert (out / "tokenizer.json").read_bytes() == before
+
+
+def test_training_reads_the_zoo_processor_and_refuses_another_vocabulary(tmp_path, monkeypatch):
+    # the processor came from assets/zoo/vlm-processor whatever --zoo said, and a checkpoint of
+    # another vocabulary failed deep in load_state_dict
+    _micro(monkeypatch)
+    _processor_with_extra_token(tmp_path / "zoo" / "vlm-processor")
+    _run(tmp_path, "a")
+    config = json.loads((tmp_path / "zoo" / "vlm-micro" / "config.json").read_text())
+    assert config["text_config"]["vocab_size"] == 512
+    with pytest.raises(ValueError, match=r"--processor .*assets/zoo/vlm-processor: a vocabulary "
+                                         r"of 511 tokens, but .*ckpt.pt embeds 512"):
+        _run(tmp_path, "a", "--resume", "--processor", str(train_vlm.PROCESSOR_DIR))
 
 
 def test_patch_labels_mark_the_patches_that_show_each_shape():
@@ -397,6 +554,60 @@ def test_a_drafter_spec_trains_for_its_own_target_entry(tmp_path, monkeypatch):
     assert isinstance(drafter.model, ViSpecDrafter)
     assert drafter.model.adapter.target.config.image_seq_length == 16
     assert drafter.model.config.num_queries == 3  # the spec's adaptor size reaches the drafter
+
+
+def test_a_drafter_checkpoint_of_another_seed_or_past_steps_is_not_resumed(tmp_path,
+                                                                          monkeypatch):
+    # both were resumed by mmspec.vision.train: a 5-step checkpoint saved and shipped as step 2
+    _micro(monkeypatch, patch_size=16)
+    monkeypatch.setitem(SPECS, "vlm-micro-drafter", DrafterSpec(
+        "vlm-micro-drafter", text_only=False, steps=2, samples=2, held_out=1, warmup_steps=1,
+        answer_tokens=8, eval_new_tokens=4, target="vlm-micro"))
+    _run(tmp_path, "a")
+    out = tmp_path / "a" / "vlm-micro-drafter"
+    (out / "checkpoint").mkdir(parents=True)
+    torch.save({"step": 5}, out / "checkpoint" / "trainer.pt")
+    (out / "run.json").write_text(json.dumps({"seed": 0}))
+
+    def drafter(*extra):
+        train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / "a"), "--zoo",
+                        str(tmp_path / "zoo"), "--resume", *extra])
+
+    with pytest.raises(ValueError, match=r"vlm-micro-drafter is another run.s checkpoint "
+                                         r"\(--seed 0 there, 3 here\)"):
+        drafter("--steps", "5", "--seed", "3")
+    with pytest.raises(ValueError, match=r"--steps 2: .*checkpoint is already at step 5; "
+                                         r"resuming it would label weights trained 5 steps as 2"):
+        drafter()
+    assert not (tmp_path / "zoo" / "vlm-micro-drafter").exists()
+    assert not list((tmp_path / "a").glob("vlm-drafter-answers-*"))  # refused before answering
+
+
+def test_a_drafter_export_killed_while_measuring_tau_keeps_the_previous_entry(tmp_path,
+                                                                             monkeypatch):
+    _micro(monkeypatch, patch_size=16)
+    monkeypatch.setitem(SPECS, "vlm-micro-drafter", DrafterSpec(
+        "vlm-micro-drafter", text_only=False, steps=2, samples=2, held_out=1, warmup_steps=1,
+        answer_tokens=8, eval_new_tokens=4, target="vlm-micro"))
+    _run(tmp_path, "a")
+    zoo = tmp_path / "zoo"
+
+    def drafter(out, *extra):
+        train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / out), "--zoo", str(zoo),
+                        "--eval-every", "0", *extra])
+
+    drafter("a")
+    folder = zoo / "vlm-micro-drafter"
+    before = _entry_bytes(folder)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_vlm, "held_out_tau", killed)
+    with pytest.raises(KeyboardInterrupt):
+        drafter("b", "--seed", "1")
+    assert _entry_bytes(folder) == before
+    assert sorted(p.name for p in zoo.iterdir()) == ["vlm-micro", "vlm-micro-drafter"]
 
 
 def test_precomputed_answers_are_the_ones_training_reads(target, tmp_path, monkeypatch):
