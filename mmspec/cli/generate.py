@@ -108,18 +108,26 @@ def _log(msg: str) -> None:
     print(f"[mmspec] {msg}", file=sys.stderr, flush=True)
 
 
+def _open_image(path: str):
+    """--image as an RGB PIL image; a missing or unreadable file is a message naming it."""
+    from mmspec.zoo.vlm_processor import open_image
+
+    try:
+        return open_image(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"--image: {err}") from None
+
+
 def _zoo_preset(args):
     from mmspec.zoo import presets
 
-    if args.image and args.target != "vlm":
+    if args.image is not None and args.target != "vlm":
         raise SystemExit("--image needs a vision-language --target (vlm or a VLM path)")
-    try:
-        if args.target == "vlm":
-            return presets.vlm_preset(args.image, args.prompt)
-        return presets.text_preset(args.prompt)
-    except (ValueError, FileNotFoundError) as err:  # an empty --prompt, a missing --image
-        raise SystemExit(f"--{'image' if isinstance(err, FileNotFoundError) else 'prompt'}: "
-                         f"{err}") from None
+    if args.target == "vlm":
+        if args.image is not None:
+            _open_image(args.image)  # named before the models load, not in a traceback after
+        return presets.vlm_preset(args.image, args.prompt)
+    return presets.text_preset(args.prompt)
 
 
 def _load_path_target(args):
@@ -129,38 +137,39 @@ def _load_path_target(args):
 
         _log("target: built-in random Llama (4 layers, character vocabulary), made on the fly; "
              "its text is noise. Pass --target vlm, text or a PATH for a real model.")
-        if args.image:
+        if args.image is not None:
             raise SystemExit("--image needs a vision-language --target")
         tok = CharTokenizer()
-        prompt = args.prompt or "The quick brown fox jumps over the lazy dog. The quick"
+        prompt = ("The quick brown fox jumps over the lazy dog. The quick" if args.prompt is None
+                  else args.prompt)
         return builtin_model(), tok, {"input_ids": torch.tensor([tok.encode(prompt)])}
     import transformers
 
-    prompt = args.prompt or "Describe the image." if args.image else args.prompt or "Hello"
-    _model_folder("--target", args.target)
-    if args.image:
-        from PIL import Image
-
+    default = "Hello" if args.image is None else "Describe the image."
+    prompt = default if args.prompt is None else args.prompt
+    model_folder("--target", args.target)
+    if args.image is not None:
         from mmspec.zoo.vlm_processor import vlm_inputs
 
-        with _load_errors("--target", args.target, "a vision-language model (with --image)"):
+        image = _open_image(args.image)
+        with load_errors("--target", args.target, "a vision-language model (with --image)"):
             processor = transformers.AutoProcessor.from_pretrained(args.target)
             model = transformers.AutoModelForImageTextToText.from_pretrained(args.target,
                                                                              dtype="auto")
-        return model, processor.tokenizer, vlm_inputs(processor, Image.open(args.image), prompt)
-    with _load_errors("--target", args.target, "a causal LM"):
+        return model, processor.tokenizer, vlm_inputs(processor, image, prompt)
+    with load_errors("--target", args.target, "a causal LM"):
         tok = transformers.AutoTokenizer.from_pretrained(args.target)
     inputs = dict(tok(prompt, return_tensors="pt"))
     if inputs["input_ids"].numel() == 0:  # transformers 5 builds an empty tokenizer from nothing
         raise SystemExit(f"--prompt: the tokenizer of --target {args.target} encodes {prompt!r} "
                          f"to no tokens ({len(tok)} in its vocabulary: does the folder hold the "
                          f"tokenizer files?)")
-    with _load_errors("--target", args.target, "a causal LM"):
+    with load_errors("--target", args.target, "a causal LM"):
         model = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype="auto")
     return model, tok, inputs
 
 
-def _model_folder(flag: str, path: str) -> None:
+def model_folder(flag: str, path: str) -> None:
     """Checkpoints load by path (nothing downloads): a missing folder is named as such, not as
     transformers' 'Repo id must use alphanumeric chars' of a hub lookup."""
     if not Path(path).is_dir():
@@ -168,7 +177,7 @@ def _model_folder(flag: str, path: str) -> None:
 
 
 @contextmanager
-def _load_errors(flag: str, path: str, what: str):
+def load_errors(flag: str, path: str, what: str):
     try:
         yield
     except (OSError, ValueError, KeyError) as err:  # no config/weights, an unknown class
@@ -246,9 +255,9 @@ def _path_drafter(args, target, target_tokenizer=None):
         import transformers
 
         path = kind[len("model:"):]
-        _model_folder(f"--drafter {kind}", path)
+        model_folder(f"--drafter {kind}", path)
         _same_vocabulary(kind, path, target_tokenizer)
-        with _load_errors("--drafter", kind, "a causal LM"):
+        with load_errors("--drafter", kind, "a causal LM"):
             model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     else:
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
@@ -308,6 +317,9 @@ def main(argv=None) -> int:
         verb = "apply" if len(given) > 1 else "applies"
         parser.error(f"{', '.join(given)} {verb} with --sample only (without it decoding is "
                      f"greedy)")
+    if args.prompt is not None and not args.prompt.strip():  # never replaced by a default
+        parser.error(f"--prompt must be non-empty text, got {args.prompt!r} (leave it out for "
+                     f"the target's default prompt)")
     threads = args.threads or (1 if args.target in ZOO_TARGETS else None)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -342,7 +354,9 @@ def main(argv=None) -> int:
     if not args.no_baseline:  # first calls pay lazy imports and allocator growth: not timed
         speculative(2)
         target_only(2)
-    out = speculative(args.max_new_tokens, TextStreamer(tokenizer, skip_prompt=True))
+    # special tokens (EOS, pad, <image>) are not text: transformers' TextStreamer prints them
+    out = speculative(args.max_new_tokens,
+                      TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
     stats = out.stats
     _log(str(stats))
     if args.no_baseline:

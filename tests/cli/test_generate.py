@@ -86,10 +86,46 @@ def test_bench_passes_each_script_only_its_own_options():
 
 
 def test_zoo_preset_input_errors_are_messages_not_tracebacks(tmp_path):
-    with pytest.raises(SystemExit, match="--prompt: prompt must be non-empty text"):
-        main(["generate", "--target", "text", "--prompt", " ", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--image: image .*missing.png' does not exist"):
         main(["generate", "--image", str(tmp_path / "missing.png"), "--device", "cpu"])
+
+
+@pytest.mark.parametrize("target", ["vlm", "PATH"])
+def test_an_image_file_that_is_not_an_image_is_named(tmp_path, target):
+    # a PIL.UnidentifiedImageError traceback (zoo VLM), FileNotFoundError with --target PATH
+    from mmspec.zoo.paths import ZOO_DIR
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a picture")
+    vlm = [] if target == "vlm" else ["--target", str(ZOO_DIR / "vlm-target")]
+    with pytest.raises(SystemExit, match=r"--image: image '.*notes.txt' is not an image file "
+                                         r"Pillow can read"):
+        main(["generate", *vlm, "--image", str(notes), "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"--image: image '.*gone.png' does not exist"):
+        main(["generate", *vlm, "--image", str(tmp_path / "gone.png"), "--device", "cpu"])
+
+
+@pytest.mark.parametrize("target", ["builtin", "text", "vlm", "PATH"])
+def test_a_blank_prompt_is_refused_for_every_target(capsys, target):
+    # with --target PATH (and builtin) an empty --prompt silently became the default "Hello"
+    from mmspec.zoo.paths import ZOO_DIR
+
+    path = str(ZOO_DIR / "text-target") if target == "PATH" else target
+    for prompt in ("", "  \n"):
+        with pytest.raises(SystemExit) as err:
+            main(["generate", "--target", path, "--prompt", prompt, "--device", "cpu"])
+        assert err.value.code == 2
+        assert f"--prompt must be non-empty text, got {prompt!r}" in capsys.readouterr().err
+
+
+def test_the_streamed_answer_has_no_special_tokens(capsys):
+    # TextStreamer decoded with the special tokens: the answer ended in "</s>"
+    assert main(["generate", "--prompt", "What shapes do you see?", "--max-new-tokens", "40",
+                 "--no-baseline", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    tokens = int(re.search(r"(\d+) tokens", captured.err).group(1))
+    assert tokens < 40  # the answer ended at EOS, which was streamed as text
+    assert captured.out.strip().endswith(".") and "</s>" not in captured.out
 
 
 @pytest.mark.parametrize("argv,message", [
