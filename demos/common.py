@@ -14,7 +14,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demos run offl
 import gradio as gr
 import torch
 
-from mmspec.zoo.paths import ZOO_DIR
+from mmspec.zoo.paths import ZOO_DIR, positive_int
 
 CSS = """
 .tok { border-radius: 3px; padding: 0 1px; }
@@ -29,7 +29,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: local only)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     return ap
 
 

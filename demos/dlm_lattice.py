@@ -33,6 +33,7 @@ from mmspec import generate, zoo
 from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
 
 TOP = 5  # candidates shown per block position
+NO_DRAFT = "no draft: one token of budget was left, so the target committed it alone"
 MODES = ("CPS + ADL", "CPS, fixed k", "argmax path, fixed k (naive)")
 EXAMPLE = ("import os\n\n\ndef join(a, b):\n    return os.path.join(a, b)\n\n\n"
            "class Path:\n    def __init__(self, name):\n")
@@ -149,8 +150,12 @@ def _verdict(r: RoundView, i: int) -> str:
     return "rejected" if i == r.accepted else "after rejection"
 
 
+TABLE_COLUMNS = ["pos", "verdict", "drafted", "argmax", *(f"top {j + 1}" for j in range(TOP))]
+
+
 def lattice_table(tokenizer, r: RoundView) -> pd.DataFrame:
-    """One row per block position: verdict, CPS/drafted token, argmax token, top candidates."""
+    """One row per block position: verdict, CPS/drafted token, argmax token, top candidates (no
+    row for a round without a draft, the columns all the same)."""
     word = lambda t: show_token(tokenizer.decode([t]))
     rows = []
     for i in range(r.k):
@@ -161,14 +166,19 @@ def lattice_table(tokenizer, r: RoundView) -> pd.DataFrame:
         for j in range(TOP):
             row[f"top {j + 1}"] = f"{word(r.top_ids[i][j])} {r.top_probs[i][j]:.2f}"
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
 def lattice_figure(tokenizer, r: RoundView, title: str):
     """Heat-map [TOP x k] of candidate probabilities; drafted-path cells boxed (green: accepted,
-    red: the rejected one, grey: after it)."""
-    probs = torch.tensor(r.top_probs).T.numpy()  # [TOP, k]
+    red: the rejected one, grey: after it). A round without a draft (k = 0) says so instead."""
     fig, ax = plt.subplots(figsize=(max(6.0, 0.62 * r.k + 1.5), 3.4), dpi=90)
+    if r.k == 0:  # no lattice to show (imshow refuses an empty [TOP, 0] image)
+        ax.text(0.5, 0.5, NO_DRAFT, ha="center", va="center", fontsize=9)
+        ax.set_axis_off()
+        ax.set_title(title, fontsize=9)
+        return fig
+    probs = torch.tensor(r.top_probs).T.numpy()  # [TOP, k]
     im = ax.imshow(probs, cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i in range(r.k):
         for j in range(TOP):
@@ -192,6 +202,20 @@ def lattice_figure(tokenizer, r: RoundView, title: str):
     fig.colorbar(im, ax=ax, fraction=0.02, pad=0.01, label="DLM probability")
     fig.tight_layout()
     return fig
+
+
+def round_view(tokenizer, dec: Decoding, index: int):
+    """-> (title, lattice plot, table) of round `index` (1-based, clamped to the rounds: the
+    slider needs a maximum >= 2 and its number box takes any number)."""
+    index = min(max(int(index), 1), len(dec.rounds))
+    r = dec.rounds[index - 1]
+    if r.k == 0:
+        title = f"round {index} of {len(dec.rounds)}: k = 0, {NO_DRAFT}"
+    else:
+        title = (f"round {index} of {len(dec.rounds)}: k = {r.k}, drafted {len(r.path)}, "
+                 f"accepted {r.accepted} (argmax path: {r.argmax_accepted}), "
+                 f"L_gen = {r.generated}")
+    return f"**{title}**", lattice_figure(tokenizer, r, title), lattice_table(tokenizer, r)
 
 
 def adl_figure(dec: Decoding):
@@ -231,19 +255,13 @@ def build_app(target=None, dlm=None) -> gr.Blocks:
         slider = gr.Slider(minimum=1, maximum=max(2, len(dec.rounds)), value=1, step=1,
                            interactive=True)
         return (answer_html(tokenizer, dec), summary(dec, mode), adl_figure(dec), dec, slider,
-                *show_round(dec, 1))
+                *round_view(tokenizer, dec, 1))
 
     def show_round(dec, index):
         """-> round title, lattice plot, table."""
         if dec is None:
             return gr.skip(), gr.skip(), gr.skip()
-        index = min(int(index), len(dec.rounds))  # the slider needs maximum >= 2
-        r = dec.rounds[index - 1]
-        title = (f"round {index} of {len(dec.rounds)}: k = {r.k}, drafted {len(r.path)}, "
-                 f"accepted {r.accepted} (argmax path: {r.argmax_accepted}), "
-                 f"L_gen = {r.generated}")
-        return (f"**{title}**", lattice_figure(tokenizer, r, title),
-                lattice_table(tokenizer, r))
+        return round_view(tokenizer, dec, index)
 
     with gr.Blocks(title="mmspec: DiffuSpec lattice") as app:
         gr.Markdown("## DiffuSpec round by round\nA diffusion LM (`text-dlm`) drafts a block in "

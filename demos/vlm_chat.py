@@ -31,6 +31,7 @@ from PIL import Image, UnidentifiedImageError
 from demos.common import parser, run, token_spans, warn
 from mmspec import generate, zoo
 from mmspec.decoding.draft import Draft
+from mmspec.zoo.paths import positive_int
 from mmspec.zoo.presets import vlm_inputs
 
 VISPEC, TEXT_ONLY, TARGET_ONLY = "ViSpec", "text-only drafter", "target only"
@@ -73,17 +74,28 @@ def load_zoo() -> Chat:
 
 def load_checkpoints(target_path: str, drafter_path: str, text_drafter_path: str | None) -> Chat:
     """Any Hugging Face LLaVA / LLaVA-NeXT / Qwen2.5-VL checkpoint and ViSpec drafters saved with
-    `ViSpecDrafter.save_pretrained`."""
+    `ViSpecDrafter.save_pretrained`; a folder that is missing or holds something else is a
+    message naming its flag (SystemExit), not a traceback."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from mmspec.cli.generate import load_errors, model_folder
     from mmspec.vision import ViSpecDrafter
 
-    target = AutoModelForImageTextToText.from_pretrained(target_path, dtype=torch.float32).eval()
-    drafters = {VISPEC: ViSpecDrafter.from_pretrained(drafter_path, target)}
-    if text_drafter_path:
-        drafters[TEXT_ONLY] = ViSpecDrafter.from_pretrained(text_drafter_path, target)
-    return Chat(target, AutoProcessor.from_pretrained(target_path), drafters,
-                name=Path(target_path).name)
+    model_folder("--target", target_path)
+    with load_errors("--target", target_path, "a vision-language model"):
+        target = AutoModelForImageTextToText.from_pretrained(target_path,
+                                                             dtype=torch.float32).eval()
+        processor = AutoProcessor.from_pretrained(target_path)
+    drafters = {}
+    for flag, mode, path in (("--drafter", VISPEC, drafter_path),
+                             ("--text-drafter", TEXT_ONLY, text_drafter_path)):
+        if path is None:
+            continue
+        try:  # a missing folder, another target's drafter, a target ViSpec does not support
+            drafters[mode] = ViSpecDrafter.from_pretrained(path, target)
+        except (FileNotFoundError, ValueError, TypeError) as err:
+            raise SystemExit(f"{flag} {path}: {err}") from None
+    return Chat(target, processor, drafters, name=Path(target_path).name)
 
 
 class _Tokens:
@@ -237,7 +249,7 @@ def main(argv=None) -> None:
     ap.add_argument("--target", help="a Hugging Face VLM checkpoint (default: the zoo VLM)")
     ap.add_argument("--drafter", help="a ViSpec drafter saved by ViSpecDrafter.save_pretrained")
     ap.add_argument("--text-drafter", help="optional: the text-only ablation drafter")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=64)
     args = ap.parse_args(argv)
     if (args.target is None) != (args.drafter is None):
         ap.error("--target and --drafter go together")

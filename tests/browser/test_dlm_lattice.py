@@ -78,3 +78,25 @@ def test_a_round_without_a_draft_shows_no_stale_lattice():
     last = dec.rounds[-1]
     assert (last.k, last.path, last.accepted, len(last.committed)) == (0, [], 0, 1)
     assert sum(len(r.path) for r in dec.rounds) == dec.stats.drafted
+
+
+def test_a_round_without_a_draft_is_shown_as_an_empty_round():
+    # its view crashed in imshow ("Invalid shape (0,) for image data"): the page showed an error
+    import matplotlib.pyplot as plt
+
+    from demos.dlm_lattice import EXAMPLE, MODES, NO_DRAFT, TABLE_COLUMNS, decode, load_pair
+    from demos.dlm_lattice import round_view
+
+    target, dlm = load_pair()
+    dec = decode(target, dlm, EXAMPLE, 9, MODES[1], 6)  # its last round has no budget to draft
+    last = len(dec.rounds)
+    title, figure, table = round_view(target.tokenizer, dec, last)
+    assert title.startswith(f"**round {last} of {last}: k = 0") and NO_DRAFT in title
+    assert table.empty and list(table.columns) == TABLE_COLUMNS
+    assert [t.get_text() for t in figure.axes[0].texts] == [NO_DRAFT]
+    first = round_view(target.tokenizer, dec, 1)
+    assert first[0].startswith("**round 1 of") and len(first[2]) == dec.rounds[0].k
+    # the slider's number box takes any number: 0 is the first round, not the last
+    assert round_view(target.tokenizer, dec, 0)[0] == first[0]
+    assert round_view(target.tokenizer, dec, last + 3)[0] == title
+    plt.close("all")

@@ -109,3 +109,27 @@ def test_command_line_with_saved_checkpoints(page, image_file, tmp_path):
         page.locator("#ask").click()
         page.locator("#status").get_by_text("done").wait_for()
         assert "16 tokens" in page.locator("#status").inner_text()
+
+
+def test_bad_command_lines_are_messages_not_tracebacks(tmp_path, capsys):
+    # a missing folder read as a hub repo id ("Repo id must use alphanumeric chars"), a text LM
+    # as target listed 100 config classes, --threads 0 failed in torch.set_num_threads
+    from demos import dlm_lattice, vlm_chat
+    from mmspec.zoo.paths import ZOO_DIR
+
+    vispec = str(ZOO_DIR / "vlm-vispec")
+    with pytest.raises(SystemExit, match=r"--target: no such model folder .*nope"):
+        vlm_chat.main(["--target", str(tmp_path / "nope"), "--drafter", vispec])
+    with pytest.raises(SystemExit, match=r"--target .*text-target: cannot load it as a "
+                                         r"vision-language model: Unrecognized configuration"):
+        vlm_chat.main(["--target", str(ZOO_DIR / "text-target"), "--drafter", vispec])
+    target = str(ZOO_DIR / "vlm-target")
+    with pytest.raises(SystemExit, match=r"--drafter .*nope: path: no vispec_config.json"):
+        vlm_chat.main(["--target", target, "--drafter", str(tmp_path / "nope")])
+    with pytest.raises(SystemExit, match=r"--text-drafter .*vlm-target: path: no vispec_config"):
+        vlm_chat.main(["--target", target, "--drafter", vispec, "--text-drafter", target])
+    for main in (vlm_chat.main, dlm_lattice.main):
+        with pytest.raises(SystemExit) as err:
+            main(["--threads", "0"])
+        assert err.value.code == 2
+        assert "argument --threads: must be an int >= 1, got 0" in capsys.readouterr().err
