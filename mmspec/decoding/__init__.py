@@ -4,8 +4,9 @@
     drafter = mmspec.ModelDrafter(small_model, num_tokens=5)            # a chain
     drafter = mmspec.ModelDrafter(small_model, num_tokens=30, top_k=8)  # an EAGLE-2 tree
     drafter = mmspec.PromptLookupDrafter()                              # n-gram lookup, no model
-    out = mmspec.generate(target, drafter, **processor(images=img, text=prompt, return_tensors="pt"),
-                          max_new_tokens=256, do_sample=False, streamer=TextStreamer(tokenizer))
+    inputs = processor(images=img, text=prompt, return_tensors="pt")
+    out = mmspec.generate(target, drafter, **inputs, max_new_tokens=256, do_sample=False,
+                          streamer=TextStreamer(tokenizer, skip_special_tokens=True))
     out.sequences, out.stats.mean_accepted, out.stats.tokens_per_s
 
 Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `tree.py` (tree and mask),
