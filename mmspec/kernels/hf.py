@@ -174,7 +174,10 @@ def _hide_hidden_keys(mask: BlockSparseMask, attention_mask: torch.Tensor,
         hidden &= torch.arange(kv_len, device=hidden.device) >= kv_len - window
     combined = mask
     if hidden.any():
-        combined = BlockSparseMask.from_token_mask(mask.to_dense() & ~hidden, mask.block_size)
+        dense = mask.to_dense()
+        # the engine's masks already hide them (`verify_mask`): skip the rebuild (~0.4 ms)
+        if (dense & hidden).any():
+            combined = BlockSparseMask.from_token_mask(dense & ~hidden, mask.block_size)
     _LAST_COMBINED.by_window[window] = (weakref.ref(mask), weakref.ref(attention_mask), combined)
     return combined
 
