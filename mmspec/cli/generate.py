@@ -236,6 +236,7 @@ def _path_drafter(args, target, target_tokenizer=None):
         from mmspec.decoding.drafters import DiffusionDrafter
 
         path = kind[len("diffusion:"):]
+        model_folder(f"--drafter {kind}", path)  # a name is not looked up on the hub (~50 s)
         tok = _folder_tokenizer(path) if hasattr(target_tokenizer, "get_vocab") else None
         pair = {} if tok is None else {"tokenizer": tok, "target_tokenizer": target_tokenizer}
         try:  # with both tokenizers, ids are compared and DLM-only specials suppressed

@@ -214,3 +214,15 @@ def test_model_folders_that_do_not_load_are_named(tmp_path):
                                          r"vision-language model \(with --image\)"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--image",
               str(ZOO_DIR / "vlm-target" / "sample.png"), "--device", "cpu"])
+
+
+def test_a_missing_diffusion_drafter_is_named_before_any_hub_lookup(tmp_path, monkeypatch):
+    # a bare name (valid as a hub repo id) went to AutoTokenizer first: ~50 s of retried hub
+    # requests, then DiffusionDrafter's "path: ... is not a checkpoint folder"
+    from mmspec.zoo.paths import ZOO_DIR
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"--drafter diffusion:Dream-v0-Instruct-7B: no such "
+                                         r"model folder Dream-v0-Instruct-7B"):
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+              "diffusion:Dream-v0-Instruct-7B", "--device", "cpu"])
