@@ -535,7 +535,10 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
                              f"got {row['image']!r}")
         if not isinstance(row["prompt"], str):
             raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
-        images = [Image.open(p).convert("RGB") for p in paths]
+        try:
+            images = [Image.open(p).convert("RGB") for p in paths]
+        except OSError as err:  # a missing or unreadable file, or not an image
+            raise ValueError(f"{where}: {err}") from None
         text = f"{row['prompt']} {suffix}".strip()
         conv = [{"role": "user", "content": [{"type": "image"} for _ in images]
                  + [{"type": "text", "text": text}]}]
@@ -621,15 +624,29 @@ def main(argv=None) -> None:
 
     # under `accelerate launch` / torchrun this joins the process group that `train` uses
     args.device = args.device or PartialState(cpu=not torch.cuda.is_available()).device
-    target = AutoModelForImageTextToText.from_pretrained(
-        args.target, dtype=getattr(torch, args.dtype)).to(args.device)
-    samples = [{k: v.to(args.device) for k, v in s.items()}
-               for s in load_samples(args.data, args.target, args.suffix)]
+    if not args.data.is_file():
+        p.error(f"--data {args.data}: no such file")  # before a big target loads
+    try:
+        target = AutoModelForImageTextToText.from_pretrained(
+            args.target, dtype=getattr(torch, args.dtype)).to(args.device)
+    except (OSError, ValueError) as err:  # no such folder or hub id, no weights, not a VLM
+        where = "" if Path(args.target).is_dir() else " (no such folder; tried as a hub id)"
+        p.error(f"--target {args.target}: cannot load it as a vision-language model{where}: "
+                f"{str(err).strip().splitlines()[0]}")
+    try:
+        samples = [{k: v.to(args.device) for k, v in s.items()}
+                   for s in load_samples(args.data, args.target, args.suffix)]
+    except ValueError as err:  # names --data and the line or sample
+        p.error(str(err))
     n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0
     held, train_set = samples[:n_held], samples[n_held:]
     torch.manual_seed(cfg.seed)  # the initial weights: all, or those a --drafter lacks
     if args.drafter:
-        drafter = start_from_saved(args.drafter, target, args.text_only)
+        try:
+            drafter = start_from_saved(args.drafter, target, args.text_only)
+        except (FileNotFoundError, ValueError) as err:  # nothing saved there, another target
+            named = str(err) if str(err).startswith("--") else f"--drafter {args.drafter}: {err}"
+            p.error(named)
     else:
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
     drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)

@@ -363,8 +363,10 @@ def test_command_line_grows_a_text_only_drafter_into_a_vispec_one(cli_files, mai
     main([*cli_files, "--drafter", str(tmp_path / "stage1"), "--text-only"])
     assert main_train["drafter"].config.text_only
     _fresh(llava).save_pretrained(tmp_path / "vispec")
-    with pytest.raises(ValueError, match=r"--text-only: the --drafter in .*vispec is a ViSpec"):
+    with pytest.raises(SystemExit):
         main([*cli_files, "--drafter", str(tmp_path / "vispec"), "--text-only"])
+    assert re.search(r"error: --text-only: the --drafter in .*vispec is a ViSpec",
+                     capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -381,6 +383,34 @@ def test_command_line_grows_a_text_only_drafter_into_a_vispec_one(cli_files, mai
 def test_bad_train_config_is_refused(changes, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**changes)
+
+
+def test_the_cli_names_the_flag_of_what_does_not_load(cli_files, main_train, tmp_path, capsys):
+    # each was a traceback: transformers' "Repo id must be in the form ..." for a missing target
+    # folder, FileNotFoundError for the data, an image or the drafter (the jsonl needs a target
+    # with a processor: the zoo's)
+    from mmspec.zoo import render
+    from mmspec.zoo.paths import ZOO_DIR
+
+    target, data, out = cli_files[1], cli_files[3], cli_files[5]
+    render(0).save(tmp_path / "ok.png")
+    (tmp_path / "data.jsonl").write_text(
+        '{"image": "%s", "prompt": "hi"}\n{"image": "%s", "prompt": "hi"}'
+        % (tmp_path / "ok.png", tmp_path / "gone.png"))
+    cases = [
+        (["--target", str(tmp_path / "nope"), "--data", data],
+         r"--target .*nope: cannot load it as a vision-language model \(no such folder"),
+        (["--target", target, "--data", str(tmp_path / "nope.jsonl")],
+         r"--data .*nope.jsonl: no such file"),
+        (["--target", str(ZOO_DIR / "vlm-target"), "--data", str(tmp_path / "data.jsonl")],
+         r"--data .*data.jsonl line 2: .*No such file or directory: .*gone.png"),
+        ([*cli_files[:4], "--drafter", str(tmp_path / "nothing")],
+         r"--drafter .*nothing: path: no vispec_config.json in"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit):
+            main([*argv, "--out", out])
+        assert re.search(f"error: {message}", capsys.readouterr().err), argv
 
 
 def test_the_cli_names_the_flag_of_a_bad_config_value(capsys, tmp_path):
