@@ -205,7 +205,10 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
 
     args = parse_args(argv)
-    prompts = read_prompts(args.prompts)
+    try:
+        prompts = read_prompts(args.prompts)
+    except (FileNotFoundError, ValueError) as err:  # each names --prompts
+        raise SystemExit(str(err)) from None
     config = config_from_args(args)
     # cpu=True on a machine without CUDA: accelerate then sees torchrun's processes (else one)
     dist = PartialState(cpu=not torch.cuda.is_available())
@@ -232,7 +235,12 @@ def main(argv=None) -> int:
     if not mine:
         return 0
 
-    pipe = load_pipeline(args.model, _DTYPES[args.dtype])
+    try:
+        pipe = load_pipeline(args.model, _DTYPES[args.dtype])
+    except (OSError, ValueError) as err:  # no such folder or hub id, or not a pipeline
+        where = "" if Path(args.model).is_dir() else " (no such folder; tried as a hub id)"
+        raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
+                         f"{str(err).strip().splitlines()[0]}") from None
     pipe.to(dist.device)
     pipe.set_progress_bar_config(leave=False, position=1, desc="steps")
     try:

@@ -160,3 +160,15 @@ def test_two_processes_split_the_prompts(model_dir, tmp_path):
     made = {json.loads((out / f"{i:04d}.json").read_text())["prompt"]:
             json.loads((out / f"{i:04d}.json").read_text())["process"] for i in range(3)}
     assert made == {"a red cat": 0, "a dog on the beach": 0, "a blue car": 1}
+
+
+def test_a_missing_prompts_file_or_model_is_a_message(tmp_path):
+    # both were tracebacks; the model's read diffusers' "not fully cached locally ... Hub"
+    prompts = tmp_path / "prompts.txt"
+    with pytest.raises(SystemExit, match=r"^--prompts: no such file .*prompts.txt$"):
+        generate.main(["--model", "unused", "--prompts", str(prompts), "--out", str(tmp_path)])
+    prompts.write_text("a red cat\n")
+    with pytest.raises(SystemExit, match=r"^--model .*nope: cannot load a diffusers pipeline \(no "
+                                         r"such folder; tried as a hub id\): "):
+        generate.main(["--model", str(tmp_path / "nope"), "--prompts", str(prompts), "--out",
+                       str(tmp_path / "out"), "--dense"])
