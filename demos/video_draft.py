@@ -1,5 +1,6 @@
-"""DraftAttention on a video DiT: dense and sparse videos side by side, and the draft map that chose
-the blocks (Shen et al., arXiv 2505.14708).
+"""DraftAttention on a video DiT: dense and sparse videos side by side, and the draft map.
+
+The draft map is what chose the blocks (Shen et al., arXiv 2505.14708).
 
 A prompt goes to the video pipeline twice with the same seed: once dense, once with
 `apply_draft_attention` (sparsity from the slider). The page shows both videos with their wall
