@@ -303,6 +303,10 @@ def _setup(args):
                              f"{sorted(preset.drafters)}, got {name!r}")
         _refuse_draft_shape(args, f"--target {args.target}")
         _log(f"{preset.description}; drafter: {name}")
+        if args.target == "text" and args.prompt is None:  # the stream goes on mid-line
+            ids = preset.inputs["input_ids"][0]
+            _log(f"prompt: a held-out stdlib window of {ids.numel()} tokens, ending "
+                 f"{preset.tokenizer.decode(ids[-16:])!r}")
         return (preset.target, preset.tokenizer, preset.inputs, preset.drafters[name],
                 preset.eos_token_id)
     target, tokenizer, inputs = _load_path_target(args)

@@ -226,3 +226,17 @@ def test_a_missing_diffusion_drafter_is_named_before_any_hub_lookup(tmp_path, mo
                                          r"model folder Dream-v0-Instruct-7B"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
               "diffusion:Dream-v0-Instruct-7B", "--device", "cpu"])
+
+
+def test_the_text_preset_says_where_its_prompt_ends(capsys):
+    # the held-out window was never shown: the stream began mid-word ("arting delete", ...)
+    from mmspec.zoo.presets import text_preset
+
+    preset = text_preset()
+    tail = preset.tokenizer.decode(preset.inputs["input_ids"][0, -16:])
+    assert main(["generate", "--target", "text", "--max-new-tokens", "2", "--no-baseline",
+                 "--device", "cpu"]) == 0
+    assert f"ending {tail!r}" in capsys.readouterr().err
+    main(["generate", "--target", "text", "--prompt", "def f(x):", "--max-new-tokens", "2",
+          "--no-baseline", "--device", "cpu"])
+    assert "held-out" not in capsys.readouterr().err  # a given prompt is the user's own
