@@ -11,7 +11,8 @@ classifier-free guidance with the empty caption as negative), but denoises pixel
 `WanPipeline`'s VAE, its 4k+1 frame rule and its 16-pixel size rule do not apply: any frame count
 and any even height and width work. `apply_draft_attention(pipe, config)` finds `pipe.transformer`
 and `pipe.scheduler` as it does on a `WanPipeline`. The conditional and unconditional branches run
-as one batch of 2 (a CFG batch), not two forwards as in `WanPipeline`.
+as one batch of 2 (a CFG batch), not two forwards as in `WanPipeline`. diffusers' step caches
+(`pipe.transformer.enable_cache(FirstBlockCacheConfig(...))`) work as on its own pipelines.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class PixelWanPipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(tokenizer=tokenizer, text_encoder=text_encoder,
                               transformer=transformer, scheduler=scheduler)
+
+    @property
+    def current_timestep(self):
+        """The timestep being denoised (None outside a call), as diffusers pipelines expose it
+        for `PyramidAttentionBroadcastConfig(current_timestep_callback=...)`."""
+        return getattr(self, "_current_timestep", None)
 
     @property
     def training(self) -> bool:  # ZooModel convention: entries load in eval mode
@@ -73,15 +80,20 @@ class PixelWanPipeline(DiffusionPipeline):
         latents = latents.to(device, torch.float32)
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):
+            self._current_timestep = t
             model_in = torch.cat([latents, latents]) if cfg else latents
-            v = self.transformer(model_in.to(dtype), timestep=t.expand(model_in.shape[0]),
-                                 encoder_hidden_states=text, return_dict=False)[0].float()
+            # diffusers' step caches (`transformer.enable_cache`) keep their state per context;
+            # one batch holds both branches, as in CogVideoXPipeline
+            with self.transformer.cache_context("cond_uncond" if cfg else "cond"):
+                v = self.transformer(model_in.to(dtype), timestep=t.expand(model_in.shape[0]),
+                                     encoder_hidden_states=text, return_dict=False)[0].float()
             if cfg:
                 v_cond, v_uncond = v.chunk(2)
                 v = v_uncond + guidance_scale * (v_cond - v_uncond)
             latents = self.scheduler.step(v, t, latents, return_dict=False)[0]
             if callback_on_step_end is not None:
                 callback_on_step_end(self, i, t, {})
+        self._current_timestep = None
         video = latents.clamp(-1, 1)
         if output_type == "np":
             video = ((video + 1) / 2).permute(0, 2, 3, 4, 1).cpu().numpy().astype(np.float32)

@@ -128,6 +128,37 @@ def test_draft_attention_at_sparsity_zero_is_dense(entry):
     torch.testing.assert_close(sparse, dense, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("cache", ["first_block", "pyramid_broadcast"])
+def test_step_caches_work_and_stack_with_draft_attention(entry, cache):
+    # the pipeline opened no cache_context, so enable_cache failed at the first step
+    from diffusers import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig
+
+    pipe = entry.model
+    call = dict(prompt="a red circle moving right", **SIZE, num_inference_steps=4,
+                output_type="pt")
+    plain = pipe(**call, generator=torch.Generator().manual_seed(1)).frames
+    if cache == "first_block":
+        config = FirstBlockCacheConfig(threshold=10.0)  # reuse at every step after the first
+    else:
+        config = PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
+            current_timestep_callback=lambda: pipe.current_timestep)
+    pipe.transformer.enable_cache(config)
+    try:
+        cached = pipe(**call, generator=torch.Generator().manual_seed(1)).frames
+        apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.0, tile=(4, 4),
+                                                         dense_steps=1, dense_layers=0))
+        try:
+            both = pipe(**call, generator=torch.Generator().manual_seed(1)).frames
+        finally:
+            remove_draft_attention(pipe)
+    finally:
+        pipe.transformer.disable_cache()
+    assert (cached - plain).abs().max() > 1e-3  # the cache did skip work
+    torch.testing.assert_close(both, cached, atol=1e-4, rtol=0)
+    assert pipe.current_timestep is None
+
+
 def test_draft_attention_at_90_percent_changes_less_than_the_seed(entry):
     pipe = entry.model
     call = dict(prompt="a white triangle moving left", **SIZE, num_inference_steps=6)
