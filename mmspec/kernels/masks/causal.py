@@ -44,6 +44,3 @@ def main():
     print(mask)
     print(mask.to_string())
 
-
-if __name__ == "__main__":
-    main()

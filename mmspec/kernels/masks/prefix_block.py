@@ -57,6 +57,3 @@ def main():
         print(f"prefix_causal={causal}:", mask)
         print(mask.to_string())
 
-
-if __name__ == "__main__":
-    main()

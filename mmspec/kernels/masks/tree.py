@@ -68,6 +68,3 @@ def main():
     print(mask.to_string())
     print(mask.to_dense()[0, 0].int())
 
-
-if __name__ == "__main__":
-    main()
