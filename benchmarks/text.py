@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec import zoo
+from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.decoding import generate, kv_cache
 from mmspec.decoding.drafters import (
     CPSConfig,
@@ -257,12 +258,12 @@ def unit_costs(target, drafter_model, dlm, ids: torch.Tensor, k: int, eos: int) 
     p = ids.shape[1]
 
     def cached(model):
-        return model(ids, use_cache=True).past_key_values
+        return output_cache(model(ids, use_cache=True))
 
     def step(model, cache, n):
         def fn():
             model(input_ids=ids[:, -n:], position_ids=torch.arange(p, p + n)[None],
-                  past_key_values=cache, use_cache=True)
+                  **cache_kwargs(model.forward, cache), use_cache=True)
             kv_cache.crop(cache, p)
         return fn
 

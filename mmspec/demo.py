@@ -15,6 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from mmspec._cache_name import cache_kwargs
 from mmspec.kernels import (
     BlockSparseMask,
     block_sparse_attention,
@@ -83,8 +84,9 @@ def tree_verification():
     tree = torch.randint(0, 256, (1, 8))
     with torch.no_grad():
         cache = DynamicCache(config=config)
-        model(prefix, past_key_values=cache, use_cache=True)
-        logits = model(tree, past_key_values=cache, position_ids=(48 + tree_depths(parents))[None],
+        model(prefix, **cache_kwargs(model.forward, cache), use_cache=True)
+        logits = model(tree, **cache_kwargs(model.forward, cache),
+                       position_ids=(48 + tree_depths(parents))[None],
                        block_sparse_mask=tree_block_mask(parents, 48, 16)).logits[0]
         worst = 0.0
         for node in range(8):

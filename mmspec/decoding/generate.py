@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels import register_hf_attention
 from mmspec.kernels.hf import require_block_sparse_mask
 
@@ -88,8 +89,8 @@ def _eos_ids(target, eos_token_id) -> torch.Tensor:
 
 
 # forward arguments the engine sets on every call: from the caller they would collide
-_ENGINE_KWARGS = {"past_key_values", "use_cache", "position_ids", "output_hidden_states",
-                  "return_dict", "cache_position", "block_sparse_mask"}
+_ENGINE_KWARGS = {"past_key_values", "cache", "use_cache", "position_ids",
+                  "output_hidden_states", "return_dict", "cache_position", "block_sparse_mask"}
 
 
 def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
@@ -255,12 +256,14 @@ def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
         model_kwargs = {"logits_to_keep": 1, **model_kwargs}
     mask = None if bool(attention_mask.all()) else attention_mask
     inputs = target.prepare_inputs_for_generation(
-        input_ids, past_key_values=DynamicCache() if windows else None, attention_mask=mask,
+        input_ids, attention_mask=mask,
         position_ids=position_ids,
-        use_cache=True, is_first_iteration=True, **model_kwargs)
+        use_cache=True, is_first_iteration=True, **model_kwargs,
+        **cache_kwargs(target.prepare_inputs_for_generation,
+                       DynamicCache() if windows else None))
     out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
     hidden = _hidden(out, layers) if layers else None
-    return out.logits[:, -1], out.past_key_values, position_ids, hidden
+    return out.logits[:, -1], output_cache(out), position_ids, hidden
 
 
 class _Rows:
@@ -408,7 +411,8 @@ def _verify_forward(target, tree, slots, cache, need_hidden, windows):
     with audit:
         return target(input_ids=tree.tokens, attention_mask=attn_2d,
                       position_ids=slots.root_pos + tree.depth * tree.valid,  # [..., B, N]
-                      past_key_values=cache, use_cache=True, output_hidden_states=need_hidden,
+                      **cache_kwargs(target.forward, cache), use_cache=True,
+                      output_hidden_states=need_hidden,
                       return_dict=True, **kwargs)
 
 

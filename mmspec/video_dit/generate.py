@@ -103,8 +103,12 @@ def load_pipeline(model: str, dtype: torch.dtype):
 
         return load(path.name, path.parent).model.to(dtype=dtype)
     from diffusers import DiffusionPipeline
+    from diffusers.pipelines import pipeline_utils
 
-    return DiffusionPipeline.from_pretrained(model, torch_dtype=dtype)
+    # newer diffusers (0.42 here) read `dtype` and warn on `torch_dtype`; older ones ignore `dtype`
+    takes_dtype = hasattr(pipeline_utils, "_resolve_dtype")
+    return DiffusionPipeline.from_pretrained(
+        model, **{"dtype" if takes_dtype else "torch_dtype": dtype})
 
 
 def _sync(device) -> None:

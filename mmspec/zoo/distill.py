@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.atomic import save_atomic
 from mmspec.zoo.data import random_windows
 from mmspec.zoo.objectives import masked_diffusion_loss
@@ -31,9 +32,10 @@ from mmspec.zoo.objectives import masked_diffusion_loss
 def greedy_continuations(target, prefixes: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """prefixes long `[B, P]` (no padding) -> long `[B, P + new_tokens]`, greedy, KV-cached."""
     out = target(input_ids=prefixes, use_cache=True, logits_to_keep=1)
-    cache, tokens = out.past_key_values, [out.logits[:, -1].argmax(-1)]
+    cache, tokens = output_cache(out), [out.logits[:, -1].argmax(-1)]
     for _ in range(new_tokens - 1):
-        out = target(input_ids=tokens[-1][:, None], past_key_values=cache, use_cache=True)
+        out = target(input_ids=tokens[-1][:, None], **cache_kwargs(target.forward, cache),
+                     use_cache=True)
         tokens.append(out.logits[:, -1].argmax(-1))
     return torch.cat([prefixes, torch.stack(tokens, dim=1)], dim=1)
 

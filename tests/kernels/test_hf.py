@@ -2,6 +2,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from mmspec._cache_name import cache_kwargs
 from mmspec.kernels import (
     HF_ATTENTION_NAME,
     BlockSparseMask,
@@ -40,9 +41,9 @@ def test_tree_forward_matches_each_branch(llama):
     tree = torch.randint(0, 64, (1, 6), generator=g)
     with torch.no_grad():
         cache = DynamicCache(config=llama.config)
-        llama(prefix, past_key_values=cache, use_cache=True)
+        llama(prefix, **cache_kwargs(llama.forward, cache), use_cache=True)
         positions = (20 + tree_depths(parents))[None]
-        tree_logits = llama(tree, past_key_values=cache, position_ids=positions,
+        tree_logits = llama(tree, **cache_kwargs(llama.forward, cache), position_ids=positions,
                             block_sparse_mask=tree_block_mask(parents, 20, 16)).logits
         for node, path in {3: [0, 1, 3], 5: [0, 2, 4, 5]}.items():
             seq = torch.cat([prefix, tree[:, path]], dim=1)
@@ -167,12 +168,12 @@ def test_gemma2_softcap_tree_forward_matches_eager():
         model.set_attn_implementation(register_hf_attention())
         cache = DynamicCache(config=model.config)
         # the prefill has no block mask: SDPA cannot soft-cap, so it runs through ours as well
-        prefill = model(prefix, past_key_values=cache, use_cache=True).logits
+        prefill = model(prefix, **cache_kwargs(model.forward, cache), use_cache=True).logits
         model.set_attn_implementation("eager")
         torch.testing.assert_close(prefill, model(prefix).logits, atol=1e-5, rtol=1e-5)
         model.set_attn_implementation(register_hf_attention())
         positions = (20 + tree_depths(parents))[None]
-        logits = model(tree, past_key_values=cache, position_ids=positions,
+        logits = model(tree, **cache_kwargs(model.forward, cache), position_ids=positions,
                        block_sparse_mask=tree_block_mask(parents, 20, 16)).logits
     for node, ref in expect.items():
         torch.testing.assert_close(logits[0, node], ref, atol=1e-5, rtol=1e-5)

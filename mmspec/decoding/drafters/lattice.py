@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec._cache_name import cache_kwargs
+
 
 @dataclass
 class Lattice:
@@ -203,7 +205,8 @@ def build_lattice_cached(model, cache: PrefixCache, input_ids: torch.Tensor,
     mask = mask.masked_fill(~keys, torch.finfo(dtype).min)
     keep = k_max + int(shift)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                   past_key_values=cache.kv, use_cache=True, logits_to_keep=keep).logits
+                   **cache_kwargs(model.forward, cache.kv), use_cache=True,
+                   logits_to_keep=keep).logits
     logits = _last(logits, keep, model)
     cache.kv.crop(-k_max)  # the masks' keys and values are not part of any later prefix
     cache.columns, cache.valid = input_ids.clone(), attention_mask.clone()

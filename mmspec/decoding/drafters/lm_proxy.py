@@ -11,6 +11,8 @@ import copy
 
 import torch
 
+from mmspec._cache_name import cache_kwargs, output_cache
+
 
 class CausalLMProxy:
     """Proxy for one sequence; build one per row, e.g. `proxy=lambda: CausalLMProxy(small_lm)`."""
@@ -26,7 +28,7 @@ class CausalLMProxy:
         # clamped unconditionally, not after a host sync to ask whether any id is that wide
         history = history.clamp_max(rows - 1)
         out = self.model(input_ids=history[None].to(device), use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = output_cache(out)
         self.last = torch.log_softmax(out.logits[0, -1].float(), -1)  # [V_lm]
 
     @torch.no_grad()
@@ -40,7 +42,7 @@ class CausalLMProxy:
             cache.batch_repeat_interleave(n)
             rows = self.model.get_input_embeddings().num_embeddings
             logits = self.model(input_ids=paths.clamp_max(rows - 1).to(self.last.device),
-                                past_key_values=cache,
+                                **cache_kwargs(self.model.forward, cache),
                                 use_cache=True).logits[:, -1]
             logp = torch.log_softmax(logits.float(), -1)  # [n, V_lm]
         inside = candidates < logp.shape[-1]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels import register_hf_attention
 
 from .. import kv_cache
@@ -107,8 +108,9 @@ class ModelDrafter:
     def _forward(self, ids, attention_mask, position_ids, mask=None):
         kwargs = {} if mask is None else {"block_sparse_mask": mask}
         out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True, return_dict=True, **kwargs)
-        self.cache = out.past_key_values
+                         **cache_kwargs(self.model.forward, self.cache), use_cache=True,
+                         return_dict=True, **kwargs)
+        self.cache = output_cache(out)
         return out.logits.float()
 
     def _catch_up(self, state: DraftState) -> torch.Tensor:
