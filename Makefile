@@ -9,14 +9,14 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install run test test-browser bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 ifeq ($(HAS_GPU),1)
 	python3 -m venv --system-site-packages $(VENV)
 else
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 endif
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -29,12 +29,12 @@ test: install
 
 # the demos (demos/*.py) driven in Debian's Chromium by Playwright; screenshots in tests/browser/out/
 test-browser: install
-	$(PY) -m pip install -q -e ".[demo]" playwright
+	$(PY) -m pip install -q -c constraints.txt -e ".[demo]" playwright
 	bash demos/install_browser.sh
 	MMSPEC_BROWSER=1 $(PY) -m pytest -q tests/browser
 
 bench: install
-	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) -m mmspec bench all --plot
 
 clean:
