@@ -100,8 +100,12 @@ def load_pipeline(model: str, dtype: torch.dtype):
     path = Path(model)
     if (path / "card.json").is_file():
         from mmspec.zoo.registry import load
+        from mmspec.zoo.video_pipeline import cast_keeping_fp32
 
-        return load(path.name, path.parent).model.to(dtype=dtype)
+        pipe = load(path.name, path.parent).model
+        cast_keeping_fp32(pipe.transformer, dtype)
+        cast_keeping_fp32(pipe.text_encoder, dtype)
+        return pipe
     from diffusers import DiffusionPipeline
     from diffusers.pipelines import pipeline_utils
 

@@ -172,3 +172,26 @@ def test_a_missing_prompts_file_or_model_is_a_message(tmp_path):
                                          r"such folder; tried as a hub id\): "):
         generate.main(["--model", str(tmp_path / "nope"), "--prompts", str(prompts), "--out",
                        str(tmp_path / "out"), "--dense"])
+
+
+@pytest.mark.parametrize("where", ["diffusers", "zoo"])
+def test_bfloat16_loads_keep_the_float32_modules_like_from_pretrained(where, model_dir):
+    # the zoo path cast with `.to(dtype)`: diffusers warned and the norms, time embedder and
+    # modulation table ran in bf16; the diffusers path must really apply the dtype it is given
+    import warnings
+
+    import torch
+
+    from mmspec.video_dit.generate import load_pipeline
+    from mmspec.zoo.registry import ZOO_DIR
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(kept in float32|torch_dtype).*")
+        pipe = load_pipeline(str(model_dir if where == "diffusers" else ZOO_DIR / "video-dit"),
+                             torch.bfloat16)
+    dtypes = {name: p.dtype for name, p in pipe.transformer.named_parameters()}
+    kept = {name for name in dtypes if {"time_embedder", "norm2"} & set(name.split("."))}
+    assert kept and all(dtypes[name] == torch.float32 for name in kept)
+    assert all(d == torch.bfloat16 for name, d in dtypes.items()
+               if name.startswith(("patch_embedding", "proj_out")))
+    assert pipe.transformer.dtype == torch.bfloat16
