@@ -4,6 +4,7 @@ Each benchmark owns a section `<!-- NAME:start --> ... <!-- NAME:end -->`; rerun
 only that section, so benchmarks never overwrite each other's results.
 """
 
+import importlib.metadata
 import platform
 import re
 import shlex
@@ -33,9 +34,21 @@ def timed(fn, repeats: int, sync=lambda: None, reduce=statistics.median) -> floa
     return reduce(times)
 
 
+def versions() -> str:
+    """torch and the Hugging Face libraries whose internals mmspec reaches into (see
+    constraints.txt): a figure can move with any of them."""
+    parts = [f"torch {torch.__version__}"]
+    for name in ("transformers", "diffusers"):
+        try:
+            parts.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    return ", ".join(parts)
+
+
 def machine() -> str:
     if torch.cuda.is_available():
-        return f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}"
+        return f"GPU {torch.cuda.get_device_name()}, {versions()}"
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -44,7 +57,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return f"CPU {cpu}, {torch.get_num_threads()} threads, {versions()}"
 
 
 def command() -> str:
