@@ -350,21 +350,33 @@ def verdicts(totals: dict[str, Total], methods: list[Method], costs: dict, fixed
         (f"- **CPS+ADL ahead of HF assisted generation**: {speed[CPS_ADL]:.2f}× vs "
         f"{speed[HF_ASSIST]:.2f}× → **{'met' if speed[CPS_ADL] > speed[HF_ASSIST] else 'missed'}**."),
     ]
+    # round 1 drafts ADL's k_1 = k_max; k, L_gen and L_acc below are of the rounds after it, so
+    # that L_gen <= k holds for the averages as it does round by round
     ks = [k for row in adl.ks for k in row[1:]]
-    gen = [g for row in adl.generated for g in row]
+    gen = [g for row in adl.generated for g in row[1:]]
+    later = [a for row in adl.accepted for a in row[1:]]
     acc = [a for row in adl.accepted for a in row]
     cps_acc = [a for row in totals[CPS].accepted for a in row]
-    grows = sum(k > fixed_k for k in ks)
-    lines.append(
-        f"- ADL's block length after round 1: mean k = {statistics.mean(ks):.1f} (min {min(ks)}, "
-        f"max {max(ks)}; {grows} of {len(ks)} rounds above {fixed_k}). Eq. 11 grows k by δ only "
-        f"while EMA(L_acc) ≥ EMA(L_gen); here L_gen (the raw argmax draft's length before its "
-        f"first EOS, at most k) averages {statistics.mean(gen):.1f} tokens per round and L_acc "
-        f"{statistics.mean(acc):.2f}, so k falls to k_min and stays there. Longest accepted run "
-        f"in a round: {max(acc)} tokens with CPS+ADL, {max(cps_acc)} with CPS at fixed "
-        f"k={fixed_k}" + (" (no round accepted its whole block, so a longer block could only "
-                          "matter through the DLM's bidirectional context)."
-                          if max(acc + cps_acc) < fixed_k else "."))
+    longest = (
+        f"Longest accepted run in a round: {max(acc)} tokens with CPS+ADL, {max(cps_acc)} with "
+        f"CPS at fixed k={fixed_k}" + (" (no round accepted its whole block, so a longer block "
+                                      "could only matter through the DLM's bidirectional "
+                                      "context)." if max(acc + cps_acc) < fixed_k else "."))
+    if ks:
+        k_min = ADLConfig().k_min
+        grows = sum(k > fixed_k for k in ks)
+        lines.append(
+            f"- ADL's block length after round 1: mean k = {statistics.mean(ks):.1f} (min "
+            f"{min(ks)}, max {max(ks)}; {grows} of {len(ks)} rounds above {fixed_k}). Eq. 11 "
+            f"grows k by δ only while EMA(L_acc) ≥ EMA(L_gen); in these rounds L_gen (the raw "
+            f"argmax draft's length before its first EOS, at most k) averages "
+            f"{statistics.mean(gen):.1f} tokens and L_acc {statistics.mean(later):.2f}, "
+            + ("so k falls to k_min and stays there. " if max(ks) == k_min else
+               f"and k is at k_min = {k_min} in {sum(k == k_min for k in ks)} of them. ")
+            + longest)
+    else:
+        lines.append(f"- ADL's block length: every prompt ended in round 1, so ADL never "
+                     f"adapted k. {longest}")
     cached = totals[CACHED]
     lines.append(
         f"- With the prefix KV cache (`prefix_cache=True`, beyond the paper; approximate for a "
