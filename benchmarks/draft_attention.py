@@ -138,7 +138,7 @@ def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=
 
 
 def _cast(model, device, dtype):
-    """Like from_pretrained(torch_dtype=...): the modules diffusers keeps in fp32 stay fp32."""
+    """Like from_pretrained(dtype=...): the modules diffusers keeps in fp32 stay fp32."""
     model = torch.nn.Module.to(model, device=device, dtype=dtype).eval()
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
     for name, module in model.named_modules():
@@ -269,7 +269,7 @@ def sharpness_report(grid, tile, scales, sparsity=0.9):
     methods = ("draft-global", "draft-row", "local window", "random", "oracle (global)")
     rows = []
     for scale in scales:
-        result, _, _ = fidelity_of(q * scale, k, v, layout, [sparsity])
+        result, sampled, nt = fidelity_of(q * scale, k, v, layout, [sparsity])
         by = {r["method"]: r for r in result}
         bound = by["oracle (global)"]["recall"]
         met = all(by[m]["recall"] >= 0.9 and all(
@@ -283,11 +283,11 @@ def sharpness_report(grid, tile, scales, sparsity=0.9):
               "error global / row", "bar"]
     t, h, w = grid
     return (f"Section 2's synthetic heads ({t}x{h}x{w} tokens, {tile[0]}x{tile[1]} tiles, "
-            f"exact on 32 random query tiles) with q scaled by each factor: a softmax "
-            f"temperature of 1/scale, so the same local / same-frame / same-place / mixed "
-            f"structure and sinks, more or less concentrated. Scale 1 is section 2's workload. "
-            f"Sparsity {sparsity:.0%}; 'bar' applies issue 3's rule (both draft modes recall "
-            f">= 0.9 and beat window and random in recall and error).\n\n"
+            f"exact on {sampled} random query tiles of {nt}) with q scaled by each factor: a "
+            f"softmax temperature of 1/scale, so the same local / same-frame / same-place / "
+            f"mixed structure and sinks, more or less concentrated. Scale 1 is section 2's "
+            f"workload. Sparsity {sparsity:.0%}; 'bar' applies issue 3's rule (both draft modes "
+            f"recall >= 0.9 and beat window and random in recall and error).\n\n"
             + markdown_table(header, rows))
 
 
