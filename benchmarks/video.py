@@ -371,9 +371,11 @@ def main() -> None:
             f"Prompt '{prompts[0]}', seed 0, {big_steps} steps, no CFG, step 0 and layer 0 dense "
             f"({n_sparse} of {n_calls} self-attention calls sparse). Each `attn1` forward is timed "
             f"(projections included). Small problems do not get faster on a CPU (below 2^18 "
-            f"q·kv the kernel is dense masked SDPA), hence this grid, 16x the training grid: the "
-            f"model was trained on 4x16x16 tokens, so this is timing at a size it extrapolates to "
-            f"through RoPE, and its PSNR is against the dense output at the same size. Load "
+            f"q·kv the kernel is dense masked SDPA), hence this grid, "
+            f"{bn / (grid[0] * grid[1] * grid[2]):g}x the training grid: the model was trained "
+            f"on {grid[0]}x{grid[1]}x{grid[2]} tokens, so this is timing at a size it "
+            f"extrapolates to through RoPE, and its PSNR is against the dense output at the same "
+            f"size. Load "
             f"average at the start of this part: {load1[0]:.1f}; dense share of the end-to-end "
             f"time spent in self-attention: {100 * srows[0]['attn_share_dense']:.0f}%.\n\n"
             + s_table
@@ -437,7 +439,7 @@ def main() -> None:
             f"\nAt the generation grid of section 2 ({big_grid[0]}x{big_grid[1]}x{big_grid[2]} = "
             f"{bn:,} tokens, {big_tile[0]}x{big_tile[1]} tiles = {big_tiles} draft tokens; dense "
             f"run, no CFG, steps 1 and {big_steps - 1} of {big_steps}, {len(big_captured)} calls; "
-            f"exact on 32 random query tiles per call):\n\n"
+            f"exact on {min(32, big_tiles)} random query tiles of {big_tiles} per call):\n\n"
             + fid_table(big_fid)
             + f"\n\nAt 90%: {fid_verdict(big_fid)}.\n"
         )
