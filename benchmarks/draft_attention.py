@@ -139,12 +139,9 @@ def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=
 
 def _cast(model, device, dtype):
     """Like from_pretrained(dtype=...): the modules diffusers keeps in fp32 stay fp32."""
-    model = torch.nn.Module.to(model, device=device, dtype=dtype).eval()
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
-    for name, module in model.named_modules():
-        if keep & set(name.split(".")):
-            module.float()
-    return model
+    from mmspec.zoo.video_pipeline import cast_keeping_fp32
+
+    return cast_keeping_fp32(model, dtype, device).eval()
 
 
 def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None):

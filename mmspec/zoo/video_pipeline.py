@@ -27,12 +27,13 @@ from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
 from mmspec.zoo.video_model import encode_prompts
 
 
-def cast_keeping_fp32(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """`module` in `dtype` as `from_pretrained(..., dtype=dtype)` would load it: the submodules its
-    class keeps in float32 (`_keep_in_fp32_modules`: Wan's rope, time embedder, norms and
-    modulation table; UMT5's `wo`) stay float32. A plain `.to(dtype)` casts those too, which
-    diffusers warns against. Returns `module`, cast in place."""
-    torch.nn.Module.to(module, dtype=dtype)  # not ModelMixin.to: it warns before casting them
+def cast_keeping_fp32(module: torch.nn.Module, dtype: torch.dtype,
+                      device: torch.device | str | None = None) -> torch.nn.Module:
+    """`module` in `dtype` (and on `device`) as `from_pretrained(..., dtype=dtype)` would load it:
+    the submodules its class keeps in float32 (`_keep_in_fp32_modules`: Wan's rope, time
+    embedder, norms and modulation table; UMT5's `wo`) stay float32. A plain `.to(dtype)` casts
+    those too, which diffusers warns against. Returns `module`, cast in place."""
+    torch.nn.Module.to(module, device=device, dtype=dtype)  # ModelMixin.to warns, then casts all
     if dtype != torch.float32:
         keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
         for name, sub in module.named_modules():
