@@ -170,6 +170,20 @@ def _softcap_(scores, softcap: float):
     return scores
 
 
+def _small_dense_flash(q, k, v, scale, token_mask):
+    """Small problems without soft-capping: PyTorch's fused CPU flash attention, the token mask as
+    an additive bias (a third of `_small_dense`'s time at tree-verification shapes)."""
+    k, v = _expand_kv(k, v, q.shape[1])
+    bias = torch.zeros(token_mask.shape, dtype=q.dtype).masked_fill_(~token_mask, float("-inf"))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, attn_mask=bias, scale=scale)
+    empty = ~token_mask.any(-1)  # [B or 1, H or 1, Nq]: rows that attend nothing
+    if bool(empty.any()):  # the kernel gives them lse 0; the contract is 0 out, lse -inf
+        out = out.masked_fill(empty[..., None], 0.0)
+        lse = lse.masked_fill(empty, float("-inf"))
+    return out, lse.float()
+
+
 def _small_dense(q, k, v, scale, token_mask, softcap=0.0):
     """Masked dense attention in fp32 for small problems (decode, tree verification)."""
     k, v = _expand_kv(k.float(), v.float(), q.shape[1])
@@ -214,7 +228,9 @@ def torch_block_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap:
         if mask.is_dense and not softcap:  # PyTorch's flash attention has no soft-capping
             return _dense_cpu(q, k, v, scale)
         if mask.q_len * mask.kv_len <= _SMALL_PAIRS:
-            return _small_dense(q, k, v, scale, mask.to_dense(), softcap)
+            if softcap:  # the flash kernel has no soft-capping
+                return _small_dense(q, k, v, scale, mask.to_dense(), softcap)
+            return _small_dense_flash(q, k, v, scale, mask.to_dense())
         kernel = _cpu_kernel()
         if kernel is not None:
             return _fused_cpu(kernel, q, k, v, mask, scale, softcap)
