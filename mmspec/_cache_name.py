@@ -1,26 +1,36 @@
-"""The KV cache's argument name. transformers 5.24 renamed the forward argument and the output
-field `past_key_values` to `cache`; the old name warns on every call and goes in 5.40. Models on
-older transformers, and remote code such as Dream's, still take `past_key_values`."""
+"""The KV cache's argument name. transformers 5.24 renamed the forward argument and the output field
+`past_key_values` to `cache`; the old name warns on every call and goes in 5.40. Models on older
+transformers, and remote code such as Dream's, still take `past_key_values`."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 
-@functools.lru_cache(maxsize=None)
-def _takes_cache(fn) -> bool:
-    try:
-        return "cache" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: the old name
-        return False
+def _renamed() -> bool:
+    from transformers import GenerationMixin
+
+    return "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+
+
+_RENAMED = _renamed()
 
 
 def cache_kwargs(method, cache) -> dict:
-    """`{"cache": cache}` or `{"past_key_values": cache}`: the name `method` (a model's
-    `forward` or `prepare_inputs_for_generation`) takes."""
-    fn = getattr(method, "__func__", method)  # a bound method's function: one entry per class
-    return {"cache": cache} if _takes_cache(fn) else {"past_key_values": cache}
+    """`{"cache": cache}` or `{"past_key_values": cache}`: the name `method` (a model's `forward`
+    or `prepare_inputs_for_generation`) takes. A method that names neither (`**kwargs` only:
+    Gemma 3's `prepare_inputs_for_generation`, a `torch.compile`d forward) gets the installed
+    transformers' name. Not cached: a cache keyed on bound or wrapped methods kept their models
+    alive, and a signature costs microseconds next to a forward."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin or C callable
+        params = {}
+    if "cache" in params:
+        return {"cache": cache}
+    if "past_key_values" in params or not _RENAMED:
+        return {"past_key_values": cache}
+    return {"cache": cache}
 
 
 def output_cache(out):

@@ -32,3 +32,29 @@ def test_generate_and_its_drafters_raise_no_cache_name_deprecation():
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                           max_new_tokens=8, eos_token_id=[])
     assert torch.equal(out.sequences, ref)
+
+
+def test_a_kwargs_only_method_gets_the_installed_transformers_name():
+    # Gemma 3 overrides prepare_inputs_for_generation with **kwargs only; it got the old name and
+    # warned on every call (and would lose the cache once 5.40 drops the alias)
+    from transformers import GenerationMixin
+
+    def kwargs_only(input_ids, **kwargs):
+        return kwargs
+
+    renamed = "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    assert cache_kwargs(kwargs_only, 1) == ({"cache": 1} if renamed else {"past_key_values": 1})
+
+
+def test_the_name_lookup_keeps_no_model_alive():
+    import functools
+    import gc
+    import weakref
+
+    target = tiny_llama(0)
+    target.forward = functools.partial(type(target).forward, target)  # as accelerate's hooks do
+    assert cache_kwargs(target.forward, None) == cache_kwargs(tiny_llama(0).forward, None)
+    ref = weakref.ref(target)
+    del target
+    gc.collect()
+    assert ref() is None
