@@ -30,15 +30,23 @@ from mmspec.zoo.video_model import encode_prompts
 def cast_keeping_fp32(module: torch.nn.Module, dtype: torch.dtype,
                       device: torch.device | str | None = None) -> torch.nn.Module:
     """`module` in `dtype` (and on `device`) as `from_pretrained(..., dtype=dtype)` would load it:
-    the submodules its class keeps in float32 (`_keep_in_fp32_modules`: Wan's rope, time
-    embedder, norms and modulation table; UMT5's `wo`) stay float32. A plain `.to(dtype)` casts
+    parameters and buffers whose dotted name has a part in the class's `_keep_in_fp32_modules`
+    (diffusers' rule: Wan's rope, time embedder, norms and `scale_shift_table`; UMT5's `wo`) stay
+    float32, with their float32 values (never rounded through `dtype`). A plain `.to(dtype)` casts
     those too, which diffusers warns against. Returns `module`, cast in place."""
-    torch.nn.Module.to(module, device=device, dtype=dtype)  # ModelMixin.to warns, then casts all
-    if dtype != torch.float32:
-        keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
-        for name, sub in module.named_modules():
-            if keep & set(name.split(".")):
-                sub.float()
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    for prefix, sub in module.named_modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(sub, kind).items():
+                if t is None:
+                    continue
+                full = f"{prefix}.{name}" if prefix else name
+                kept = bool(keep & set(full.split(".")))
+                to = (torch.float32 if kept else dtype) if t.is_floating_point() else t.dtype
+                if kind == "_parameters":
+                    t.data = t.data.to(device=device, dtype=to)
+                else:
+                    sub._buffers[name] = t.to(device=device, dtype=to)
     return module
 
 

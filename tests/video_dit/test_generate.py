@@ -189,9 +189,16 @@ def test_bfloat16_loads_keep_the_float32_modules_like_from_pretrained(where, mod
         warnings.filterwarnings("error", message=".*(kept in float32|torch_dtype).*")
         pipe = load_pipeline(str(model_dir if where == "diffusers" else ZOO_DIR / "video-dit"),
                              torch.bfloat16)
-    dtypes = {name: p.dtype for name, p in pipe.transformer.named_parameters()}
-    kept = {name for name in dtypes if {"time_embedder", "norm2"} & set(name.split("."))}
-    assert kept and all(dtypes[name] == torch.float32 for name in kept)
-    assert all(d == torch.bfloat16 for name, d in dtypes.items()
+    fp32 = load_pipeline(str(model_dir if where == "diffusers" else ZOO_DIR / "video-dit"),
+                         torch.float32).transformer
+    state, source = dict(pipe.transformer.named_parameters()), dict(fp32.named_parameters())
+    state.update(pipe.transformer.named_buffers())  # the rope tables
+    source.update(fp32.named_buffers())
+    keep = {"time_embedder", "norm2", "scale_shift_table", "rope"}  # Wan's fp32 modules
+    kept = [name for name in state if keep & set(name.split("."))]
+    assert {"scale_shift_table", "blocks.0.scale_shift_table", "rope.freqs_cos"} <= set(kept)
+    for name in kept:  # float32, with the float32 values (not rounded through bf16)
+        assert state[name].dtype == torch.float32 and torch.equal(state[name], source[name]), name
+    assert all(t.dtype == torch.bfloat16 for name, t in state.items()
                if name.startswith(("patch_embedding", "proj_out")))
     assert pipe.transformer.dtype == torch.bfloat16
