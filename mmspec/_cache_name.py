@@ -1,6 +1,6 @@
-"""The KV cache's argument name. transformers 5.24 renamed the forward argument and the output field
-`past_key_values` to `cache`; the old name warns on every call and goes in 5.40. Models on older
-transformers, and remote code such as Dream's, still take `past_key_values`."""
+"""The KV cache's argument name. transformers 5.24 renamed the forward argument and the output
+field `past_key_values` to `cache`; the old name warns on every call and goes in 5.40. Models on
+older transformers, and remote code such as Dream's, still take `past_key_values`."""
 
 from __future__ import annotations
 

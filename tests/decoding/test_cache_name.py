@@ -42,7 +42,8 @@ def test_a_kwargs_only_method_gets_the_installed_transformers_name():
     def kwargs_only(input_ids, **kwargs):
         return kwargs
 
-    renamed = "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    renamed = "cache" in inspect.signature(
+        GenerationMixin.prepare_inputs_for_generation).parameters
     assert cache_kwargs(kwargs_only, 1) == ({"cache": 1} if renamed else {"past_key_values": 1})
 
 
