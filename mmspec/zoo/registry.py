@@ -145,7 +145,7 @@ ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
 # tokens costs about one decode step). Here verifying 20 tokens costs 2.2 decode steps and the DLM
 # commits ~2.5 tokens a round, so a short block is cheaper at almost the same tau (BENCHMARKS.md
-# `text`, run at 7859c14, prefix cache both: k in [4, 10] tau 2.42 / 1.02x; [20, 30] 2.52 / 0.74x).
+# `text`, run at 157cfbf, prefix cache both: k in [4, 10] tau 2.42 / 0.99x; [20, 30] 2.52 / 0.75x).
 ZOO_DLM_K = (4, 10)
 
 
