@@ -228,9 +228,10 @@ def torch_block_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap:
         if mask.is_dense and not softcap:  # PyTorch's flash attention has no soft-capping
             return _dense_cpu(q, k, v, scale)
         if mask.q_len * mask.kv_len <= _SMALL_PAIRS:
+            token_mask = mask.to_dense()
             if softcap:  # the flash kernel has no soft-capping
-                return _small_dense(q, k, v, scale, mask.to_dense(), softcap)
-            return _small_dense_flash(q, k, v, scale, mask.to_dense())
+                return _small_dense(q, k, v, scale, token_mask, softcap)
+            return _small_dense_flash(q, k, v, scale, token_mask)
         kernel = _cpu_kernel()
         if kernel is not None:
             return _fused_cpu(kernel, q, k, v, mask, scale, softcap)
