@@ -15,6 +15,12 @@ layers only (cross-attention stays dense) and registers hooks:
 Deliberate differences from the official code: no patched model code; the step comes from a hook,
 not from a `current_timestep` argument threaded through the model; the achieved density is
 recorded per step and layer (`DraftAttentionState.records`, or an `on_density` callback).
+
+`torch.compile`: the pre-forward hook tells each processor whether its layer is sparse in this
+forward (`processor.sparse`) and collects the densities the processors kept after the forward, so
+code inside the blocks reads one bool and no step or layer number: diffusers' regional
+compilation (`compile_repeated_blocks(fullgraph=True)`) builds a dense and a sparse graph per
+block class instead of recompiling per layer and step (`tests/video_dit/test_compile.py`).
 """
 
 from __future__ import annotations
@@ -134,6 +140,7 @@ class DraftAttentionState(_DensityReport):
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
         self.hooks = []
         self.originals = {}
+        self.processors = []  # ours, in layer order
 
     # -------------------------------------------------------------------------------- decisions
 
@@ -164,6 +171,9 @@ class DraftAttentionState(_DensityReport):
         self.tiled = (self.config.permute_once and self.num_layers > self.config.dense_layers
                       and not self.layout.has_padding
                       and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+        for processor in self.processors:  # read inside the blocks (see processors.py)
+            processor.sparse = self.sparse_layer(processor.layer)
+            processor.densities.clear()  # left by a forward that raised
         if self.tiled and family.tile_inputs is not None:
             family.tile_inputs(self, bound.arguments)
             return bound.args, bound.kwargs
@@ -171,6 +181,10 @@ class DraftAttentionState(_DensityReport):
 
     def post_forward(self, module, args, kwargs, output):
         self.tiled = False
+        for processor in self.processors:  # this forward's calls, in call order
+            for density in processor.densities:
+                self.record(processor.layer, density)
+            processor.densities.clear()
 
     @property
     def scheduler(self):
@@ -265,7 +279,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             `transformer_2`), or a `WanTransformer3DModel`, `HunyuanVideoTransformer3DModel` or
             `CogVideoXTransformer3DModel`.
         config: `DraftAttentionConfig()` by default.
-        on_density: optional `callback(step, layer, density)` after every self-attention call.
+        on_density: optional `callback(step, layer, density)` for every self-attention call,
+            made when the transformer forward that ran the call returns (in call order).
         on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
             `[B, H, nTiles, nTiles]` (tile order, before block selection) of every call that goes
             through DraftAttention (the sparse layers of sparse steps).
@@ -303,7 +318,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
         state = DraftAttentionState(transformer, config, pipe, on_density, on_draft_map)
         for layer, module in enumerate(state.family.layers(transformer)):
             state.originals[module] = module.processor
-            module.set_processor(state.family.processor(state, layer, module.processor))
+            state.processors.append(state.family.processor(state, layer, module.processor))
+            module.set_processor(state.processors[-1])
         state.hooks.append(transformer.register_forward_pre_hook(state.pre_forward, with_kwargs=True))
         state.hooks.append(transformer.register_forward_hook(state.post_forward, with_kwargs=True))
         if config.permute_once:

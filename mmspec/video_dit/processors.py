@@ -32,28 +32,36 @@ def _wan_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor)
 
 
 class _DraftProcessor:
+    """Shared by the three processors. What a call needs to decide is set on the processor by
+    the state before each transformer forward (`sparse`), and what it reports goes to the
+    processor's own list (`densities`), which the state collects after the forward: so no step
+    number or layer index is read inside a block, and `torch.compile` of the blocks (diffusers'
+    `compile_repeated_blocks`) guards on one bool instead of recompiling for every layer and
+    step."""
+
     def __init__(self, state, layer: int, original):
         self.state = state
         self.layer = layer  # index among the model's self-attention layers
         self.original = original
+        self.sparse = False  # this layer runs DraftAttention in the current forward
+        self.densities = []  # this forward's calls: 0-d tensor, or None for a dense call
 
     def _dense_through_original(self) -> bool:
         """True when this call goes to the model's own processor (a dense layer or step)."""
-        return not self.state.sparse_layer(self.layer)
+        return not self.sparse
 
     def _attend(self, q, k, v, **kwargs):
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
         state, cfg = self.state, self.state.config
-        dense = not state.sparse_layer(self.layer)
         on_draft_map = None
-        if state.on_draft_map is not None:
+        if state.on_draft_map is not None:  # a callback with the step: one graph per layer
             step, layer = state.step, self.layer
             on_draft_map = lambda probs: state.on_draft_map(step, layer, probs)
         out, density = draft_attention(
-            q, k, v, state.layout, sparsity=0.0 if dense else cfg.sparsity, mode=cfg.mode,
+            q, k, v, state.layout, sparsity=cfg.sparsity, mode=cfg.mode,
             backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, **kwargs,
         )
-        state.record(self.layer, None if dense else density)
+        self.densities.append(density)
         return out
 
 
@@ -62,10 +70,9 @@ class WanDraftAttnProcessor(_DraftProcessor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None):
-        state = self.state
-        if encoder_hidden_states is not None or not state.sparse_layer(self.layer):
+        if encoder_hidden_states is not None or not self.sparse:
             if encoder_hidden_states is None:
-                state.record(self.layer, None)
+                self.densities.append(None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  rotary_emb)
         if attention_mask is not None:
@@ -92,7 +99,7 @@ class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
         if self._dense_through_original():
-            self.state.record(self.layer, None)
+            self.densities.append(None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  image_rotary_emb)
         from diffusers.models.embeddings import apply_rotary_emb
@@ -150,7 +157,7 @@ class CogVideoXDraftAttnProcessor(_DraftProcessor):
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
                  image_rotary_emb=None):
         if self._dense_through_original():
-            self.state.record(self.layer, None)
+            self.densities.append(None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  image_rotary_emb)
         if attention_mask is not None:

@@ -54,7 +54,9 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
     `out / (1 - n_invalid * exp(-lse))`. This needs no element masks, whose memory grows with
     every kept block that holds padding (tens of thousands of 128x128 masks per layer for Wan at
     480p). Where invalid keys dominate a row's denominator (real logits far below 0) the
-    correction would lose precision, and the call is redone with element masks instead.
+    correction would lose precision, and the call is redone by `_attend_with_mean_keys`, whose
+    stand-in keys cannot dominate. Under `torch.compile` that choice is a `torch.cond`, so the
+    graph has no data-dependent Python branch (diffusers' `compile_repeated_blocks(fullgraph=True)`).
     `zeroed`: k and v are already 0 at the invalid keys (padding slots made by `to_tiles`).
     """
     length, m = q.shape[2], blocks.shape[-1]
@@ -67,16 +69,46 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
     per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
     n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
     share = (n_invalid * torch.exp(-lse)).masked_fill(query_is_padding, 0.0)
-    if bool((share > 0.99).any()):
-        valid_keys = torch.nn.functional.pad(valid, (0, m * bs - length))
-        partial = blocks & (invalid > 0)[:, None, None, :]
-        mask = BlockSparseMask.from_block_flags(
-            blocks & ~partial, partial,
-            lambda bi, hi, qi, ki: valid_keys[bi % valid_keys.shape[0], ki],
-            bs, length, length,
-        )
-        return block_sparse_attention(q, k, v, mask, scale=scale, backend=backend)
-    return (out.float() / (1.0 - share)[..., None]).to(out.dtype)
+
+    def corrected(out, share):
+        return (out.float() / (1.0 - share)[..., None]).to(out.dtype)
+
+    def redone(out, share):
+        return _attend_with_mean_keys(q, k, v, blocks, valid, bs, scale, backend)
+
+    imprecise = (share > 0.99).any()
+    if torch.compiler.is_compiling():
+        return torch.cond(imprecise, redone, corrected, (out, share))
+    return redone(out, share) if bool(imprecise) else corrected(out, share)
+
+
+def _attend_with_mean_keys(q, k, v, blocks, valid, bs, scale, backend):
+    """`_attend_without_invalid_keys` for rows where zeroed invalid keys dominate the softmax.
+
+    Each invalid key stands in as the mean of its block's valid keys, with v = 0, and a block
+    with no valid key is skipped. By Jensen's inequality such a key weighs at most the mean weight
+    of its block's valid keys, so a row's valid share of the softmax is at least
+    `valid / block size` of its sparsest kept block: no cancellation. A second kernel call with
+    v = 1 on the valid keys (0 elsewhere) returns that share itself, with the same weights, and
+    the output is divided by it. Static shapes throughout, so it runs inside `torch.cond`.
+    """
+    b, hk, length, d = k.shape
+    m = blocks.shape[-1]
+    keep = valid[:, None, :, None]  # [B|1, 1, L, 1]
+    pad = m * bs - length
+    counts = torch.nn.functional.pad(valid, (0, pad)).view(-1, m, bs).sum(-1)  # [B|1, M]
+    sums = torch.nn.functional.pad(k.masked_fill(~keep, 0.0), (0, 0, 0, pad)).view(
+        b, hk, m, bs, d).sum(3, dtype=torch.float32)  # [B, Hk, M, D]
+    means = (sums / counts.clamp_min(1)[:, None, :, None]).to(k.dtype)
+    k = torch.where(keep, k, means.repeat_interleave(bs, dim=2)[:, :, :length])
+    blocks = blocks & (counts > 0)[:, None, None, :]
+    mask = BlockSparseMask.from_dense(blocks, bs, length, length)
+    out = block_sparse_attention(q, k, v.masked_fill(~keep, 0.0), mask, scale=scale,
+                                 backend=backend)
+    ones = keep.to(v.dtype).expand(b, hk, length, d)  # the kernel's D; only column 0 is read
+    share = block_sparse_attention(q, k, ones, mask, scale=scale, backend=backend)[..., :1]
+    # share > 0 in every row with a valid key in a kept block (a query tile's own block has one)
+    return (out.float() / share.float().clamp_min(1e-30)).to(out.dtype)
 
 
 def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout, *,
@@ -140,7 +172,9 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     # no .contiguous(): every backend takes strided q, k, v (a copy costs ~5% of a layer on a GPU)
     q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len else vid for vid, p in zip(videos, parts)]
     # without key_valid or padding every key is valid: no device sync to find that out
-    if (key_valid is None and not layout.has_padding) or bool(valid.all()):
+    # (under torch.compile the exact path runs instead of a data-dependent branch)
+    if (key_valid is None and not layout.has_padding) or (
+            not torch.compiler.is_compiling() and bool(valid.all())):
         mask = BlockSparseMask.from_dense(blocks, bs, length, length)
         out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
     else:

@@ -107,11 +107,11 @@ def test_tiled_padding_slots_do_not_leak_into_the_draft():
     torch.testing.assert_close(dirty[:, :, valid], clean[:, :, valid], atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("logit_shift", [0.0, -40.0])
+@pytest.mark.parametrize("logit_shift", [0.0, -40.0, -120.0])
 def test_padding_correction_and_its_fallback(logit_shift, monkeypatch):
     # padded keys are zeroed and divided out through the lse; when real logits sit far below the
-    # zero logit of a padded key the exact element-mask path must take over
-    from mmspec.kernels import BlockSparseMask
+    # zero logit of a padded key (at -120 exp underflows to 0 next to it in fp32) the exact
+    # mean-key path must take over
     from mmspec.video_dit import sparse_attention
 
     q, k, v = _qkv(seed=7)
@@ -123,12 +123,34 @@ def test_padding_correction_and_its_fallback(logit_shift, monkeypatch):
         k = k - u * (-logit_shift) ** 0.5 * 8**0.25
     layout = tile_layout(GRID, TILE)
     calls = []
-    real = BlockSparseMask.from_block_flags.__func__
-    monkeypatch.setattr(BlockSparseMask, "from_block_flags",
-                        classmethod(lambda cls, *a: calls.append(1) or real(cls, *a)))
-    out, _ = sparse_attention.draft_attention(q, k, v, layout, sparsity=0.0)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-4)
-    assert len(calls) == (1 if logit_shift else 0)
+    real = sparse_attention._attend_with_mean_keys
+    monkeypatch.setattr(sparse_attention, "_attend_with_mean_keys",
+                        lambda *a: calls.append(1) or real(*a))
+    for sparsity in (0.0, 0.6):
+        out, _ = sparse_attention.draft_attention(q, k, v, layout, sparsity=sparsity)
+        kept = draft_block_mask(q, k, GRID, TILE, sparsity)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=_token_mask(kept, layout, 0, False))
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    assert len(calls) == (2 if logit_shift else 0)
+
+
+def test_mean_keys_path_is_exact_with_text_padding():
+    # a text block with one valid key among padding: its stand-in keys weigh at most as much as
+    # that key, and the share call divides them out
+    from mmspec.video_dit.sparse_attention import _attend_with_mean_keys
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 40, 8, generator=g) for _ in range(3))
+    valid = torch.ones(2, 40, dtype=torch.bool)
+    valid[0, 33:] = False  # sample 0: block 4 (keys 32-39) holds one valid key
+    valid[1, 24:32] = False  # sample 1: block 3 has none and must be skipped
+    blocks = torch.rand(2, 2, 5, 5, generator=g) > 0.4
+    blocks |= torch.eye(5, dtype=torch.bool)
+    blocks[..., 4] = True
+    out = _attend_with_mean_keys(q, k, v, blocks, valid, 8, 8**-0.5, "auto")
+    allowed = blocks.repeat_interleave(8, 2).repeat_interleave(8, 3) & valid[:, None, None]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
 def test_key_valid_of_another_length_is_named():

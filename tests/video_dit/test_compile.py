@@ -1,0 +1,85 @@
+"""DraftAttention under torch.compile: diffusers' regional compilation (every transformer block
+compiled with fullgraph=True, as `compile_repeated_blocks` does) and a whole-model compile give
+the eager outputs and records, without a recompile per layer or step."""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
+
+from .test_processors import _cog_inputs, _hunyuan_inputs, _wan_inputs
+from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_wan
+
+# 3 self-attention layers of each block class, so a recompile per layer would show
+MODELS = {
+    "wan": (lambda: tiny_wan(num_layers=3), lambda: (_wan_inputs(), {}), 1),
+    "hunyuan": (lambda: tiny_hunyuan(num_layers=3, num_single_layers=3),
+                lambda: (_hunyuan_inputs(), {}), 1),
+    "cogvideox": (lambda: tiny_cogvideox(num_layers=3), _cog_inputs, 2),
+}
+
+
+def _steps(model, inputs, t_arg):
+    """Three denoising steps (900, 800, 700) of a CFG batch of 2: one dense, two sparse."""
+    args, kwargs = inputs()
+    outs = []
+    for t in (900, 800, 700):
+        args = (*args[:t_arg], torch.tensor([t, t]), *args[t_arg + 1:])
+        outs.append(model(*args, **kwargs).sample)
+    return outs
+
+
+def _blocks(model):
+    return [m for name in ("transformer_blocks", "single_transformer_blocks", "blocks")
+            for m in getattr(model, name, [])]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@torch.no_grad()
+def test_regional_fullgraph_compile_matches_eager(name):
+    build, inputs, t_arg = MODELS[name]
+    model = build()
+    # frames are not whole tiles (padding slots: the exact padding path and its torch.cond) and
+    # HunyuanVideo's sample 1 pads its text
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        sparsity=0.5, tile=(4, 4), dense_steps=1, dense_layers=1))
+    eager = _steps(model, inputs, t_arg)
+    records = state.records
+    assert {r.density for r in records if r.step > 0 and r.layer > 0} != {1.0}  # sparse ran
+    state.reset()
+    counters = []
+    for patched in (False, True):  # the same model without DraftAttention, for the graph count
+        counters.append(CompileCounterWithBackend("aot_eager"))
+        plain = build()
+        for block in _blocks(model if patched else plain):  # as compile_repeated_blocks does
+            block.compile(fullgraph=True, backend=counters[-1])
+        compiled = _steps(model if patched else plain, inputs, t_arg)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert state.records == records
+    # a dense and a sparse graph where the model alone has one (HunyuanVideo's and CogVideoX's
+    # first block sees other input strides), not one per layer and step
+    assert counters[1].frame_count <= 2 * counters[0].frame_count, \
+        (counters[0].frame_count, counters[1].frame_count)
+
+
+@torch.no_grad()
+def test_inductor_compile_of_a_wan_with_padded_frames():
+    model = tiny_wan(num_layers=2)
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        sparsity=0.5, tile=(4, 4), dense_steps=0, dense_layers=0))
+    args = _wan_inputs()
+    eager = model(*args).sample
+    assert state.mean_density() < 1.0
+    model.compile_repeated_blocks(fullgraph=True)  # inductor, diffusers' own entry point
+    torch.testing.assert_close(model(*args).sample, eager, atol=1e-4, rtol=1e-4)
+    whole = torch.compile(model, backend="aot_eager")  # the step hook breaks the graph there
+    torch.testing.assert_close(whole(*args).sample, eager, atol=1e-5, rtol=1e-5)
