@@ -56,7 +56,8 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
     480p). Where invalid keys dominate a row's denominator (real logits far below 0) the
     correction would lose precision, and the call is redone by `_attend_with_mean_keys`, whose
     stand-in keys cannot dominate. Under `torch.compile` that choice is a `torch.cond`, so the
-    graph has no data-dependent Python branch (diffusers' `compile_repeated_blocks(fullgraph=True)`).
+    graph has no data-dependent Python branch (diffusers' `compile_repeated_blocks(
+    fullgraph=True)`).
     `zeroed`: k and v are already 0 at the invalid keys (padding slots made by `to_tiles`).
     """
     length, m = q.shape[2], blocks.shape[-1]

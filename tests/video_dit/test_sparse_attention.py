@@ -129,7 +129,8 @@ def test_padding_correction_and_its_fallback(logit_shift, monkeypatch):
     for sparsity in (0.0, 0.6):
         out, _ = sparse_attention.draft_attention(q, k, v, layout, sparsity=sparsity)
         kept = draft_block_mask(q, k, GRID, TILE, sparsity)
-        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=_token_mask(kept, layout, 0, False))
+        mask = _token_mask(kept, layout, 0, False)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
     assert len(calls) == (2 if logit_shift else 0)
 

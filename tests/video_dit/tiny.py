@@ -29,7 +29,8 @@ def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
     torch.manual_seed(seed)
     return HunyuanVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
-        num_layers=num_layers, num_single_layers=num_single_layers, num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        num_layers=num_layers, num_single_layers=num_single_layers, num_refiner_layers=1,
+        patch_size=1, patch_size_t=1, text_embed_dim=16,
         pooled_projection_dim=8, rope_axes_dim=(2, 2, 4),
     ).eval()
 
@@ -38,8 +39,8 @@ def tiny_cogvideox(seed: int = 0, num_layers: int = 2) -> CogVideoXTransformer3D
     torch.manual_seed(seed)
     return CogVideoXTransformer3DModel(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-        time_embed_dim=4, text_embed_dim=16, num_layers=num_layers, sample_width=10, sample_height=6,
-        sample_frames=9, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=7,
+        time_embed_dim=4, text_embed_dim=16, num_layers=num_layers, sample_width=10,
+        sample_height=6, sample_frames=9, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=7,
         use_rotary_positional_embeddings=True,
     ).eval()
 
