@@ -1,7 +1,7 @@
 """Batch text-to-video with or without DraftAttention (arXiv 2505.14708), resumable, multi-GPU.
 
     python -m mmspec.video_dit.generate --model PATH --prompts prompts.txt --out DIR
-        [--sparsity 0.9 | --dense] [--steps 50] [--seed 42]
+        [--sparsity 0.9 | --dense] [--steps 50] [--seed 42] [--compile [BACKEND]]
 
 For prompt number i (one prompt per non-empty line; lines starting with '#' are skipped) it writes
 `DIR/{i:04d}.mp4`, `DIR/{i:04d}.png` (first frame) and `DIR/{i:04d}.json` (timings, density,
@@ -63,7 +63,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--guidance is the distilled embedded guidance)")
     p.add_argument("--fps", type=positive_int, default=16)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile each transformer block with fullgraph=True, as diffusers' "
+                        "compile_repeated_blocks (backend default inductor); the first prompt's "
+                        "first steps then include the compilation")
     args = p.parse_args(argv)
+    if args.compile is not None:
+        import torch._dynamo
+
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if args.compile not in backends:
+            p.error(f"--compile takes a torch.compile backend ({', '.join(backends)}), got "
+                    f"{args.compile!r}")
     if not args.dense and not 0 <= args.sparsity < 1:
         p.error(f"--sparsity must be in [0, 1), got {args.sparsity}")
     steps = args.dense_steps
@@ -113,6 +124,26 @@ def load_pipeline(model: str, dtype: torch.dtype):
     takes_dtype = hasattr(pipeline_utils, "_resolve_dtype")
     return DiffusionPipeline.from_pretrained(
         model, **{"dtype" if takes_dtype else "torch_dtype": dtype})
+
+
+def compile_blocks(pipe, backend: str = "inductor") -> int:
+    """Regional compilation of every transformer of `pipe`: each repeated block compiled with
+    fullgraph=True, as diffusers' `compile_repeated_blocks` does (its block classes, or the
+    `transformer_blocks` of a model that names none, e.g. CogVideoX). Returns the blocks compiled."""
+    count = 0
+    for name in ("transformer", "transformer_2"):
+        model = getattr(pipe, name, None)
+        if model is None:
+            continue
+        kinds = set(getattr(model, "_repeated_blocks", None) or ())
+        blocks = ([m for m in model.modules() if type(m).__name__ in kinds] if kinds
+                  else list(getattr(model, "transformer_blocks", ())))
+        for block in blocks:
+            block.compile(fullgraph=True, backend=backend)
+        count += len(blocks)
+    if not count:
+        raise SystemExit(f"--compile: {type(pipe).__name__} has no transformer blocks to compile")
+    return count
 
 
 def _sync(device) -> None:
@@ -255,6 +286,8 @@ def main(argv=None) -> int:
         state = apply_draft_attention(pipe, config) if config is not None else None
     except (TypeError, ValueError) as err:  # an unsupported model, --dense-layers too many
         raise SystemExit(f"--model {args.model}: {err}") from None
+    if args.compile is not None:
+        compile_blocks(pipe, args.compile)
     for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
         result = generate_one(pipe, prompts[index], index, args, state, dist.device)
         stem = args.out / f"{index:04d}"
@@ -273,6 +306,7 @@ def main(argv=None) -> int:
             "height": int(frames.shape[1]), "width": int(frames.shape[2]),
             "device": str(dist.device), "process": dist.process_index,
             "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
+            "compile": args.compile,  # the first prompt compiled in its first steps
         }
         # last, and atomically: a JSON marks the prompt finished
         write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))

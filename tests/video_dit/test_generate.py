@@ -101,6 +101,37 @@ def test_step_seconds_start_at_the_denoising_loop(model_dir, tmp_path):
     assert result["decode_seconds"] > 0
 
 
+def test_compile_gives_the_eager_videos(model_dir, tmp_path, capsys):
+    # 64x64 frames are 4x4 latent tokens here: --tile 3 3 pads them (the exact padded-key path)
+    import torch
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--tile", "3", "3",
+            "--sparsity", "0.5", "--dense-steps", "1"]
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        assert generate.main([*args, "--out", str(tmp_path / "eager")]) == 0
+        assert counters["stats"]["unique_graphs"] == 0
+        assert generate.main([*args, "--out", str(tmp_path / "compiled"),
+                              "--compile", "aot_eager"]) == 0
+        assert counters["stats"]["unique_graphs"] >= 1  # the blocks did compile
+    finally:
+        torch._dynamo.reset()
+    eager, compiled = (json.loads((tmp_path / d / "0000.json").read_text())
+                       for d in ("eager", "compiled"))
+    assert compiled["compile"] == "aot_eager" and eager["compile"] is None
+    assert compiled["density"] == eager["density"] and eager["density"]["mean"] < 1.0
+    a, b = (read_video(tmp_path / d / "0000.mp4").astype(int) for d in ("eager", "compiled"))
+    assert np.abs(a - b).max() <= 1  # H.264 of the same frames, up to float rounding
+    with pytest.raises(SystemExit):
+        generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--compile", "jit"])
+    assert "--compile takes a torch.compile backend (" in capsys.readouterr().err
+
+
 def test_bad_cli_input(tmp_path, model_dir, capsys):
     with pytest.raises(SystemExit):
         generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--sparsity", "1.0"])
