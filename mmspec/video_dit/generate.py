@@ -129,7 +129,7 @@ def load_pipeline(model: str, dtype: torch.dtype):
 def compile_blocks(pipe, backend: str = "inductor") -> int:
     """Regional compilation of every transformer of `pipe`: each repeated block compiled with
     fullgraph=True, as diffusers' `compile_repeated_blocks` does (its block classes, or the
-    `transformer_blocks` of a model that names none, e.g. CogVideoX). Returns the blocks compiled."""
+    `transformer_blocks` of a model that names none, e.g. CogVideoX). Returns the block count."""
     count = 0
     for name in ("transformer", "transformer_2"):
         model = getattr(pipe, name, None)
