@@ -21,9 +21,23 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
+
+_DENSE_CACHE_MAX = 1 << 22  # elements of a token-level mask kept by `to_dense` (4 MiB of bool)
+
+
+class _LastDense(threading.local):
+    """`to_dense`'s last result: (weak references to the mask's tensors, key, tensor, its
+    version). Weak references: a freed tensor's id may be reused, a dead reference cannot match."""
+
+    entry = None
+
+
+_LAST_DENSE = _LastDense()
 
 
 def _is_int(value) -> bool:
@@ -330,7 +344,30 @@ class BlockSparseMask:
         return out[..., :-1]
 
     def to_dense(self) -> torch.Tensor:
-        """Token-level bool `[B, H, q_len, kv_len]`: True where a query attends a key."""
+        """Token-level bool `[B, H, q_len, kv_len]`: True where a query attends a key.
+
+        The last small result is kept (per thread) for the same tensors: every layer of a forward
+        asks for it again, through a new mask object around the same tensors (the custom op
+        rebuilds one), ~55 us a build on a CPU at tree-verification sizes. An in-place change to
+        those tensors or to the returned one is seen through their version counters.
+        """
+        tensors = (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+                   self.full_kv_indices, self.partial_masks)
+        cacheable = not torch.compiler.is_compiling() and not any(
+            t.is_inference() for t in tensors)  # inference tensors have no version counter
+        if cacheable:
+            key = (tuple(t._version for t in tensors), self.q_len, self.kv_len, self.block_size)
+            last = _LAST_DENSE.entry
+            if (last is not None and last[1] == key and last[2]._version == last[3]
+                    and all(ref() is t for ref, t in zip(last[0], tensors))):
+                return last[2]
+        dense = self._build_dense()
+        if cacheable and dense.numel() <= _DENSE_CACHE_MAX:
+            _LAST_DENSE.entry = (tuple(weakref.ref(t) for t in tensors), key, dense,
+                                 dense._version)
+        return dense
+
+    def _build_dense(self) -> torch.Tensor:
         bq, bk = self.block_size
         b, h, mq = self.kv_num_blocks.shape
         nk = self.num_kv_blocks

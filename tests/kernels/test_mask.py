@@ -31,6 +31,29 @@ def test_from_dense_round_trip(q_len, kv_len, bs):
     assert mask.kv_num_blocks.sum() == 0
 
 
+def test_to_dense_is_kept_and_rebuilt_after_in_place_changes():
+    g = torch.Generator().manual_seed(4)
+    token = torch.rand(1, 2, 40, 70, generator=g) < 0.5
+    mask = BlockSparseMask.from_token_mask(token, 16)
+    first = mask.to_dense()
+    assert mask.to_dense() is first and torch.equal(first, token)  # one build per mask
+    # a new mask object around the same tensors (as the custom op makes for every layer)
+    again = BlockSparseMask._unchecked(mask.kv_num_blocks, mask.kv_indices,
+                                       mask.full_kv_num_blocks, mask.full_kv_indices,
+                                       mask.partial_masks, (16, 16), 40, 70)
+    assert again.to_dense() is first
+    other = BlockSparseMask.from_token_mask(~token, 16)  # another mask in between
+    assert torch.equal(other.to_dense(), ~token) and torch.equal(mask.to_dense(), token)
+    first.fill_(False)  # a caller changed the tensor it got: not handed out again
+    assert torch.equal(mask.to_dense(), token)
+    mask.partial_masks.fill_(True)  # the mask itself changed in place
+    assert torch.equal(mask.to_dense(), mask._build_dense()) and not torch.equal(
+        mask.to_dense(), token)
+    with torch.inference_mode():  # no version counters there: built every time, still right
+        frozen = BlockSparseMask.from_token_mask(token.clone(), 16)
+        assert torch.equal(frozen.to_dense(), token) and frozen.to_dense() is not frozen.to_dense()
+
+
 @pytest.mark.parametrize("shape,bs", [((1, 1, 50, 70), 16), ((2, 3, 33, 65), (16, 32))])
 def test_from_token_mask_classifies_blocks(shape, bs):
     g = torch.Generator().manual_seed(1)
