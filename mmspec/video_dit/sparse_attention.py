@@ -7,7 +7,9 @@ video tiles and keep dense block rows and columns, as in the official code's all
 
 Deliberate differences from the official code: padded keys (frames that are not whole tiles, text
 padding) are excluded exactly instead of asserted away: zeroed and divided out of the softmax
-through the kernel's lse, with element masks only as a fallback; every sample of a batch (CFG)
+through the kernel's lse, with a recomputation around mean stand-in keys as the fallback where
+that would lose precision (no element masks, static shapes, so `torch.compile` traces it with no
+graph break); every sample of a batch (CFG)
 gets its own mask in the same kernel call; the kernel is mmspec's (Triton on GPU, torch on CPU)
 instead of the CUDA-only Block-Sparse-Attention.
 """
