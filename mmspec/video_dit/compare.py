@@ -7,6 +7,10 @@ decord. PSNR is over all frames and channels (peak 255). SSIM is Wang et al. 200
 Gaussian window (sigma 1.5) per channel and frame, averaged. When the generate JSONs are present
 the table also shows the time ratio and the mean attention density. DraftAttention's repository
 ships no metrics script; SVG's `svg/utils/metric.py` computes the same two metrics.
+
+Next to the table, `compare.png` puts each video's middle frame side by side, dense | sparse |
+their absolute difference (x4), under its PSNR and SSIM: where the sparse video drifts shows at a
+glance.
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ def _check_same_run(name: str, dense: dict, sparse: dict) -> None:
                                      for d in differ) + ")")
 
 
-def compare_dirs(dense_dir: Path, sparse_dir: Path) -> list[dict]:
+def compare_dirs(dense_dir: Path, sparse_dir: Path, on_pair=None) -> list[dict]:
+    """One row per video name in both folders; `on_pair(row, dense, sparse)` sees the frames."""
     for name, d in (("DENSE_DIR", dense_dir), ("SPARSE_DIR", sparse_dir)):
         if not d.is_dir():
             raise FileNotFoundError(f"{name}: no such directory {d}")
@@ -116,8 +121,45 @@ def compare_dirs(dense_dir: Path, sparse_dir: Path) -> list[dict]:
             row["speedup"] = dense_meta["seconds"] / sparse_meta["seconds"]
         if sparse_meta and sparse_meta.get("density"):
             row["density"] = sparse_meta["density"]["mean"]
+        if on_pair is not None:
+            on_pair(row, a, b)
         rows.append(row)
     return rows
+
+
+class ContactSheet:
+    """Rows of (dense | sparse | |difference| x 4) middle frames, each under its metrics."""
+
+    def __init__(self, width: int = 320):
+        self.width = width  # of each of the three panels
+        self.rows = []
+
+    def __call__(self, row: dict, dense: np.ndarray, sparse: np.ndarray) -> None:
+        from PIL import Image
+
+        mid = dense.shape[0] // 2
+        a, b = dense[mid], sparse[mid]
+        diff = np.abs(a.astype(np.int16) - b.astype(np.int16)).max(-1) * 4
+        diff = np.repeat(np.clip(diff, 0, 255).astype(np.uint8)[..., None], 3, -1)
+        height = max(1, round(a.shape[0] * self.width / a.shape[1]))
+        panels = [Image.fromarray(x).resize((self.width, height)) for x in (a, b, diff)]
+        label = (f"{row['video']}  frame {mid}  PSNR {row['psnr']:.2f} dB  SSIM "
+                 f"{row['ssim']:.4f}   dense | sparse | |difference| x4")
+        self.rows.append((label, panels))
+
+    def image(self):
+        from PIL import Image, ImageDraw
+
+        bar = 18
+        height = sum(bar + panels[0].height for _, panels in self.rows)
+        sheet = Image.new("RGB", (3 * self.width, height), "white")
+        draw, y = ImageDraw.Draw(sheet), 0
+        for label, panels in self.rows:
+            draw.text((4, y + 3), label, fill="black")
+            for i, panel in enumerate(panels):
+                sheet.paste(panel, (i * self.width, y + bar))
+            y += bar + panels[0].height
+        return sheet
 
 
 def table(rows: list[dict]) -> str:
@@ -142,7 +184,8 @@ def main(argv=None) -> int:
     p.add_argument("dense_dir", type=Path, metavar="DENSE_DIR")
     p.add_argument("sparse_dir", type=Path, metavar="SPARSE_DIR")
     p.add_argument("--out", type=Path, default=None,
-                   help="markdown table file (default SPARSE_DIR/compare.md; a .json goes next to it)")
+                   help="markdown table file (default SPARSE_DIR/compare.md; a .json and the "
+                        ".png of frames side by side go next to it)")
     args = p.parse_args(argv)
     if args.out is not None and args.out.suffix == ".json":
         p.error(f"--out is the markdown table (its .json goes next to it), got {args.out}")
@@ -152,14 +195,17 @@ def main(argv=None) -> int:
     out = args.out or args.sparse_dir / "compare.md"
     if args.out is not None and not args.out.parent.is_dir():  # before the work, not after
         p.error(f"--out: no such directory {args.out.parent}")
+    sheet = ContactSheet()
     try:
-        rows = compare_dirs(args.dense_dir, args.sparse_dir)
+        rows = compare_dirs(args.dense_dir, args.sparse_dir, on_pair=sheet)
     except (FileNotFoundError, ValueError) as err:  # no such folder, no video in both, ...
         p.error(str(err))
     text = table(rows)
     print(text)
     out.write_text(text + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    sheet.image().save(out.with_suffix(".png"))
+    print(f"frames side by side: {out.with_suffix('.png')}")
     return 0
 
 

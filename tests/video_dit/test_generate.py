@@ -68,6 +68,15 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     assert [r["video"] for r in rows] == ["0000.mp4", "0001.mp4"]
     assert all(np.isfinite(r["psnr"]) and 0 < r["ssim"] < 1 for r in rows)
     assert "| **mean** |" in (sparse / "compare.md").read_text()
+    # the frames side by side: dense | sparse | difference, one row of 3 panels per video
+    from PIL import Image
+
+    sheet = np.asarray(Image.open(sparse / "compare.png").convert("RGB"))
+    assert sheet.shape == (2 * (18 + 320), 3 * 320, 3)
+    middle = read_video(dense / "0001.mp4")[2]
+    panel = sheet[338 + 18:, :320]  # video 0001, dense panel (64x64 frames scaled to 320)
+    assert np.abs(panel[::5, ::5].astype(int) - middle.astype(int)).mean() < 3
+    assert sheet[338 + 18:, 640:].max() > 0  # the sparse video differs somewhere
     # a rerun reads past its own compare.json; a table lands in an existing folder only
     assert compare.main([str(dense), str(sparse)]) == 0
     with pytest.raises(SystemExit):
