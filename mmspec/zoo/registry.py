@@ -143,9 +143,9 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
 ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
-# tokens costs about one decode step). Here verifying 20 tokens costs 2.2 decode steps and the DLM
+# tokens costs about one decode step). Here verifying 20 tokens costs 2.0 decode steps and the DLM
 # commits ~2.5 tokens a round, so a short block is cheaper at almost the same tau (BENCHMARKS.md
-# `text`, run at 157cfbf, prefix cache both: k in [4, 10] tau 2.42 / 0.99x; [20, 30] 2.52 / 0.75x).
+# `text`, run at 27c969a, prefix cache both: k in [4, 10] tau 2.42 / 1.06x; [20, 30] 2.52 / 0.79x).
 ZOO_DLM_K = (4, 10)
 
 
