@@ -92,11 +92,13 @@ WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 1
 
 
 def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, text_tokens=512,
-             config_kw=None, **arch):
+             config_kw=None, compile=None, **arch):
     """Time one forward of a `WanTransformer3DModel` (`arch` overrides `WAN_1_3B`) on latents of
     token grid `grid` (T, H, W): dense, then under `apply_draft_attention` at each sparsity (step
     0 sparse, layer 0 dense). Returns rows {sparsity, density, ms, speedup} and the dense ms;
-    times are medians of `reps` after a warm-up, with the device synchronised."""
+    times are medians of `reps` after a warm-up, with the device synchronised. `compile`: a
+    torch.compile backend for every block (fullgraph, as diffusers' `compile_repeated_blocks`),
+    dense and sparse alike."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
@@ -111,14 +113,14 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
                                              generator=g).to(device, dtype),
         "timestep": torch.full((batch,), 500.0, device=device),
     }
-    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw)
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile)
 
 
 COGVIDEOX_2B = {"num_layers": 30, "num_attention_heads": 30, "attention_head_dim": 64}
 
 
 def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, config_kw=None,
-                   **arch):
+                   compile=None, **arch):
     """`wan_step` for a `CogVideoXTransformer3DModel` (`arch` overrides `COGVIDEOX_2B`: sincos
     positions, no RoPE) with its 226 text tokens in front of the video in joint attention."""
     from diffusers import CogVideoXTransformer3DModel
@@ -135,7 +137,7 @@ def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=
         "encoder_hidden_states": torch.randn(batch, 226, 4096, generator=g).to(device, dtype),
         "timestep": torch.full((batch,), 500, device=device, dtype=torch.long),
     }
-    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw)
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile)
 
 
 def _cast(model, device, dtype):
@@ -145,8 +147,9 @@ def _cast(model, device, dtype):
     return cast_keeping_fp32(model, dtype, device).eval()
 
 
-def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None):
-    """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity."""
+def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compile=None):
+    """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity; with
+    `compile` (a backend) every transformer block is compiled first (the warm-up compiles)."""
     from mmspec.video_dit import (
         DraftAttentionConfig,
         apply_draft_attention,
@@ -155,6 +158,10 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None):
 
     device = next(model.parameters()).device
     sync = device_sync(device)
+    if compile is not None:
+        for name in ("blocks", "transformer_blocks"):
+            for block in getattr(model, name, ()):
+                block.compile(fullgraph=True, backend=compile)
 
     def run():
         with torch.no_grad():
@@ -375,7 +382,7 @@ def fidelity_of(q, k, v, layout, sparsities, query_tiles=32, rows_per_pass=1024)
     return result, len(sample), nt
 
 
-def wan_section(device, grid, tile, quick):
+def wan_section(device, grid, tile, quick, compile=None):
     layers = 2 if quick else WAN_1_3B["num_layers"]
     return step_section(
         device, grid, tile, wan_step, {"num_layers": layers},
@@ -383,10 +390,10 @@ def wan_section(device, grid, tile, quick):
         f"{math.prod(grid):,} tokens",
         f"`WanTransformer3DModel`, {layers} layers, 12 heads of 128, FFN 8960 (Wan2.1-T2V-1.3B "
         f"sizes, random weights), {{dtype}}, CFG batch 2, 512 text tokens, latent grid "
-        f"{grid[0]}x{grid[1]}x{grid[2]} = {math.prod(grid):,} tokens")
+        f"{grid[0]}x{grid[1]}x{grid[2]} = {math.prod(grid):,} tokens", compile)
 
 
-def cogvideox_section(device, grid, tile, quick):
+def cogvideox_section(device, grid, tile, quick, compile=None):
     layers = 2 if quick else COGVIDEOX_2B["num_layers"]
     return step_section(
         device, grid, tile, cogvideox_step, {"num_layers": layers},
@@ -395,24 +402,37 @@ def cogvideox_section(device, grid, tile, quick):
         f"`CogVideoXTransformer3DModel`, {layers} layers, 30 heads of 64 (CogVideoX-2B sizes, "
         f"random weights, sincos positions), {{dtype}}, CFG batch 2, 226 text tokens before the "
         f"video in joint attention (dense rows and columns), latent grid "
-        f"{grid[0]}x{grid[1]}x{grid[2]}")
+        f"{grid[0]}x{grid[1]}x{grid[2]}", compile)
 
 
-def step_section(device, grid, tile, step, arch, title, model_text):
-    """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`."""
+def step_section(device, grid, tile, step, arch, title, model_text, compile=None):
+    """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`; with
+    `compile` (a torch.compile backend) the same again with every block compiled."""
     dtype = gpu_dtype(device)
     rows, dense = step(device, dtype, grid, (0.75, 0.9), tile=tile, **arch)
+    table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x"]] + [
+        [f"DraftAttention {int(r['sparsity'] * 100)}%", f"{r['density']:.3f}", f"{r['ms']:.0f}",
+         f"{r['speedup']:.2f}x"] for r in rows]
+    note = ""
+    if compile is not None:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        crows, cdense = step(device, dtype, grid, (0.75, 0.9), tile=tile, compile=compile, **arch)
+        table += [[f"dense, blocks compiled ({compile})", "1.000", f"{cdense:.0f}",
+                   f"{dense / cdense:.2f}x"]] + [
+            [f"DraftAttention {int(r['sparsity'] * 100)}%, blocks compiled", f"{r['density']:.3f}",
+             f"{r['ms']:.0f}", f"{dense / r['ms']:.2f}x ({r['speedup']:.2f}x vs compiled dense)"]
+            for r in crows]
+        note = (f" Compiled rows: every block `torch.compile(fullgraph=True, backend={compile!r})`"
+                f" (diffusers' `compile_repeated_blocks`), compiled in the warm-up.")
     return (
         f"{title} ({device_name(device)})\n\n"
         + model_text.format(dtype=str(dtype)[6:])
         + f", {tile[0]}x{tile[1]} tiles; one transformer forward, median of 3 after a warm-up; "
-          f"layer 0 dense under DraftAttention.\n\n"
+          f"layer 0 dense under DraftAttention.{note}\n\n"
         + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
-                          "speedup vs dense"],
-                         [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x"]]
-                         + [[f"DraftAttention {int(r['sparsity'] * 100)}%",
-                             f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x"]
-                            for r in rows]) + "\n")
+                          "speedup vs dense"], table) + "\n")
 
 
 def device_name(device):
@@ -428,7 +448,7 @@ def device_sync(device):
     return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
 
-def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()):
+def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=(), compile=None):
     """Sections 1/3 (overhead and kernel speed) at Wan's 12 heads in bf16, and section 4, on
     `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine."""
     dtype = gpu_dtype(device)
@@ -459,7 +479,7 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
     for section, grids in ((wan_section, (big_grid, *extra_grids)),
                            (cogvideox_section, cogvideox_grids)):
         for g in grids:
-            parts.append(section(device, g, tile, quick))
+            parts.append(section(device, g, tile, quick, compile))
             print(parts[-1], flush=True)
     return "\n".join(parts)
 
@@ -483,6 +503,9 @@ def main() -> None:
     p.add_argument("--cogvideox-grids", default="",
                    help="latent token grids for a --gpu-only CogVideoX-2B step, e.g. 13x30x45 "
                         "(480x720, 49 frames)")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="--gpu-only: the end-to-end steps also with every block torch.compiled "
+                        "(fullgraph, backend default inductor), dense and sparse")
     p.add_argument("--device", default="cuda",
                    help="device of --gpu-only (cpu runs its code path in fp32, as a smoke test)")
     p.add_argument("--sharpness", default="",
@@ -525,7 +548,7 @@ def main() -> None:
                 p.error(f"--{flag.replace('_', '-')} takes TxHxW grids of positive ints joined "
                         f"by commas, e.g. 21x30x52,21x45x80; got {text!r}")
         body = gpu_report(args.device, big_grid, tile, args.quick, grids["extra_grids"],
-                          grids["cogvideox_grids"])
+                          grids["cogvideox_grids"], args.compile)
         if args.write:
             write_section("draft_attention_gpu", "DraftAttention on a GPU "
                           "(`benchmarks/draft_attention.py --gpu-only`)", body)

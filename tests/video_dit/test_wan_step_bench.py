@@ -28,6 +28,28 @@ def test_wan_step_times_dense_and_sparse_at_the_requested_density(dtype):
         assert r["ms"] > 0 and r["speedup"] == pytest.approx(dense_ms / r["ms"])
 
 
+def test_step_section_with_compiled_blocks():
+    from torch._dynamo.utils import counters
+
+    from benchmarks.draft_attention import step_section
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        text = step_section("cpu", (2, 8, 16), (4, 4), wan_step,
+                            {**TINY, "text_tokens": 8, "reps": 1}, "### title", "Wan {dtype}",
+                            compile="aot_eager")
+    finally:
+        torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] >= 2  # dense and sparse blocks compiled
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| dense (SDPA)", "| DraftAttention 75%", "| DraftAttention 90%",
+        "| dense, blocks compiled (aot_eager)", "| DraftAttention 75%, blocks compiled",
+        "| DraftAttention 90%, blocks compiled"]
+    assert rows[1].split(" | ")[1] == rows[4].split(" | ")[1]  # same density compiled or not
+
+
 def test_cogvideox_step_keeps_text_dense_and_times_both():
     rows, dense_ms = cogvideox_step("cpu", torch.float32, (3, 8, 12), (0.75,), reps=1,
                                     tile=(4, 4), num_layers=2, num_attention_heads=2,
