@@ -35,6 +35,7 @@ from . import reorder
 from .config import DraftAttentionConfig
 from .processors import (
     CogVideoXDraftAttnProcessor,
+    HunyuanVideo15DraftAttnProcessor,
     HunyuanVideoDraftAttnProcessor,
     WanDraftAttnProcessor,
 )
@@ -66,6 +67,10 @@ def _hunyuan_layers(model):
     return [b.attn for b in model.transformer_blocks] + [b.attn for b in model.single_transformer_blocks]
 
 
+def _hunyuan15_layers(model):
+    return [b.attn for b in model.transformer_blocks]
+
+
 def _cogvideox_layers(model):
     return [block.attn1 for block in model.transformer_blocks]
 
@@ -86,6 +91,10 @@ _FAMILIES = {
     "HunyuanVideoTransformer3DModel": _Family(HunyuanVideoDraftAttnProcessor, _hunyuan_layers,
                                               _hunyuan_grid, reorder.install_hunyuan,
                                               reorder.hunyuan_can_reorder),
+    # HunyuanVideo 1.5: dual-stream blocks only, its RoPE, patch embedding and output as 1.0's
+    "HunyuanVideo15Transformer3DModel": _Family(HunyuanVideo15DraftAttnProcessor,
+                                                _hunyuan15_layers, _hunyuan_grid,
+                                                reorder.install_hunyuan),
     "CogVideoXTransformer3DModel": _Family(CogVideoXDraftAttnProcessor, _cogvideox_layers,
                                            _cogvideox_grid, reorder.install_cogvideox,
                                            tile_inputs=reorder.tile_cogvideox_inputs),
@@ -276,8 +285,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
 
     Args:
         pipe_or_transformer: a `WanPipeline`-like pipeline (its `transformer` and, for Wan 2.2,
-            `transformer_2`), or a `WanTransformer3DModel`, `HunyuanVideoTransformer3DModel` or
-            `CogVideoXTransformer3DModel`.
+            `transformer_2`), or a `WanTransformer3DModel`, `HunyuanVideoTransformer3DModel`,
+            `HunyuanVideo15Transformer3DModel` or `CogVideoXTransformer3DModel`.
         config: `DraftAttentionConfig()` by default.
         on_density: optional `callback(step, layer, density)` for every self-attention call,
             made when the transformer forward that ran the call returns (in call order).

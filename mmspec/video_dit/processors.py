@@ -1,7 +1,8 @@
 """diffusers attention processors that run DraftAttention (arXiv 2505.14708) in self-attention.
 
 One processor per model family, each a copy of the model's own processor in diffusers 0.42
-(`WanAttnProcessor`, `HunyuanVideoAttnProcessor2_0`, `CogVideoXAttnProcessor2_0`) with the attention
+(`WanAttnProcessor`, `HunyuanVideoAttnProcessor2_0` (and HunyuanVideo 1.5's, which differs only in
+its mask), `CogVideoXAttnProcessor2_0`) with the attention
 call replaced by `draft_attention`. Cross-attention and dense layers/steps go to the original
 processor untouched (tokens reordered once per forward are whole tiles, with no padding slots for
 it to see, and RoPE permuted alike). They read the step, the video grid and the tile layout from a
@@ -133,10 +134,8 @@ class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
             key = torch.cat([key, enc_k], dim=1)
             value = torch.cat([value, enc_v], dim=1)
 
-        key_valid = None
-        if attention_mask is not None:  # diffusers: bool [B, 1, 1, L], False on text padding
-            key_valid = attention_mask.reshape(attention_mask.shape[0], -1)
-            key_valid = key_valid if key_valid.dtype == torch.bool else key_valid == 0
+        key_valid = None if attention_mask is None else self._key_valid(attention_mask,
+                                                                         query.shape[1])
         out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                            text_len=text_len, key_valid=key_valid)
         hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
@@ -149,6 +148,26 @@ class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
             if getattr(attn, "to_add_out", None) is not None:
                 encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
         return hidden_states, encoder_hidden_states
+
+
+    @staticmethod
+    def _key_valid(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+        """bool `[B, L]`, False on text padding, from diffusers' bool `[B, 1, 1, L]` (or an
+        additive mask, 0 where kept)."""
+        key_valid = attention_mask.reshape(attention_mask.shape[0], -1)
+        return key_valid if key_valid.dtype == torch.bool else key_valid == 0
+
+
+class HunyuanVideo15DraftAttnProcessor(HunyuanVideoDraftAttnProcessor):
+    """Joint attention of `HunyuanVideo15Transformer3DModel` (HunyuanVideo 1.5, dual-stream
+    blocks only): the computation of diffusers' `HunyuanVideo15AttnProcessor2_0` is the one above;
+    only its mask differs, `[B, text]` with True on valid text tokens, which the video keys in
+    front of the text extend as valid."""
+
+    @staticmethod
+    def _key_valid(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+        mask = attention_mask.bool()
+        return torch.nn.functional.pad(mask, (length - mask.shape[1], 0), value=True)
 
 
 class CogVideoXDraftAttnProcessor(_DraftProcessor):

@@ -8,14 +8,15 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
 
-from .test_processors import _cog_inputs, _hunyuan_inputs, _wan_inputs
-from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_wan
+from .test_processors import _cog_inputs, _hunyuan15_inputs, _hunyuan_inputs, _wan_inputs
+from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan
 
 # 3 self-attention layers of each block class, so a recompile per layer would show
 MODELS = {
     "wan": (lambda: tiny_wan(num_layers=3), lambda: (_wan_inputs(), {}), 1),
     "hunyuan": (lambda: tiny_hunyuan(num_layers=3, num_single_layers=3),
                 lambda: (_hunyuan_inputs(), {}), 1),
+    "hunyuan15": (lambda: tiny_hunyuan15(num_layers=3), _hunyuan15_inputs, 1),
     "cogvideox": (lambda: tiny_cogvideox(num_layers=3), _cog_inputs, 2),
 }
 
@@ -25,7 +26,7 @@ def _steps(model, inputs, t_arg):
     args, kwargs = inputs()
     outs = []
     for t in (900, 800, 700):
-        args = (*args[:t_arg], torch.tensor([t, t]), *args[t_arg + 1:])
+        args = (*args[:t_arg], torch.tensor([t, t], dtype=torch.float32), *args[t_arg + 1:])
         outs.append(model(*args, **kwargs).sample)
     return outs
 

@@ -9,7 +9,7 @@ from mmspec.video_dit.processors import (
     WanDraftAttnProcessor,
 )
 
-from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_wan
+from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan
 
 
 def _cfg(sparsity, **kw):
@@ -32,6 +32,19 @@ def _hunyuan_inputs():
             torch.tensor([3000.0, 3000.0]))
 
 
+def _hunyuan15_inputs():
+    g = torch.Generator().manual_seed(4)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0  # sample 1 pads its last two text tokens
+    mask_2 = torch.ones(2, 3, dtype=torch.long)
+    mask_2[0, 2:] = 0
+    return (torch.randn(2, 4, 2, 6, 10, generator=g), torch.tensor([900.0, 900.0]),
+            torch.randn(2, 7, 16, generator=g), mask), {
+        "encoder_hidden_states_2": torch.randn(2, 3, 12, generator=g),
+        "encoder_attention_mask_2": mask_2,
+        "image_embeds": torch.zeros(2, 4, 8)}  # text to video: image tokens masked
+
+
 def _cog_inputs():
     g = torch.Generator().manual_seed(3)
     rope = get_3d_rotary_pos_embed(embed_dim=16, crops_coords=((0, 0), (6, 10)),
@@ -43,6 +56,7 @@ def _cog_inputs():
 MODELS = {
     "wan": (tiny_wan, lambda: (_wan_inputs(), {})),
     "hunyuan": (tiny_hunyuan, lambda: (_hunyuan_inputs(), {})),
+    "hunyuan15": (tiny_hunyuan15, _hunyuan15_inputs),
     "cogvideox": (tiny_cogvideox, _cog_inputs),
 }
 
@@ -70,6 +84,7 @@ def test_sparsity_zero_equals_dense(name):
 FIRST_ATTENTION = {
     "wan": lambda m: m.blocks[0].attn1,
     "hunyuan": lambda m: m.transformer_blocks[0].attn,
+    "hunyuan15": lambda m: m.transformer_blocks[0].attn,
     "cogvideox": lambda m: m.transformer_blocks[0].attn1,
 }
 

@@ -35,6 +35,18 @@ def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
     ).eval()
 
 
+def tiny_hunyuan15(seed: int = 0, num_layers: int = 2):
+    """HunyuanVideo15Transformer3DModel: dual-stream blocks, two text encoders and image tokens."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    torch.manual_seed(seed)
+    return HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+        num_layers=num_layers, num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12,
+        image_embed_dim=8, rope_axes_dim=(2, 2, 4),
+    ).eval()
+
+
 def tiny_cogvideox(seed: int = 0, num_layers: int = 2) -> CogVideoXTransformer3DModel:
     torch.manual_seed(seed)
     return CogVideoXTransformer3DModel(
