@@ -63,6 +63,10 @@ def _wan_layers(model):
     return [block.attn1 for block in model.blocks]
 
 
+def _wan_vace_layers(model):  # the main blocks first, as in Wan; then the VACE blocks
+    return _wan_layers(model) + [block.attn1 for block in model.vace_blocks]
+
+
 def _hunyuan_layers(model):
     return [b.attn for b in model.transformer_blocks] + [b.attn for b in model.single_transformer_blocks]
 
@@ -88,6 +92,9 @@ class _Family:
 _FAMILIES = {
     "WanTransformer3DModel": _Family(WanDraftAttnProcessor, _wan_layers, _wan_grid,
                                      reorder.install_wan, reorder.wan_can_reorder),
+    # Wan VACE: the control branch's blocks attend over the control video's tokens, same grid
+    "WanVACETransformer3DModel": _Family(WanDraftAttnProcessor, _wan_vace_layers, _wan_grid,
+                                         reorder.install_wan_vace, reorder.wan_can_reorder),
     "HunyuanVideoTransformer3DModel": _Family(HunyuanVideoDraftAttnProcessor, _hunyuan_layers,
                                               _hunyuan_grid, reorder.install_hunyuan,
                                               reorder.hunyuan_can_reorder),
@@ -190,7 +197,7 @@ class DraftAttentionState(_DensityReport):
 
     def post_forward(self, module, args, kwargs, output):
         self.tiled = False
-        for processor in self.processors:  # this forward's calls, in call order
+        for processor in self.processors:  # this forward's calls, in layer order
             for density in processor.densities:
                 self.record(processor.layer, density)
             processor.densities.clear()
@@ -285,11 +292,14 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
 
     Args:
         pipe_or_transformer: a `WanPipeline`-like pipeline (its `transformer` and, for Wan 2.2,
-            `transformer_2`), or a `WanTransformer3DModel`, `HunyuanVideoTransformer3DModel`,
+            `transformer_2`), or a `WanTransformer3DModel`, `WanVACETransformer3DModel`,
+            `HunyuanVideoTransformer3DModel`,
             `HunyuanVideo15Transformer3DModel` or `CogVideoXTransformer3DModel`.
         config: `DraftAttentionConfig()` by default.
         on_density: optional `callback(step, layer, density)` for every self-attention call,
-            made when the transformer forward that ran the call returns (in call order).
+            made when the transformer forward that ran the call returns (in layer order, which
+            is call order except for Wan VACE, whose VACE blocks run first but are numbered
+            after the main blocks).
         on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
             `[B, H, nTiles, nTiles]` (tile order, before block selection) of every call that goes
             through DraftAttention (the sparse layers of sparse steps).

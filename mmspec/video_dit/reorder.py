@@ -27,20 +27,31 @@ def _restore(state):
     return hook
 
 
+def _wan_patch(state):
+    def hook(module, args, output):  # [B, C, T, H, W] -> [B, C, Np, 1, 1]; the model flattens next
+        if state.tiled:
+            return state.layout.to_tiles(output.flatten(2), dim=2)[..., None, None]
+        return None
+
+    return hook
+
+
 def install_wan(state, model) -> list:
     def rope(module, args, output):  # (cos, sin), each [1, N, 1, D]
         if state.tiled:
             return tuple(state.layout.to_tiles(x, dim=1) for x in output)
         return None
 
-    def patch(module, args, output):  # [B, C, T, H, W] -> [B, C, Np, 1, 1]; the model flattens next
-        if state.tiled:
-            return state.layout.to_tiles(output.flatten(2), dim=2)[..., None, None]
-        return None
-
     return [model.rope.register_forward_hook(rope),
-            model.patch_embedding.register_forward_hook(patch),
+            model.patch_embedding.register_forward_hook(_wan_patch(state)),
             model.proj_out.register_forward_pre_hook(_restore(state))]
+
+
+def install_wan_vace(state, model) -> list:
+    """Wan VACE: as Wan, and the control video's tokens (`vace_patch_embedding`, the same grid)
+    in tile order too, so the VACE blocks' hints add to the tokens they were computed for."""
+    return install_wan(state, model) + [
+        model.vace_patch_embedding.register_forward_hook(_wan_patch(state))]
 
 
 def install_hunyuan(state, model) -> list:

@@ -8,12 +8,19 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
 
-from .test_processors import _cog_inputs, _hunyuan15_inputs, _hunyuan_inputs, _wan_inputs
-from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan
+from .test_processors import (
+    _cog_inputs,
+    _hunyuan15_inputs,
+    _hunyuan_inputs,
+    _wan_inputs,
+    _wan_vace_inputs,
+)
+from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan, tiny_wan_vace
 
 # 3 self-attention layers of each block class, so a recompile per layer would show
 MODELS = {
     "wan": (lambda: tiny_wan(num_layers=3), lambda: (_wan_inputs(), {}), 1),
+    "wan_vace": (lambda: tiny_wan_vace(num_layers=3), _wan_vace_inputs, 1),
     "hunyuan": (lambda: tiny_hunyuan(num_layers=3, num_single_layers=3),
                 lambda: (_hunyuan_inputs(), {}), 1),
     "hunyuan15": (lambda: tiny_hunyuan15(num_layers=3), _hunyuan15_inputs, 1),
@@ -32,7 +39,8 @@ def _steps(model, inputs, t_arg):
 
 
 def _blocks(model):
-    return [m for name in ("transformer_blocks", "single_transformer_blocks", "blocks")
+    return [m for name in ("transformer_blocks", "single_transformer_blocks", "blocks",
+                           "vace_blocks")
             for m in getattr(model, name, [])]
 
 

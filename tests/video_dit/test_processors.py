@@ -9,7 +9,7 @@ from mmspec.video_dit.processors import (
     WanDraftAttnProcessor,
 )
 
-from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan
+from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan, tiny_wan_vace
 
 
 def _cfg(sparsity, **kw):
@@ -21,6 +21,12 @@ def _wan_inputs():
     # 3 latent frames of 6 x 10 tokens: 4 x 4 tiles need padding
     return (torch.randn(2, 4, 3, 12, 20, generator=g), torch.tensor([900, 900]),
             torch.randn(2, 5, 16, generator=g))
+
+
+def _wan_vace_inputs():
+    latents, t, text = _wan_inputs()
+    control = torch.randn(2, 6, 3, 12, 20, generator=torch.Generator().manual_seed(5))
+    return (latents, t, text), {"control_hidden_states": control}
 
 
 def _hunyuan_inputs():
@@ -55,6 +61,7 @@ def _cog_inputs():
 
 MODELS = {
     "wan": (tiny_wan, lambda: (_wan_inputs(), {})),
+    "wan_vace": (tiny_wan_vace, _wan_vace_inputs),
     "hunyuan": (tiny_hunyuan, lambda: (_hunyuan_inputs(), {})),
     "hunyuan15": (tiny_hunyuan15, _hunyuan15_inputs),
     "cogvideox": (tiny_cogvideox, _cog_inputs),
@@ -83,6 +90,7 @@ def test_sparsity_zero_equals_dense(name):
 
 FIRST_ATTENTION = {
     "wan": lambda m: m.blocks[0].attn1,
+    "wan_vace": lambda m: m.vace_blocks[0].attn1,  # the VACE blocks run first
     "hunyuan": lambda m: m.transformer_blocks[0].attn,
     "hunyuan15": lambda m: m.transformer_blocks[0].attn,
     "cogvideox": lambda m: m.transformer_blocks[0].attn1,

@@ -24,6 +24,18 @@ def tiny_wan(num_layers: int = 2, seed: int = 0) -> WanTransformer3DModel:
     ).eval()
 
 
+def tiny_wan_vace(num_layers: int = 3, seed: int = 0):
+    """WanVACETransformer3DModel: Wan blocks plus VACE blocks (control video) after 0 and 2."""
+    from diffusers import WanVACETransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
+        rope_max_seq_len=32, vace_layers=[0, 2], vace_in_channels=6,
+    ).eval()
+
+
 def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
                  num_single_layers: int = 1) -> HunyuanVideoTransformer3DModel:
     torch.manual_seed(seed)
