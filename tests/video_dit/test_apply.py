@@ -80,6 +80,38 @@ def test_tiny_wan_pipeline_end_to_end():
     assert (again == dense).all()
 
 
+@torch.no_grad()
+def test_tiny_wan_vace_pipeline_end_to_end():
+    # WanVACEPipeline: its VACE blocks attend over the control video's tokens (here the blank
+    # video and mask it makes itself); prompt embeddings given, as it cleans prompts with ftfy
+    from diffusers import WanVACEPipeline
+
+    from .tiny import tiny_wan_vace
+
+    base = tiny_wan_pipeline()
+    pipe = WanVACEPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder,
+                           vae=base.vae, scheduler=base.scheduler,
+                           transformer=tiny_wan_vace(vace_in_channels=4 * 2 + 8 * 8))
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(3)
+    call = {"prompt_embeds": torch.randn(1, 8, 16, generator=g),
+            "negative_prompt_embeds": torch.randn(1, 8, 16, generator=g), "height": 64,
+            "width": 64, "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "output_type": "np"}
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    outs = []
+    for sparsity in (0.0, 0.5):  # 4 x 4 tokens a frame: whole 2 x 2 tiles, one reorder
+        state = apply_draft_attention(pipe, DraftAttentionConfig(
+            sparsity=sparsity, tile=(2, 2), dense_steps=1, dense_layers=0))
+        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
+        remove_draft_attention(pipe)
+    assert outs[0].shape == (1, 5, 64, 64, 3)
+    assert abs(outs[0] - dense).max() < 1e-5  # the control tokens follow the video's order
+    assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}
+    assert len(state.records) == 3 * 2 * (3 + 2)  # steps x (cond, uncond) x (blocks + VACE)
+    assert abs(outs[1] - dense).max() > 1e-3
+
+
 _SMALL_CALL = {"prompt": "a red cat", "height": 64, "width": 64, "num_frames": 5,
                "guidance_scale": 1.0, "max_sequence_length": 8, "output_type": "latent"}
 

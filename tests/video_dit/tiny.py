@@ -24,7 +24,7 @@ def tiny_wan(num_layers: int = 2, seed: int = 0) -> WanTransformer3DModel:
     ).eval()
 
 
-def tiny_wan_vace(num_layers: int = 3, seed: int = 0):
+def tiny_wan_vace(num_layers: int = 3, seed: int = 0, vace_in_channels: int = 6):
     """WanVACETransformer3DModel: Wan blocks plus VACE blocks (control video) after 0 and 2."""
     from diffusers import WanVACETransformer3DModel
 
@@ -32,7 +32,7 @@ def tiny_wan_vace(num_layers: int = 3, seed: int = 0):
     return WanVACETransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
         out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
-        rope_max_seq_len=32, vace_layers=[0, 2], vace_in_channels=6,
+        rope_max_seq_len=32, vace_layers=[0, 2], vace_in_channels=vace_in_channels,
     ).eval()
 
 
