@@ -4,9 +4,10 @@ Public names:
     tile_permutation        token order that makes each th x tw tile of a frame contiguous
     draft_block_mask        the draft attention map's block mask (mode "global" or "row")
     DraftAttentionConfig    sparsity, tile, mode, dense warm-up steps and layers
-    apply_draft_attention   install on a diffusers pipeline or transformer (Wan and Wan VACE,
-                            HunyuanVideo and 1.5, CogVideoX); returns a DraftAttentionState
-                            with the densities (DraftAttentionStates for Wan 2.2's two experts)
+    apply_draft_attention   install on a diffusers pipeline or transformer (Wan, Wan VACE,
+                            SkyReels-V2, HunyuanVideo and 1.5, CogVideoX); returns a
+                            DraftAttentionState with the densities (DraftAttentionStates for
+                            Wan 2.2's two experts)
     remove_draft_attention  restore the original processors
 Tools: `python -m mmspec.video_dit.generate` and `python -m mmspec.video_dit.compare`.
 """

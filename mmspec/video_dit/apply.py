@@ -37,9 +37,10 @@ from .processors import (
     CogVideoXDraftAttnProcessor,
     HunyuanVideo15DraftAttnProcessor,
     HunyuanVideoDraftAttnProcessor,
+    SkyReelsV2DraftAttnProcessor,
     WanDraftAttnProcessor,
 )
-from .tiles import tile_layout
+from .tiles import frame_causal_tiles, tile_layout
 
 _ATTR = "_mmspec_draft_attention"
 
@@ -67,6 +68,12 @@ def _wan_vace_layers(model):  # the main blocks first, as in Wan; then the VACE 
     return _wan_layers(model) + [block.attn1 for block in model.vace_blocks]
 
 
+def _skyreels_allowed(model, layout):
+    # diffusion forcing: blocks of frames attend causally (diffusers builds the token mask)
+    per_block = model.config.num_frame_per_block
+    return frame_causal_tiles(layout, per_block) if per_block > 1 else None
+
+
 def _hunyuan_layers(model):
     return [b.attn for b in model.transformer_blocks] + [b.attn for b in model.single_transformer_blocks]
 
@@ -87,6 +94,8 @@ class _Family:
     install_reorder: object  # (state, model) -> hook handles for one reorder per forward
     can_reorder: object = None  # (model, forward arguments) -> bool; None = always
     tile_inputs: object = None  # (state, forward arguments) -> None, permutes tables passed in
+    # (model, layout) -> (bool [nT, nT], count) of the blocks the model's own mask allows, or None
+    allowed: object = None
 
 
 _FAMILIES = {
@@ -95,6 +104,10 @@ _FAMILIES = {
     # Wan VACE: the control branch's blocks attend over the control video's tokens, same grid
     "WanVACETransformer3DModel": _Family(WanDraftAttnProcessor, _wan_vace_layers, _wan_grid,
                                          reorder.install_wan_vace, reorder.wan_can_reorder),
+    # SkyReels-V2: Wan's layout; diffusion forcing adds a frame-causal mask (processors.py)
+    "SkyReelsV2Transformer3DModel": _Family(SkyReelsV2DraftAttnProcessor, _wan_layers, _wan_grid,
+                                            reorder.install_wan, reorder.skyreels_can_reorder,
+                                            allowed=_skyreels_allowed),
     "HunyuanVideoTransformer3DModel": _Family(HunyuanVideoDraftAttnProcessor, _hunyuan_layers,
                                               _hunyuan_grid, reorder.install_hunyuan,
                                               reorder.hunyuan_can_reorder),
@@ -151,6 +164,7 @@ class DraftAttentionState(_DensityReport):
         self.step = -1
         self.num_steps = None
         self.layout = None
+        self.allowed = None  # (bool [nT, nT], count) where the model masks blocks, else None
         self.tiled = False
         self._last_timestep = None
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
@@ -177,6 +191,8 @@ class DraftAttentionState(_DensityReport):
         self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
                                   latents.device)
         family = self.family
+        # built here, outside any compiled block: its count is a host int, the budget's base
+        self.allowed = None if family.allowed is None else family.allowed(module, self.layout)
         # frames that are not whole tiles reorder in each sparse layer instead: padding slots
         # carried through the blocks cost every FFN and projection (Wan at 480x832: 31% more
         # tokens; on an H100 1.10x vs 1.40x at 90%, BENCHMARKS.md `draft_attention_gpu`).
@@ -293,7 +309,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
     Args:
         pipe_or_transformer: a `WanPipeline`-like pipeline (its `transformer` and, for Wan 2.2,
             `transformer_2`), or a `WanTransformer3DModel`, `WanVACETransformer3DModel`,
-            `HunyuanVideoTransformer3DModel`,
+            `SkyReelsV2Transformer3DModel`, `HunyuanVideoTransformer3DModel`,
             `HunyuanVideo15Transformer3DModel` or `CogVideoXTransformer3DModel`.
         config: `DraftAttentionConfig()` by default.
         on_density: optional `callback(step, layer, density)` for every self-attention call,

@@ -53,18 +53,36 @@ def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     return sums / layout.counts[:, None]  # padding slots are zeros, so only real tokens count
 
 
-def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float) -> torch.Tensor:
-    """The draft map softmax(q_hat k_hat^T * scale): fp32 `[B, H, nT, nT]`, rows sum to 1."""
-    return torch.softmax(q_hat @ k_hat.transpose(-1, -2) * scale, dim=-1)
+def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """The draft map softmax(q_hat k_hat^T * scale): fp32 `[B, H, nT, nT]`, rows sum to 1;
+    over the `allowed` (bool `[nT, nT]`) key tiles of each row only, when given."""
+    logits = q_hat @ k_hat.transpose(-1, -2) * scale
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(logits, dim=-1)
 
 
-def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global") -> torch.Tensor:
-    """Kept blocks of a draft map `[B, H, nT, nT]` -> bool `[B, H, nT, nT]`, diagonal always kept."""
+def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global",
+                  allowed: torch.Tensor | None = None, allowed_count: int | None = None
+                  ) -> torch.Tensor:
+    """Kept blocks of a draft map `[B, H, nT, nT]` -> bool `[B, H, nT, nT]`, diagonal always kept.
+
+    `allowed`: bool `[nT, nT]` of the blocks the model's own mask lets a query tile see (a
+    frame-causal mask), diagonal included; only those are kept, and the budget is `1 - sparsity`
+    of them (`allowed_count` of them: pass it, a host-side int, to save a device sync).
+    """
     sparsity, mode = check_sparsity(sparsity), check_mode(mode)  # a typo must not run row mode
     b, h, n, _ = probs.shape
-    budget = block_budget(n, sparsity)
-    if budget == n * n:
-        return torch.ones(b, h, n, n, dtype=torch.bool, device=probs.device)
+    if allowed is None:
+        budget = block_budget(n, sparsity)
+        total = n * n
+    else:
+        total = int(allowed.sum()) if allowed_count is None else allowed_count
+        budget = min(total, max(n, round((1.0 - sparsity) * total)))
+    if budget == total:
+        full = torch.ones(b, h, n, n, dtype=torch.bool, device=probs.device)
+        return full if allowed is None else full & allowed
     eye = torch.eye(n, dtype=torch.bool, device=probs.device)
     if mode == "global":
         priority = probs.masked_fill(eye, 2.0)  # probabilities are <= 1, so the diagonal wins
@@ -75,7 +93,9 @@ def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global") ->
         mass_before = ranked.cumsum(-1) - ranked
         priority = torch.empty_like(probs).scatter_(-1, order, -mass_before)
         priority = priority.masked_fill(eye, 1.0)
-    top = priority.view(b, h, n * n).topk(budget, dim=-1, sorted=False).indices
+    if allowed is not None:
+        priority = priority.masked_fill(~allowed, float("-inf"))
+    top = priority.reshape(b, h, n * n).topk(budget, dim=-1, sorted=False).indices
     kept = torch.zeros(b, h, n * n, dtype=torch.bool, device=probs.device)
     return kept.scatter_(-1, top, True).view(b, h, n, n)
 

@@ -81,6 +81,9 @@ class WanDraftAttnProcessor(_DraftProcessor):
                 "WanDraftAttnProcessor: attention_mask must be None in self-attention (diffusers' "
                 f"Wan passes none), got a tensor of shape {tuple(attention_mask.shape)}"
             )
+        return self._sparse(attn, hidden_states, rotary_emb)
+
+    def _sparse(self, attn, hidden_states, rotary_emb, **kwargs):
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
         query = attn.norm_q(query).unflatten(2, (attn.heads, -1))  # [B, L, H, D]
         key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
@@ -88,10 +91,39 @@ class WanDraftAttnProcessor(_DraftProcessor):
         if rotary_emb is not None:
             query = _wan_rope(query, *rotary_emb)
             key = _wan_rope(key, *rotary_emb)
-        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                           **kwargs)
         hidden_states = out.transpose(1, 2).flatten(2, 3).type_as(query)
         hidden_states = attn.to_out[0](hidden_states)
         return attn.to_out[1](hidden_states)
+
+
+class SkyReelsV2DraftAttnProcessor(WanDraftAttnProcessor):
+    """Self-attention of `SkyReelsV2Transformer3DModel` (Wan's, verbatim in diffusers). Diffusion
+    forcing models (`num_frame_per_block` > 1) pass a frame-causal token mask: it becomes the
+    tile-level `allowed` mask (`tiles.frame_causal_tiles`, exact, built by the state's pre-forward
+    hook), inside which the draft map and the
+    budget stay. Which earlier blocks a frame keeps is chosen with the other rows (one budget per
+    head), so it can depend on later frames' draft rows; their values never enter."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None):
+        if attention_mask is None or encoder_hidden_states is not None or not self.sparse:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    rotary_emb)
+        state = self.state
+        n = hidden_states.shape[1]
+        if attention_mask.dtype != torch.bool or tuple(attention_mask.shape[-2:]) != (n, n):
+            raise ValueError(
+                f"SkyReelsV2DraftAttnProcessor: attention_mask must be the model's bool "
+                f"frame-causal mask [1, 1, {n}, {n}], got {attention_mask.dtype} "
+                f"{list(attention_mask.shape)}")
+        if state.allowed is None:
+            raise ValueError("SkyReelsV2DraftAttnProcessor: an attention_mask came with "
+                             "num_frame_per_block=1, where diffusers' SkyReels-V2 passes none")
+        allowed, count = state.allowed  # built by the pre-forward hook (apply.py)
+        return self._sparse(attn, hidden_states, rotary_emb, allowed=allowed,
+                            allowed_count=count)
 
 
 class HunyuanVideoDraftAttnProcessor(_DraftProcessor):

@@ -118,7 +118,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
                     sparsity: float, mode: str = "global", text_len: int = 0,
                     text_first: bool = False, key_valid: torch.Tensor | None = None,
                     tiled: bool = False, scale: float | None = None, backend: str = "auto",
-                    on_draft_map=None):
+                    on_draft_map=None, allowed: torch.Tensor | None = None,
+                    allowed_count: int | None = None):
     """DraftAttention over video tokens plus optional dense text tokens.
 
     Args:
@@ -130,6 +131,10 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             padding slots when `tiled`), False for keys to ignore (text padding).
         on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nTiles, nTiles]`
             (tile order) before the blocks are selected, e.g. to plot it.
+        allowed: optional bool `[nTiles, nTiles]` (tile order): the video blocks the model's own
+            mask allows (SkyReels-V2's frame-causal diffusion forcing); the draft map and the
+            selection stay inside it, and the budget and density count its blocks only.
+            `allowed_count`: its number of True entries, a host int (no device sync).
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
@@ -160,10 +165,13 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     scale = d**-0.5 if scale is None else scale
 
     q_hat, k_hat = pool_tiles(videos[0], layout), pool_tiles(videos[1], layout)  # [B, H, nT, D]
-    probs = draft_probs(q_hat, k_hat, scale)  # [B, H, nT, nT]
+    if allowed is not None and text_len:
+        raise ValueError("allowed (a mask over video tiles) takes no text tokens; got text_len="
+                         f"{text_len}")
+    probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nT, nT]
     if on_draft_map is not None:
         on_draft_map(probs)
-    kept = select_blocks(probs, sparsity, mode)  # [B, H, nT, nT]
+    kept = select_blocks(probs, sparsity, mode, allowed, allowed_count)  # [B, H, nT, nT]
     m = nt + math.ceil(text_len / bs)
     if m > nt:  # text rows and columns stay dense
         blocks = torch.ones(b, h, m, m, dtype=torch.bool, device=q.device)
@@ -193,4 +201,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         out = torch.cat([out_text, out_video] if text_first else [out_video, out_text], dim=2)
     else:
         out = out_video
-    return out, torch.count_nonzero(blocks) / blocks.numel()  # no fp32 copy of the block map
+    # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
+    if allowed is None:
+        return out, torch.count_nonzero(blocks) / blocks.numel()
+    count = int(allowed.sum()) if allowed_count is None else allowed_count
+    return out, torch.count_nonzero(blocks) / (count * b * h)

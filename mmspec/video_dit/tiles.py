@@ -143,3 +143,25 @@ def tile_layout(grid, tile, device="cpu") -> TileLayout:
     """The `TileLayout` of (grid, tile) on `device`, built once and cached."""
     grid, tile = _check_grid_tile(grid, tile)
     return _layout_cached(grid, tile, str(torch.device(device)))
+
+
+def frame_causal_tiles(layout: TileLayout, frames_per_block: int) -> tuple[torch.Tensor, int]:
+    """SkyReels-V2's diffusion-forcing mask at tile level: (bool `[nT, nT]`, its True count).
+
+    A query may see a key when the key's block of `frames_per_block` frames is not later than
+    its own (diffusers' `causal_mask`, row-major over (t, h, w) tokens). Tiles never span
+    frames, so the token mask is constant on every (query tile, key tile) block and this is
+    exact. Tiles are in frame order (`tile_permutation`), the same count per frame. Cached.
+    """
+    return _frame_causal_cached(layout.grid, layout.tile, str(layout.valid.device),
+                                int(frames_per_block))
+
+
+@functools.lru_cache(maxsize=16)
+def _frame_causal_cached(grid, tile, device: str, frames_per_block: int):
+    layout = tile_layout(grid, tile, device)
+    frames = grid[0]
+    block = torch.arange(frames, device=layout.valid.device).repeat_interleave(
+        layout.num_tiles // frames) // frames_per_block
+    allowed = block[None, :] <= block[:, None]
+    return allowed, int(allowed.sum())

@@ -112,6 +112,39 @@ def test_tiny_wan_vace_pipeline_end_to_end():
     assert abs(outs[1] - dense).max() > 1e-3
 
 
+@torch.no_grad()
+def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end():
+    # SkyReelsV2DiffusionForcingPipeline sets num_frame_per_block = causal_block_size, so its
+    # transformer passes a frame-causal mask: the sparse layers must keep to it
+    from diffusers import SkyReelsV2DiffusionForcingPipeline, UniPCMultistepScheduler
+
+    from .tiny import tiny_skyreels
+
+    base = tiny_wan_pipeline()
+    pipe = SkyReelsV2DiffusionForcingPipeline(
+        tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction",
+                                          use_flow_sigmas=True, flow_shift=8.0),
+        transformer=tiny_skyreels())
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(3)
+    call = {"prompt": None, "prompt_embeds": torch.randn(1, 8, 16, generator=g),
+            "negative_prompt_embeds": torch.randn(1, 8, 16, generator=g), "height": 64,
+            "width": 64, "num_frames": 13, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "causal_block_size": 2, "ar_step": 0, "output_type": "np"}
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    assert pipe.transformer.config.num_frame_per_block == 2  # 4 latent frames, 2 blocks
+    outs = []
+    for sparsity in (0.0, 0.5):
+        state = apply_draft_attention(pipe, DraftAttentionConfig(
+            sparsity=sparsity, tile=(2, 2), dense_steps=1, dense_layers=0))
+        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
+        remove_draft_attention(pipe)
+    assert abs(outs[0] - dense).max() < 1e-5  # the causal mask at tile level is exact
+    assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}  # of the allowed blocks
+    assert abs(outs[1] - dense).max() > 1e-3
+
+
 _SMALL_CALL = {"prompt": "a red cat", "height": 64, "width": 64, "num_frames": 5,
                "guidance_scale": 1.0, "max_sequence_length": 8, "output_type": "latent"}
 

@@ -12,15 +12,25 @@ from .test_processors import (
     _cog_inputs,
     _hunyuan15_inputs,
     _hunyuan_inputs,
+    _skyreels_df_inputs,
     _wan_inputs,
     _wan_vace_inputs,
 )
-from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan, tiny_wan_vace
+from .tiny import (
+    tiny_cogvideox,
+    tiny_hunyuan,
+    tiny_hunyuan15,
+    tiny_skyreels,
+    tiny_wan,
+    tiny_wan_vace,
+)
 
 # 3 self-attention layers of each block class, so a recompile per layer would show
 MODELS = {
     "wan": (lambda: tiny_wan(num_layers=3), lambda: (_wan_inputs(), {}), 1),
     "wan_vace": (lambda: tiny_wan_vace(num_layers=3), _wan_vace_inputs, 1),
+    "skyreels_df": (lambda: tiny_skyreels(num_layers=3, frames_per_block=2), _skyreels_df_inputs,
+                    1),
     "hunyuan": (lambda: tiny_hunyuan(num_layers=3, num_single_layers=3),
                 lambda: (_hunyuan_inputs(), {}), 1),
     "hunyuan15": (lambda: tiny_hunyuan15(num_layers=3), _hunyuan15_inputs, 1),
@@ -33,7 +43,8 @@ def _steps(model, inputs, t_arg):
     args, kwargs = inputs()
     outs = []
     for t in (900, 800, 700):
-        args = (*args[:t_arg], torch.tensor([t, t], dtype=torch.float32), *args[t_arg + 1:])
+        shape = args[t_arg].shape  # [2], or [2, frames] under diffusion forcing
+        args = (*args[:t_arg], torch.full(shape, float(t)), *args[t_arg + 1:])
         outs.append(model(*args, **kwargs).sample)
     return outs
 

@@ -9,7 +9,14 @@ from mmspec.video_dit.processors import (
     WanDraftAttnProcessor,
 )
 
-from .tiny import tiny_cogvideox, tiny_hunyuan, tiny_hunyuan15, tiny_wan, tiny_wan_vace
+from .tiny import (
+    tiny_cogvideox,
+    tiny_hunyuan,
+    tiny_hunyuan15,
+    tiny_skyreels,
+    tiny_wan,
+    tiny_wan_vace,
+)
 
 
 def _cfg(sparsity, **kw):
@@ -27,6 +34,14 @@ def _wan_vace_inputs():
     latents, t, text = _wan_inputs()
     control = torch.randn(2, 6, 3, 12, 20, generator=torch.Generator().manual_seed(5))
     return (latents, t, text), {"control_hidden_states": control}
+
+
+def _skyreels_df_inputs():
+    # diffusion forcing: a timestep per latent frame, 4 frames in blocks of 2 -> frame-causal mask
+    g = torch.Generator().manual_seed(6)
+    return (torch.randn(2, 4, 4, 12, 20, generator=g),
+            torch.tensor([[900, 900, 700, 700], [800, 800, 600, 600]]),
+            torch.randn(2, 5, 16, generator=g)), {"enable_diffusion_forcing": True}
 
 
 def _hunyuan_inputs():
@@ -62,6 +77,8 @@ def _cog_inputs():
 MODELS = {
     "wan": (tiny_wan, lambda: (_wan_inputs(), {})),
     "wan_vace": (tiny_wan_vace, _wan_vace_inputs),
+    "skyreels": (tiny_skyreels, lambda: (_wan_inputs(), {})),
+    "skyreels_df": (lambda: tiny_skyreels(frames_per_block=2), _skyreels_df_inputs),
     "hunyuan": (tiny_hunyuan, lambda: (_hunyuan_inputs(), {})),
     "hunyuan15": (tiny_hunyuan15, _hunyuan15_inputs),
     "cogvideox": (tiny_cogvideox, _cog_inputs),
@@ -91,6 +108,8 @@ def test_sparsity_zero_equals_dense(name):
 FIRST_ATTENTION = {
     "wan": lambda m: m.blocks[0].attn1,
     "wan_vace": lambda m: m.vace_blocks[0].attn1,  # the VACE blocks run first
+    "skyreels": lambda m: m.blocks[0].attn1,
+    "skyreels_df": lambda m: m.blocks[0].attn1,
     "hunyuan": lambda m: m.transformer_blocks[0].attn,
     "hunyuan15": lambda m: m.transformer_blocks[0].attn,
     "cogvideox": lambda m: m.transformer_blocks[0].attn1,
@@ -115,8 +134,9 @@ def test_permute_once_matches_per_layer_permutation(name):
             outs.append(model(*args, **kwargs).sample)
             hook.remove()
             remove_draft_attention(model)
-        # padded frames reorder in each layer: padding slots would pass through every FFN
-        assert seen == [reordered_once, False]
+        # padded frames reorder in each layer: padding slots would pass through every FFN; so
+        # does diffusion forcing, whose per-frame modulation and causal mask are in token order
+        assert seen == [reordered_once and name != "skyreels_df", False]
         torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     # a dense first layer runs the model's own processor on the reordered tokens and RoPE
     apply_draft_attention(model, DraftAttentionConfig(sparsity=0.0, tile=(2, 2), dense_steps=0,

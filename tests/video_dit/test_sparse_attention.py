@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -170,3 +172,31 @@ def test_key_valid_of_another_length_is_named():
     torch.testing.assert_close(out[:, :, layout.valid.nonzero()[:, 0]],
                                layout.to_tiles(ref[:, :, :N])[:, :, layout.valid], atol=1e-5,
                                rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["global", "row"])
+def test_a_frame_causal_mask_bounds_the_selection(mode):
+    # SkyReels-V2 diffusion forcing: key frames of a later block are never kept, the budget is
+    # a share of the allowed blocks, and the output is attention over kept & allowed blocks
+    from mmspec.video_dit.draft_map import draft_probs, pool_tiles, select_blocks
+    from mmspec.video_dit.tiles import frame_causal_tiles
+
+    grid = (4, 6, 10)  # 4 frames in blocks of 2; 4x4 tiles pad the frames
+    layout = tile_layout(grid, TILE)
+    allowed, count = frame_causal_tiles(layout, 2)
+    per_frame = layout.num_tiles // 4
+    assert count == per_frame**2 * (2 * 2 + 4 * 2)  # block 0 sees 2 frames, block 1 sees 4
+    q, k, v = _qkv(length=math.prod(grid), seed=8)
+    out, density = draft_attention(q, k, v, layout, sparsity=0.5, mode=mode, allowed=allowed,
+                                   allowed_count=count)
+    assert abs(float(density) - 0.5) <= 1 / layout.num_tiles
+    qt, kt = (pool_tiles(layout.to_tiles(x), layout) for x in (q, k))
+    kept = select_blocks(draft_probs(qt, kt, 8**-0.5, allowed), 0.5, mode, allowed, count)
+    assert not (kept & ~allowed).any() and kept.diagonal(dim1=-2, dim2=-1).all()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=_token_mask(kept, layout, 0, False))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    dense, full = draft_attention(q, k, v, layout, sparsity=0.0, allowed=allowed)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=_token_mask(
+        allowed.expand(2, 2, -1, -1), layout, 0, False))
+    torch.testing.assert_close(dense, ref, atol=1e-5, rtol=1e-5)
+    assert float(full) == 1.0

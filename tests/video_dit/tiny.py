@@ -36,6 +36,18 @@ def tiny_wan_vace(num_layers: int = 3, seed: int = 0, vace_in_channels: int = 6)
     ).eval()
 
 
+def tiny_skyreels(num_layers: int = 2, seed: int = 0, frames_per_block: int = 1):
+    """SkyReelsV2Transformer3DModel (Wan's layout); `frames_per_block` > 1 is diffusion forcing."""
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    torch.manual_seed(seed)
+    return SkyReelsV2Transformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
+        rope_max_seq_len=32, num_frame_per_block=frames_per_block,
+    ).eval()
+
+
 def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
                  num_single_layers: int = 1) -> HunyuanVideoTransformer3DModel:
     torch.manual_seed(seed)
