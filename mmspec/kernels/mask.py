@@ -349,12 +349,15 @@ class BlockSparseMask:
         The last small result is kept (per thread) for the same tensors: every layer of a forward
         asks for it again, through a new mask object around the same tensors (the custom op
         rebuilds one), ~55 us a build on a CPU at tree-verification sizes. An in-place change to
-        those tensors or to the returned one is seen through their version counters.
+        those tensors or to the returned one is seen through their version counters; a write
+        that bypasses them (`.data`, shared NumPy memory, a custom kernel) is not.
         """
         tensors = (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
                    self.full_kv_indices, self.partial_masks)
-        cacheable = not torch.compiler.is_compiling() and not any(
-            t.is_inference() for t in tensors)  # inference tensors have no version counter
+        # inference tensors have no version counter: neither the mask's nor one built in
+        # inference mode (found in review: a mask built at setup, attention under inference_mode)
+        cacheable = not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+                         or any(t.is_inference() for t in tensors))
         if cacheable:
             key = (tuple(t._version for t in tensors), self.q_len, self.kv_len, self.block_size)
             last = _LAST_DENSE.entry

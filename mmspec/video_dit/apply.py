@@ -103,7 +103,7 @@ _FAMILIES = {
                                      reorder.install_wan, reorder.wan_can_reorder),
     # Wan VACE: the control branch's blocks attend over the control video's tokens, same grid
     "WanVACETransformer3DModel": _Family(WanDraftAttnProcessor, _wan_vace_layers, _wan_grid,
-                                         reorder.install_wan_vace, reorder.wan_can_reorder),
+                                         reorder.install_wan_vace, reorder.wan_vace_can_reorder),
     # SkyReels-V2: Wan's layout; diffusion forcing adds a frame-causal mask (processors.py)
     "SkyReelsV2Transformer3DModel": _Family(SkyReelsV2DraftAttnProcessor, _wan_layers, _wan_grid,
                                             reorder.install_wan, reorder.skyreels_can_reorder,

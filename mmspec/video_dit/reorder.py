@@ -93,6 +93,15 @@ def wan_can_reorder(model, arguments: dict) -> bool:
     return torch.as_tensor(arguments["timestep"]).ndim <= 1
 
 
+def wan_vace_can_reorder(model, arguments: dict) -> bool:
+    # a control video shorter than the latents is zero-padded by diffusers after its patch
+    # embedding, in token order: reorder in each layer then (found in review)
+    control = arguments.get("control_hidden_states")
+    latents = arguments["hidden_states"]
+    same = control is None or tuple(control.shape[2:]) == tuple(latents.shape[2:])
+    return wan_can_reorder(model, arguments) and same
+
+
 def skyreels_can_reorder(model, arguments: dict) -> bool:
     # diffusion forcing: per-frame timesteps (modulation token by token) and a frame-causal
     # token mask in the original order, which the dense layers' own processor applies

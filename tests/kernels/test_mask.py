@@ -52,6 +52,10 @@ def test_to_dense_is_kept_and_rebuilt_after_in_place_changes():
     with torch.inference_mode():  # no version counters there: built every time, still right
         frozen = BlockSparseMask.from_token_mask(token.clone(), 16)
         assert torch.equal(frozen.to_dense(), token) and frozen.to_dense() is not frozen.to_dense()
+    # a mask built outside, read inside (its dense form is an inference tensor): no crash
+    outside = BlockSparseMask.from_token_mask(~token, 16)
+    with torch.inference_mode():
+        assert torch.equal(outside.to_dense(), ~token) and torch.equal(outside.to_dense(), ~token)
 
 
 @pytest.mark.parametrize("shape,bs", [((1, 1, 50, 70), 16), ((2, 3, 33, 65), (16, 32))])

@@ -161,3 +161,18 @@ def test_only_self_attention_is_replaced_and_remove_restores():
         remove_draft_attention(m)
         assert {n: p for n, p in m.attn_processors.items()} == before[m]
         assert not m._forward_pre_hooks and not m._forward_hooks
+
+
+@torch.no_grad()
+def test_wan_vace_with_a_control_video_shorter_than_the_latents():
+    # diffusers zero-pads the control tokens after their patch embedding, in token order: the
+    # model reorders in each layer then instead of once (the once-hook indexed past its end)
+    model = tiny_wan_vace()
+    (latents, t, text), _ = _wan_vace_inputs()
+    control = torch.randn(2, 6, 2, 12, 20, generator=torch.Generator().manual_seed(7))
+    dense = model(latents, t, text, control_hidden_states=control).sample
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        sparsity=0.0, tile=(2, 2), dense_steps=0, dense_layers=0))
+    out = model(latents, t, text, control_hidden_states=control).sample
+    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+    assert len(state.records) == 5 and not state.tiled
