@@ -34,6 +34,22 @@ from .video_io import to_uint8, write_mp4
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# pipeline arguments this script sets from its own options (or must set itself)
+_OWN_CALL_ARGS = {"prompt", "output_type", "generator", "num_inference_steps", "height", "width",
+                  "num_frames", "guidance_scale", "negative_prompt", "true_cfg_scale",
+                  "callback_on_step_end"}
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--true-cfg-scale", type=float, default=None,
                    help="HunyuanVideo's classifier-free guidance with --negative-prompt (its "
                         "--guidance is the distilled embedded guidance)")
+    p.add_argument("--pipeline-kwargs", type=_json_object, default={}, metavar="JSON",
+                   help="more arguments of the pipeline call, a JSON object, e.g. "
+                        "'{\"causal_block_size\": 5, \"ar_step\": 0}' for SkyReels-V2 diffusion "
+                        "forcing; recorded with the settings")
     p.add_argument("--fps", type=positive_int, default=16)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
@@ -162,6 +182,13 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
         if value is not None:
             call[key] = value
     takes = inspect.signature(type(pipe).__call__).parameters
+    for key, value in args.pipeline_kwargs.items():
+        if key in _OWN_CALL_ARGS:
+            raise SystemExit(f"--pipeline-kwargs: {key!r} is set by this script (use its own "
+                             f"option)")
+        if key not in takes:
+            raise SystemExit(f"--pipeline-kwargs: {type(pipe).__name__} takes no {key!r}")
+        call[key] = value
     if args.true_cfg_scale is not None and "true_cfg_scale" not in takes:
         raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} has no true CFG; use "
                          f"--guidance")
@@ -234,7 +261,7 @@ def run_settings(args, config) -> dict:
     return {"model": model_name(args.model), "seed": args.seed, "steps": args.steps,
             "height": args.height, "width": args.width, "frames": args.frames, "fps": args.fps,
             "guidance": args.guidance, "negative_prompt": args.negative_prompt,
-            "true_cfg_scale": args.true_cfg_scale,
+            "true_cfg_scale": args.true_cfg_scale, "pipeline_kwargs": args.pipeline_kwargs,
             "dtype": args.dtype, "config": None if config is None else asdict(config)}
 
 

@@ -141,6 +141,35 @@ def test_compile_gives_the_eager_videos(model_dir, tmp_path, capsys):
     assert "--compile takes a torch.compile backend (" in capsys.readouterr().err
 
 
+def test_pipeline_kwargs_reach_the_call_and_the_settings(model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--dense"]
+    out = tmp_path / "run"
+    assert generate.main([*args, "--out", str(out),
+                          "--pipeline-kwargs", '{"max_sequence_length": 2}']) == 0
+    meta = json.loads((out / "0000.json").read_text())
+    assert meta["settings"]["pipeline_kwargs"] == {"max_sequence_length": 2}
+    assert generate.main([*args, "--out", str(tmp_path / "plain")]) == 0
+    # the prompt cut to 2 tokens ("a red") conditions another video: the argument arrived
+    truncated, plain = (read_video(d / "0000.mp4").astype(int) for d in (out, tmp_path / "plain"))
+    assert np.abs(truncated - plain).max() > 2
+    # resuming with other pipeline arguments would mix runs
+    with pytest.raises(SystemExit, match="made by another prompt or settings"):
+        generate.main([*args, "--out", str(out), "--pipeline-kwargs",
+                       '{"max_sequence_length": 6}'])
+    for kwargs, message in (('{"num_frames": 9}', "'num_frames' is set by this script"),
+                            ('{"no_such_argument": 1}',
+                             "WanPipeline takes no 'no_such_argument'")):
+        with pytest.raises(SystemExit, match=message):
+            generate.main([*args, "--out", str(tmp_path / "x"), "--pipeline-kwargs", kwargs])
+    for text, message in (("[1]", "must be a JSON object"), ("{bad", "not JSON")):
+        with pytest.raises(SystemExit):
+            generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o",
+                                 "--pipeline-kwargs", text])
+        assert message in capsys.readouterr().err
+
+
 def test_bad_cli_input(tmp_path, model_dir, capsys):
     with pytest.raises(SystemExit):
         generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--sparsity", "1.0"])
