@@ -3,7 +3,8 @@
     python -m mmspec.video_dit.generate --model PATH --prompts prompts.txt --out DIR
         [--sparsity 0.9 | --dense] [--steps 50] [--seed 42] [--compile [BACKEND]]
 
-For prompt number i (one prompt per non-empty line; lines starting with '#' are skipped) it writes
+For prompt number i (one prompt per non-empty line; lines starting with '#' are skipped; a `.jsonl`
+file gives `{"prompt": ..., "image": path}` per line for image-to-video pipelines) it writes
 `DIR/{i:04d}.mp4`, `DIR/{i:04d}.png` (first frame) and `DIR/{i:04d}.json` (timings, density,
 settings). The JSON is written last, so a prompt with a JSON is finished and is skipped on rerun.
 Under `accelerate launch` the prompts are split across processes (`accelerate.PartialState`).
@@ -56,7 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", required=True,
                    help="diffusers pipeline directory, or a zoo video entry such as "
                         "assets/zoo/video-dit (loaded by path)")
-    p.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per line")
+    p.add_argument("--prompts", required=True, type=Path,
+                   help="text file, one prompt per line; or .jsonl, one {\"prompt\": ..., "
+                        "\"image\": path} per line for image-to-video pipelines")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     sparse = p.add_mutually_exclusive_group()
     sparse.add_argument("--sparsity", type=float, default=0.9, help="share of blocks skipped")
@@ -108,13 +111,48 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def read_prompts(path: Path) -> list[str]:
+    """The prompts of a text file (one per line) or a JSONL file (`read_jobs`)."""
+    return [job["prompt"] for job in read_jobs(path)]
+
+
+def read_jobs(path: Path) -> list[dict]:
+    """`[{"prompt": str, "image": path or None}]` from `--prompts`.
+
+    A `.jsonl` file holds one JSON object per line, `{"prompt": "...", "image": "cat.png"}`,
+    the image (for image-to-video pipelines) relative to the file's folder; any other file holds
+    one prompt per line. Blank lines and lines starting with '#' are skipped in both.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"--prompts: no such file {path}")
-    lines = [line.strip() for line in path.read_text().splitlines()]
-    prompts = [line for line in lines if line and not line.startswith("#")]
-    if not prompts:
+    lines = [(i, line.strip()) for i, line in enumerate(path.read_text().splitlines(), 1)]
+    lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
+    if not lines:
         raise ValueError(f"--prompts: {path} holds no prompt (blank lines and '#' lines are skipped)")
-    return prompts
+    if path.suffix != ".jsonl":
+        return [{"prompt": line, "image": None} for _, line in lines]
+    jobs = []
+    for i, line in lines:
+        where = f"--prompts: {path} line {i}"
+        try:
+            job = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where} is not JSON ({err})") from None
+        prompt = job.get("prompt") if isinstance(job, dict) else None
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"{where} must be an object with a non-empty \"prompt\" string, "
+                             f"got {line[:80]!r}")
+        unknown = sorted(set(job) - {"prompt", "image"})
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; a line takes \"prompt\" and "
+                             f"\"image\"")
+        image = job.get("image")
+        if image is not None:
+            image = (path.parent / image) if not Path(image).is_absolute() else Path(image)
+            if not image.is_file():
+                raise ValueError(f"{where}: no such image {image}")
+            image = str(image.resolve())
+        jobs.append({"prompt": job["prompt"], "image": image})
+    return jobs
 
 
 def config_from_args(args) -> DraftAttentionConfig | None:
@@ -171,7 +209,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
+def generate_one(pipe, prompt: str, index: int, args, state, device, image=None) -> dict:
     call = {"prompt": prompt, "output_type": "np",
             "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
     for key, value in (("num_inference_steps", args.steps), ("height", args.height),
@@ -182,6 +220,14 @@ def generate_one(pipe, prompt: str, index: int, args, state, device) -> dict:
         if value is not None:
             call[key] = value
     takes = inspect.signature(type(pipe).__call__).parameters
+    if image is not None:
+        if "image" not in takes:
+            raise SystemExit(f"--prompts: prompt {index} has an image but {type(pipe).__name__} "
+                             f"takes none (an image-to-video pipeline does)")
+        from PIL import Image
+
+        with Image.open(image) as opened:
+            call["image"] = opened.convert("RGB")
     for key, value in args.pipeline_kwargs.items():
         if key in _OWN_CALL_ARGS:
             raise SystemExit(f"--pipeline-kwargs: {key!r} is set by this script (use its own "
@@ -272,9 +318,10 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     try:
-        prompts = read_prompts(args.prompts)
+        jobs = read_jobs(args.prompts)
     except (FileNotFoundError, ValueError) as err:  # each names --prompts
         raise SystemExit(str(err)) from None
+    prompts = [job["prompt"] for job in jobs]
     config = config_from_args(args)
     # cpu=True on a machine without CUDA: accelerate then sees torchrun's processes (else one)
     dist = PartialState(cpu=not torch.cuda.is_available())
@@ -288,8 +335,9 @@ def main(argv=None) -> int:
             continue
         old = json.loads(done.read_text())
         # JSONs of older versions lack some settings (all of them, or fps): those pass
-        differ = ", ".join(settings_differ({"prompt": prompt, **settings},
-                                           {"prompt": old.get("prompt"), **old.get("settings", {})}))
+        differ = ", ".join(settings_differ(
+            {"prompt": prompt, "image": jobs[i]["image"], **settings},
+            {"prompt": old.get("prompt"), "image": old.get("image"), **old.get("settings", {})}))
         if differ:  # resuming must never mix runs or label one as the other
             raise SystemExit(f"--out {args.out}: {done.name} was made by another prompt or "
                              f"settings ({differ}); use a new --out, or delete it to redo it")
@@ -316,13 +364,15 @@ def main(argv=None) -> int:
     if args.compile is not None:
         compile_blocks(pipe, args.compile)
     for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
-        result = generate_one(pipe, prompts[index], index, args, state, dist.device)
+        result = generate_one(pipe, prompts[index], index, args, state, dist.device,
+                              jobs[index]["image"])
         stem = args.out / f"{index:04d}"
         frames = to_uint8(result["frames"])
         write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
         Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
         record = {
-            "index": index, "prompt": prompts[index], "settings": settings,
+            "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
+            "settings": settings,
             "seed": args.seed + index,
             "model": settings["model"], "attention": "dense" if config is None else "draft",
             "config": None if config is None else asdict(config),

@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,6 +169,49 @@ def test_pipeline_kwargs_reach_the_call_and_the_settings(model_dir, tmp_path, ca
             generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o",
                                  "--pipeline-kwargs", text])
         assert message in capsys.readouterr().err
+
+
+def test_image_to_video_from_a_jsonl(tmp_path, model_dir):
+    from PIL import Image
+
+    from .tiny import tiny_wan_i2v_pipeline
+
+    i2v = tmp_path / "i2v"
+    tiny_wan_i2v_pipeline().save_pretrained(i2v)
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png"):
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / name)
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"prompt": "a red cat", "image": "a.png"}\n# skipped\n'
+                    '{"prompt": "a red cat", "image": "b.png"}\n')
+    args = ["--model", str(i2v), "--prompts", str(jobs), *COMMON, "--sparsity", "0.5",
+            "--dense-steps", "1"]
+    out = tmp_path / "out"
+    assert generate.main([*args, "--out", str(out)]) == 0
+    metas = [json.loads((out / f"000{i}.json").read_text()) for i in (0, 1)]
+    assert [Path(m["image"]).name for m in metas] == ["a.png", "b.png"]
+    assert metas[1]["density"]["by_step"]["2"] < 1.0
+    # another image under the same prompt number is another run, not a resume
+    jobs.write_text('{"prompt": "a red cat", "image": "b.png"}\n')
+    with pytest.raises(SystemExit, match="made by another prompt or settings"):
+        generate.main([*args, "--out", str(out)])
+    assert generate.main([*args, "--out", str(tmp_path / "other")]) == 0
+    # same prompt and seed, other image: the image reached the pipeline
+    a, b = (read_video(d / "0000.mp4").astype(int) for d in (out, tmp_path / "other"))
+    assert np.abs(a - b).max() > 2
+    # a text-to-video pipeline cannot take the image
+    prompts = tmp_path / "t2v.jsonl"
+    prompts.write_text('{"prompt": "a red cat", "image": "a.png"}\n')
+    with pytest.raises(SystemExit, match="has an image but WanPipeline takes none"):
+        generate.main(["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--dense",
+                       "--out", str(tmp_path / "t2v")])
+    for line, message in (('{"image": "a.png"}', 'non-empty "prompt"'),
+                          ('{"prompt": "x", "images": "a.png"}', "unknown keys"),
+                          ('{"prompt": "x", "image": "nope.png"}', "no such image"),
+                          ("{bad", "is not JSON")):
+        prompts.write_text(line + "\n")
+        with pytest.raises(ValueError, match=message):
+            generate.read_jobs(prompts)
 
 
 def test_bad_cli_input(tmp_path, model_dir, capsys):

@@ -105,6 +105,21 @@ def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
     )
 
 
+def tiny_wan_i2v_pipeline(seed: int = 0):
+    """WanImageToVideoPipeline as Wan 2.2 builds it (no CLIP image encoder): the transformer takes
+    the noise, the encoded first frame and its mask (4 + 4 + 4 channels)."""
+    from diffusers import WanImageToVideoPipeline
+
+    base = tiny_wan_pipeline(seed)
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=12,
+        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+    ).eval()
+    return WanImageToVideoPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder,
+                                   vae=base.vae, scheduler=base.scheduler, transformer=transformer)
+
+
 def tiny_cogvideox_pipeline(seed: int = 0):
     """CogVideoXPipeline: tiny T5 encoder, tiny VAE, and a transformer whose latent frames are
     2 x 4 x 4 tokens (height = width = 64, 5 frames)."""
