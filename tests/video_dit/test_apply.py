@@ -83,7 +83,7 @@ def test_tiny_wan_pipeline_end_to_end():
 @torch.no_grad()
 def test_tiny_wan_vace_pipeline_end_to_end():
     # WanVACEPipeline: its VACE blocks attend over the control video's tokens (here the blank
-    # video and mask it makes itself); prompt embeddings given, as it cleans prompts with ftfy
+    # video and mask it makes itself); prompt embeddings given instead of a prompt
     from diffusers import WanVACEPipeline
 
     from .tiny import tiny_wan_vace
