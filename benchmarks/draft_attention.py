@@ -415,9 +415,9 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
          f"{r['speedup']:.2f}x"] for r in rows]
     note = ""
     if compile is not None:
-        import torch._dynamo
+        from torch._dynamo import reset
 
-        torch._dynamo.reset()
+        reset()
         crows, cdense = step(device, dtype, grid, (0.75, 0.9), tile=tile, compile=compile, **arch)
         table += [[f"dense, blocks compiled ({compile})", "1.000", f"{cdense:.0f}",
                    f"{dense / cdense:.2f}x"]] + [
@@ -537,6 +537,13 @@ def main() -> None:
     if args.gpu_only:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             p.error("--gpu-only on cuda needs a CUDA device; none is visible")
+        if args.compile is not None:
+            from torch._dynamo import list_backends
+
+            backends = list_backends(exclude_tags=())
+            if args.compile not in backends:  # before minutes of device time, not after
+                p.error(f"--compile takes a torch.compile backend ({', '.join(backends)}), got "
+                        f"{args.compile!r}")
         grids = {}
         for flag in ("extra_grids", "cogvideox_grids"):
             text = getattr(args, flag)

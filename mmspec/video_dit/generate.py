@@ -92,9 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "first steps then include the compilation")
     args = p.parse_args(argv)
     if args.compile is not None:
-        import torch._dynamo
+        from torch._dynamo import list_backends  # (an `import torch...` here would shadow torch)
 
-        backends = torch._dynamo.list_backends(exclude_tags=())
+        backends = list_backends(exclude_tags=())
         if args.compile not in backends:
             p.error(f"--compile takes a torch.compile backend ({', '.join(backends)}), got "
                     f"{args.compile!r}")
