@@ -15,13 +15,15 @@ from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 WORDS = ["a", "cat", "dog", "runs", "on", "the", "beach", "in", "snow", "red", "blue", "car", "city", "at", "night"]
 
 
+# Wan's layout at a tiny size, shared by Wan, Wan VACE, SkyReels-V2 and the Wan I2V transformer
+WAN_TINY = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12,
+            "in_channels": 4, "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32,
+            "rope_max_seq_len": 32}
+
+
 def tiny_wan(num_layers: int = 2, seed: int = 0) -> WanTransformer3DModel:
     torch.manual_seed(seed)
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
-        rope_max_seq_len=32,
-    ).eval()
+    return WanTransformer3DModel(**WAN_TINY, num_layers=num_layers).eval()
 
 
 def tiny_wan_vace(num_layers: int = 3, seed: int = 0, vace_in_channels: int = 6):
@@ -29,11 +31,8 @@ def tiny_wan_vace(num_layers: int = 3, seed: int = 0, vace_in_channels: int = 6)
     from diffusers import WanVACETransformer3DModel
 
     torch.manual_seed(seed)
-    return WanVACETransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
-        rope_max_seq_len=32, vace_layers=[0, 2], vace_in_channels=vace_in_channels,
-    ).eval()
+    return WanVACETransformer3DModel(**WAN_TINY, num_layers=num_layers, vace_layers=[0, 2],
+                                     vace_in_channels=vace_in_channels).eval()
 
 
 def tiny_skyreels(num_layers: int = 2, seed: int = 0, frames_per_block: int = 1):
@@ -41,11 +40,8 @@ def tiny_skyreels(num_layers: int = 2, seed: int = 0, frames_per_block: int = 1)
     from diffusers import SkyReelsV2Transformer3DModel
 
     torch.manual_seed(seed)
-    return SkyReelsV2Transformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=num_layers,
-        rope_max_seq_len=32, num_frame_per_block=frames_per_block,
-    ).eval()
+    return SkyReelsV2Transformer3DModel(**WAN_TINY, num_layers=num_layers,
+                                        num_frame_per_block=frames_per_block).eval()
 
 
 def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
@@ -112,10 +108,7 @@ def tiny_wan_i2v_pipeline(seed: int = 0):
 
     base = tiny_wan_pipeline(seed)
     torch.manual_seed(seed)
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=12,
-        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
-    ).eval()
+    transformer = WanTransformer3DModel(**{**WAN_TINY, "in_channels": 12}, num_layers=2).eval()
     return WanImageToVideoPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder,
                                    vae=base.vae, scheduler=base.scheduler, transformer=transformer)
 
