@@ -110,11 +110,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def read_prompts(path: Path) -> list[str]:
-    """The prompts of a text file (one per line) or a JSONL file (`read_jobs`)."""
-    return [job["prompt"] for job in read_jobs(path)]
-
-
 def read_jobs(path: Path) -> list[dict]:
     """`[{"prompt": str, "image": path or None}]` from `--prompts`.
 
@@ -184,10 +179,10 @@ def load_pipeline(model: str, dtype: torch.dtype):
         model, **{"dtype" if takes_dtype else "torch_dtype": dtype})
 
 
-def compile_blocks(pipe, backend: str = "inductor") -> int:
+def compile_blocks(pipe, backend: str = "inductor") -> None:
     """Regional compilation of every transformer of `pipe`: each repeated block compiled with
     fullgraph=True, as diffusers' `compile_repeated_blocks` does (its block classes, or the
-    `transformer_blocks` of a model that names none, e.g. CogVideoX). Returns the block count."""
+    `transformer_blocks` of a model that names none, e.g. CogVideoX)."""
     count = 0
     for name in ("transformer", "transformer_2"):
         model = getattr(pipe, name, None)
@@ -201,7 +196,6 @@ def compile_blocks(pipe, backend: str = "inductor") -> int:
         count += len(blocks)
     if not count:
         raise SystemExit(f"--compile: {type(pipe).__name__} has no transformer blocks to compile")
-    return count
 
 
 def _sync(device) -> None:

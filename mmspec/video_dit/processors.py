@@ -33,7 +33,7 @@ def _wan_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor)
 
 
 class _DraftProcessor:
-    """Shared by the three processors. What a call needs to decide is set on the processor by
+    """Shared by every family's processor. What a call needs to decide is set on the processor by
     the state before each transformer forward (`sparse`), and what it reports goes to the
     processor's own list (`densities`), which the state collects after the forward: so no step
     number or layer index is read inside a block, and `torch.compile` of the blocks (diffusers'
@@ -46,10 +46,6 @@ class _DraftProcessor:
         self.original = original
         self.sparse = False  # this layer runs DraftAttention in the current forward
         self.densities = []  # this forward's calls: 0-d tensor, or None for a dense call
-
-    def _dense_through_original(self) -> bool:
-        """True when this call goes to the model's own processor (a dense layer or step)."""
-        return not self.sparse
 
     def _attend(self, q, k, v, **kwargs):
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
@@ -131,7 +127,7 @@ class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
-        if self._dense_through_original():
+        if not self.sparse:  # a dense layer or step
             self.densities.append(None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  image_rotary_emb)
@@ -207,7 +203,7 @@ class CogVideoXDraftAttnProcessor(_DraftProcessor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
                  image_rotary_emb=None):
-        if self._dense_through_original():
+        if not self.sparse:  # a dense layer or step
             self.densities.append(None)
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  image_rotary_emb)

@@ -234,9 +234,9 @@ def test_bad_cli_input(tmp_path, model_dir, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n# nothing\n")
     with pytest.raises(ValueError, match="holds no prompt"):
-        generate.read_prompts(empty)
+        generate.read_jobs(empty)
     with pytest.raises(FileNotFoundError, match="--prompts"):
-        generate.read_prompts(tmp_path / "missing.txt")
+        generate.read_jobs(tmp_path / "missing.txt")
 
 
 def test_negative_prompt_and_true_cfg_reach_only_pipelines_that_use_them():
