@@ -168,6 +168,13 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     if allowed is not None and text_len:
         raise ValueError("allowed (a mask over video tiles) takes no text tokens; got text_len="
                          f"{text_len}")
+    bad_allowed = allowed is not None and (
+        not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool
+        or tuple(allowed.shape) != (nt, nt))
+    if bad_allowed:
+        raise ValueError(f"allowed must be a bool tensor [{nt}, {nt}] (query tile, key tile), got "
+                         f"{getattr(allowed, 'dtype', type(allowed).__name__)} "
+                         f"{list(getattr(allowed, 'shape', []))}")
     probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nT, nT]
     if on_draft_map is not None:
         on_draft_map(probs)

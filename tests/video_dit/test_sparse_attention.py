@@ -200,3 +200,7 @@ def test_a_frame_causal_mask_bounds_the_selection(mode):
         allowed.expand(2, 2, -1, -1), layout, 0, False))
     torch.testing.assert_close(dense, ref, atol=1e-5, rtol=1e-5)
     assert float(full) == 1.0
+    with pytest.raises(ValueError, match=r"allowed must be a bool tensor \[24, 24\]"):
+        draft_attention(q, k, v, layout, sparsity=0.5, allowed=allowed[:-1])
+    with pytest.raises(ValueError, match="allowed must be a bool tensor"):
+        draft_attention(q, k, v, layout, sparsity=0.5, allowed=allowed.float())
