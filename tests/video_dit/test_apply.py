@@ -239,6 +239,76 @@ def test_tiny_cogvideox_pipeline_with_cfg_batch():
 
 
 @torch.no_grad()
+def test_tiny_hunyuan_video_pipeline_with_true_cfg():
+    # HunyuanVideoPipeline: embedded guidance, plus true CFG as a second forward per step (the
+    # same timestep twice); text tokens after the video in joint attention, kept dense
+    from .tiny import tiny_hunyuan_pipeline
+
+    pipe = tiny_hunyuan_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    call = {"prompt": "a cat runs on the beach", "negative_prompt": "a dog", "true_cfg_scale": 2.0,
+            "height": 64, "width": 128, "num_frames": 5, "num_inference_steps": 3,
+            "prompt_template": {"template": "{}", "crop_start": 0}, "max_sequence_length": 8,
+            "output_type": "np"}
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    outs = []
+    for sparsity in (0.0, 0.75):
+        state = apply_draft_attention(pipe, DraftAttentionConfig(
+            sparsity=sparsity, tile=(4, 4), dense_steps=1, dense_layers=1))
+        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
+        remove_draft_attention(pipe)
+    assert dense.shape == (1, 5, 64, 128, 3)
+    assert abs(outs[0] - dense).max() < 1e-5
+    assert abs(outs[1] - dense).max() > 1e-3
+    # steps x (cond, uncond) x (2 double- + 2 single-stream blocks), the step shared by both
+    assert [r.step for r in state.records] == [s for s in range(3) for _ in range(8)]
+    # 2 frames x 8 x 16 latents = 16 tiles of 4 x 4, the 8 text tokens one more block: 64 of
+    # the 256 video blocks kept, plus the text's row and column, out of 17 x 17
+    sparse = [r.density for r in state.records if r.step > 0 and r.layer > 0]
+    assert sparse == pytest.approx([(64 + 33) / 289] * 12)
+    assert all(r.density == 1.0 for r in state.records if r.step == 0 or r.layer == 0)
+    assert (pipe(**call, generator=torch.Generator().manual_seed(0)).frames == dense).all()
+
+
+@torch.no_grad()
+def test_tiny_hunyuan_video15_pipeline_with_padded_text():
+    # HunyuanVideo15Pipeline: CFG through diffusers' guider (one forward per branch), text
+    # masks padded differently in the two branches, image tokens masked out (text-to-video)
+    from .tiny import tiny_hunyuan15_pipeline
+
+    pipe = tiny_hunyuan15_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(1)
+
+    def text(valid, length, dim):
+        mask = torch.zeros(1, length)
+        mask[:, :valid] = 1
+        return torch.randn(1, length, dim, generator=g), mask
+
+    (pe, pm), (ne, nm), (glyph, glyph_mask) = text(5, 8, 16), text(2, 8, 16), text(0, 6, 12)
+    call = {"prompt_embeds": pe, "prompt_embeds_mask": pm, "negative_prompt_embeds": ne,
+            "negative_prompt_embeds_mask": nm, "prompt_embeds_2": glyph,
+            "prompt_embeds_mask_2": glyph_mask, "negative_prompt_embeds_2": glyph,
+            "negative_prompt_embeds_mask_2": glyph_mask, "height": 128, "width": 256,
+            "num_frames": 5, "num_inference_steps": 3, "output_type": "np"}
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    outs = []
+    for sparsity in (0.0, 0.75):
+        state = apply_draft_attention(pipe, DraftAttentionConfig(
+            sparsity=sparsity, tile=(4, 4), dense_steps=1, dense_layers=0))
+        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
+        remove_draft_attention(pipe)
+    assert dense.shape == (1, 5, 128, 256, 3)
+    assert abs(outs[0] - dense).max() < 1e-5  # a mask that ignored the padding fails here
+    assert abs(outs[1] - dense).max() > 1e-3
+    assert [r.step for r in state.records] == [s for s in range(3) for _ in range(4)]
+    # 16 video tiles; 8 + 6 + 729 text and image tokens = 47 dense blocks (masked ones too)
+    text_blocks = 47 * 63 * 2 - 47 * 47
+    assert state.density_by_step() == pytest.approx({0: 1.0, 1: (64 + text_blocks) / 63**2,
+                                                     2: (64 + text_blocks) / 63**2})
+
+
+@torch.no_grad()
 def test_on_draft_map_hands_over_the_map_that_chose_the_blocks():
     from mmspec.video_dit.draft_map import select_blocks
 

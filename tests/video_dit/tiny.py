@@ -55,13 +55,13 @@ def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
     ).eval()
 
 
-def tiny_hunyuan15(seed: int = 0, num_layers: int = 2):
+def tiny_hunyuan15(seed: int = 0, num_layers: int = 2, in_channels: int = 4):
     """HunyuanVideo15Transformer3DModel: dual-stream blocks, two text encoders and image tokens."""
     from diffusers import HunyuanVideo15Transformer3DModel
 
     torch.manual_seed(seed)
     return HunyuanVideo15Transformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+        in_channels=in_channels, out_channels=4, num_attention_heads=2, attention_head_dim=8,
         num_layers=num_layers, num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12,
         image_embed_dim=8, rope_axes_dim=(2, 2, 4),
     ).eval()
@@ -137,3 +137,62 @@ def tiny_cogvideox_pipeline(seed: int = 0):
     ).eval()
     return CogVideoXPipeline(tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
                              transformer=transformer, scheduler=CogVideoXDDIMScheduler())
+
+
+def tiny_hunyuan_pipeline(seed: int = 0):
+    """HunyuanVideoPipeline: tiny Llama and CLIP text encoders (our word-level tokenizer for both),
+    a tiny VAE (8x spatial, 4x temporal), and a transformer with guidance embedding."""
+    from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoPipeline
+    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
+
+    torch.manual_seed(seed)
+    ids = {"vocab_size": len(WORDS) + 3, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 1}
+    # the pipeline takes the hidden states 3 layers from the top
+    llama = LlamaModel(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                                   num_attention_heads=2, num_key_value_heads=2, **ids)).eval()
+    clip = CLIPTextModel(CLIPTextConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2, max_position_embeddings=77,
+                                        projection_dim=8, **ids)).eval()
+    vae = AutoencoderKLHunyuanVideo(
+        in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
+        layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=8,
+        temporal_compression_ratio=4,
+    ).eval()
+    return HunyuanVideoPipeline(
+        text_encoder=llama, tokenizer=tiny_tokenizer(), text_encoder_2=clip,
+        tokenizer_2=tiny_tokenizer(), vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        transformer=tiny_hunyuan(seed=seed, num_layers=2, num_single_layers=2),
+    )
+
+
+def tiny_hunyuan15_pipeline(seed: int = 0):
+    """HunyuanVideo15Pipeline (text-to-video): tiny Qwen2.5-VL text model and ByT5 encoder, a tiny
+    VAE (16x spatial, 4x temporal), CFG through diffusers' guider (one forward per branch). The
+    transformer takes the noise, the (empty) condition latents and their mask: 4 + 4 + 1 channels.
+    Tests pass prompt embeddings: the pipeline's chat prompt template needs Qwen's tokenizer."""
+    from diffusers import AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, HunyuanVideo15Pipeline
+    from transformers import (
+        ByT5Tokenizer,
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        T5Config,
+        T5EncoderModel,
+    )
+
+    torch.manual_seed(seed)
+    qwen = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=len(WORDS) + 3, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, bos_token_id=1, eos_token_id=1,
+        rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]})).eval()
+    byt5 = T5EncoderModel(T5Config(vocab_size=384, d_model=12, d_kv=6, d_ff=24, num_layers=1,
+                                   num_heads=2, relative_attention_num_buckets=8)).eval()
+    vae = AutoencoderKLHunyuanVideo15(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,) * 5,
+        layers_per_block=1, spatial_compression_ratio=16, temporal_compression_ratio=4).eval()
+    return HunyuanVideo15Pipeline(
+        text_encoder=qwen, tokenizer=tiny_tokenizer(), text_encoder_2=byt5,
+        tokenizer_2=ByT5Tokenizer(), vae=vae, transformer=tiny_hunyuan15(seed, in_channels=9),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        guider=ClassifierFreeGuidance(guidance_scale=6.0))
