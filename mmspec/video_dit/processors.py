@@ -100,7 +100,9 @@ class SkyReelsV2DraftAttnProcessor(WanDraftAttnProcessor):
     tile-level `allowed` mask (`tiles.frame_causal_tiles`, exact, built by the state's pre-forward
     hook), inside which the draft map and the
     budget stay. Which earlier blocks a frame keeps is chosen with the other rows (one budget per
-    head), so it can depend on later frames' draft rows; their values never enter."""
+    head), so it can depend on later frames' draft rows; their values never enter. With per-frame
+    timesteps (asynchronous diffusion forcing, `ar_step` > 0) the step is the noisiest frame's
+    (`DraftAttentionState._update_step` reads the largest timestep)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None):

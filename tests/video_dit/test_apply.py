@@ -112,10 +112,22 @@ def test_tiny_wan_vace_pipeline_end_to_end():
     assert abs(outs[1] - dense).max() > 1e-3
 
 
+# synchronous: 3 steps; asynchronous (ar_step 1: the second frame block one step behind the
+# first, 5 model calls for 4 steps) over a long video of two 13-frame chunks, the second chunk
+# conditioned on 5 frames of the first (its first block is context only: 4 calls)
+_DF_RUNS = {"sync": ({"num_frames": 13, "ar_step": 0}, [0, 1, 2]),
+            "async, long video": ({"num_frames": 21, "base_num_frames": 13, "overlap_history": 5,
+                                   "addnoise_condition": 20, "ar_step": 1},
+                                  [0, 0, 1, 2, 3] + [0, 1, 2, 3])}
+
+
+@pytest.mark.parametrize("run", list(_DF_RUNS))
 @torch.no_grad()
-def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end():
+def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end(run):
     # SkyReelsV2DiffusionForcingPipeline sets num_frame_per_block = causal_block_size, so its
-    # transformer passes a frame-causal mask: the sparse layers must keep to it
+    # transformer passes a frame-causal mask: the sparse layers must keep to it. Asynchronous
+    # runs give each frame block its own timestep; the step is the noisiest frame's (dense
+    # while any frame is in its warm-up), and each chunk of a long video starts over.
     from diffusers import SkyReelsV2DiffusionForcingPipeline, UniPCMultistepScheduler
 
     from .tiny import tiny_skyreels
@@ -128,10 +140,11 @@ def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end():
         transformer=tiny_skyreels())
     pipe.set_progress_bar_config(disable=True)
     g = torch.Generator().manual_seed(3)
+    frames, steps = _DF_RUNS[run]
     call = {"prompt": None, "prompt_embeds": torch.randn(1, 8, 16, generator=g),
             "negative_prompt_embeds": torch.randn(1, 8, 16, generator=g), "height": 64,
-            "width": 64, "num_frames": 13, "num_inference_steps": 3, "guidance_scale": 2.0,
-            "causal_block_size": 2, "ar_step": 0, "output_type": "np"}
+            "width": 64, "num_inference_steps": len(set(steps)), "guidance_scale": 2.0,
+            "causal_block_size": 2, "output_type": "np", **frames}
     dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     assert pipe.transformer.config.num_frame_per_block == 2  # 4 latent frames, 2 blocks
     outs = []
@@ -141,7 +154,10 @@ def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end():
         outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
         remove_draft_attention(pipe)
     assert abs(outs[0] - dense).max() < 1e-5  # the causal mask at tile level is exact
-    assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}  # of the allowed blocks
+    assert [r.step for r in state.records][::4] == steps  # 4 calls: (cond, uncond) x layers
+    # of the allowed blocks
+    assert [r.density for r in state.records] == [1.0 if s == 0 else 0.5 for s in steps
+                                                  for _ in range(4)]
     assert abs(outs[1] - dense).max() > 1e-3
 
 
