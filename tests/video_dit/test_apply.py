@@ -318,10 +318,11 @@ def test_tiny_hunyuan_video15_pipeline_with_padded_text():
     assert abs(outs[0] - dense).max() < 1e-5  # a mask that ignored the padding fails here
     assert abs(outs[1] - dense).max() > 1e-3
     assert [r.step for r in state.records] == [s for s in range(3) for _ in range(4)]
-    # 16 video tiles; 8 + 6 + 729 text and image tokens = 47 dense blocks (masked ones too)
-    text_blocks = 47 * 63 * 2 - 47 * 47
-    assert state.density_by_step() == pytest.approx({0: 1.0, 1: (64 + text_blocks) / 63**2,
-                                                     2: (64 + text_blocks) / 63**2})
+    # 16 video tiles (64 of 256 blocks kept); 729 image + 6 glyph + 8 prompt tokens in 47 text
+    # blocks, the valid ones first: 5 (cond) or 2 (uncond) valid, one dense row and column; the
+    # 46 blocks of padding are skipped
+    assert state.density_by_step() == pytest.approx({0: 1.0, 1: (64 + 33) / 63**2,
+                                                     2: (64 + 33) / 63**2})
 
 
 @torch.no_grad()

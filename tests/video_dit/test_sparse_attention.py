@@ -156,6 +156,37 @@ def test_mean_keys_path_is_exact_with_text_padding():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("text_first", [False, True])
+@pytest.mark.parametrize("sparsity", [0.0, 0.6])
+def test_text_blocks_of_padding_only_are_skipped(text_first, sparsity):
+    # 37 text tokens = 3 blocks of 16; sample 0 has 5 valid (blocks 2 and 3 all padding),
+    # sample 1 has 20 (block 3): those blocks' rows and columns are not computed, their query
+    # rows come back 0, and every other row is exact attention over the valid keys
+    text_len, layout = 37, tile_layout(GRID, TILE)
+    q, k, v = _qkv(length=N + text_len, seed=5)
+    valid = torch.ones(2, N + text_len, dtype=torch.bool)
+    start = 0 if text_first else N
+    valid[0, start + 5 : start + text_len] = False
+    valid[1, start + 20 : start + text_len] = False
+    out, density = draft_attention(q, k, v, layout, sparsity=sparsity, text_len=text_len,
+                                   text_first=text_first, key_valid=valid)
+    s = slice(text_len, None) if text_first else slice(0, N)
+    kept = draft_block_mask(q[:, :, s], k[:, :, s], GRID, TILE, sparsity)
+    mask = _token_mask(kept, layout, text_len, text_first) & valid[:, None, None, :]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    rows = valid.clone()  # the padded text rows of a block with a valid token are computed too
+    rows[0, start + 5 : start + 16] = rows[1, start + 20 : start + 32] = True
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out * rows[:, None, :, None], ref * rows[:, None, :, None],
+                               atol=1e-5, rtol=1e-4)
+    assert (out[~rows[:, None, :, None].expand_as(out)] == 0).all()
+    nt, m = layout.num_tiles, layout.num_tiles + 3
+    video = kept.sum((1, 2, 3)).float()  # per sample, over heads
+    live = torch.tensor([1, 2])  # text blocks with a valid token
+    computed = video + 2 * (live * (nt + live) * 2 - live * live)
+    assert float(density) == pytest.approx(float(computed.sum() / (2 * 2 * m * m)))
+
+
 def test_key_valid_of_another_length_is_named():
     # with tiled=True the keys are the padded tile order (Np + text), not the model order
     q, k, v = _qkv(length=N + 5)
