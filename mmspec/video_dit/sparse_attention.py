@@ -144,7 +144,9 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         layout: the `TileLayout` of the video grid and tile.
         text_len: text tokens, after the video (HunyuanVideo) or before it (`text_first`, CogVideoX).
         key_valid: optional bool `[B, L]` in the order of q, k, v (model order; tile order with
-            padding slots when `tiled`), False for keys to ignore (text padding).
+            padding slots when `tiled`), False for keys to ignore (text padding). A text block
+            (of `layout.tile_tokens`) with no valid token is skipped as queries too: its output
+            rows are 0 (padding whose output no valid token reads).
         on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nTiles, nTiles]`
             (tile order) before the blocks are selected, e.g. to plot it.
         allowed: optional bool `[nTiles, nTiles]` (tile order): the video blocks the model's own
