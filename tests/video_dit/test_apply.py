@@ -286,13 +286,20 @@ def test_tiny_hunyuan_video_pipeline_with_true_cfg():
     assert (pipe(**call, generator=torch.Generator().manual_seed(0)).frames == dense).all()
 
 
+@pytest.mark.parametrize("image_to_video", [False, True])
 @torch.no_grad()
-def test_tiny_hunyuan_video15_pipeline_with_padded_text():
+def test_tiny_hunyuan_video15_pipeline_with_padded_text(image_to_video):
     # HunyuanVideo15Pipeline: CFG through diffusers' guider (one forward per branch), text
-    # masks padded differently in the two branches, image tokens masked out (text-to-video)
+    # masks padded differently in the two branches, image tokens masked out (text-to-video) or
+    # the SigLIP tokens of the first frame (HunyuanVideo15ImageToVideoPipeline)
+    import numpy as np
+    import PIL.Image
+
+    from mmspec.video_dit.draft_map import block_budget
+
     from .tiny import tiny_hunyuan15_pipeline
 
-    pipe = tiny_hunyuan15_pipeline()
+    pipe = tiny_hunyuan15_pipeline(image_to_video=image_to_video)
     pipe.set_progress_bar_config(disable=True)
     g = torch.Generator().manual_seed(1)
 
@@ -305,8 +312,13 @@ def test_tiny_hunyuan_video15_pipeline_with_padded_text():
     call = {"prompt_embeds": pe, "prompt_embeds_mask": pm, "negative_prompt_embeds": ne,
             "negative_prompt_embeds_mask": nm, "prompt_embeds_2": glyph,
             "prompt_embeds_mask_2": glyph_mask, "negative_prompt_embeds_2": glyph,
-            "negative_prompt_embeds_mask_2": glyph_mask, "height": 128, "width": 256,
-            "num_frames": 5, "num_inference_steps": 3, "output_type": "np"}
+            "negative_prompt_embeds_mask_2": glyph_mask, "num_frames": 5,
+            "num_inference_steps": 3, "output_type": "np"}
+    if image_to_video:  # the size follows the image: 80 x 160, a bucket of 128 (padded tiles)
+        pixels = np.random.default_rng(0).integers(0, 255, (64, 128, 3), dtype=np.uint8)
+        call["image"] = PIL.Image.fromarray(pixels)
+    else:
+        call.update(height=128, width=256)
     dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     outs = []
     for sparsity in (0.0, 0.75):
@@ -314,15 +326,17 @@ def test_tiny_hunyuan_video15_pipeline_with_padded_text():
             sparsity=sparsity, tile=(4, 4), dense_steps=1, dense_layers=0))
         outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
         remove_draft_attention(pipe)
-    assert dense.shape == (1, 5, 128, 256, 3)
+    assert dense.shape == ((1, 5, 80, 160, 3) if image_to_video else (1, 5, 128, 256, 3))
     assert abs(outs[0] - dense).max() < 1e-5  # a mask that ignored the padding fails here
     assert abs(outs[1] - dense).max() > 1e-3
     assert [r.step for r in state.records] == [s for s in range(3) for _ in range(4)]
-    # 16 video tiles (64 of 256 blocks kept); 729 image + 6 glyph + 8 prompt tokens in 47 text
-    # blocks, the valid ones first: 5 (cond) or 2 (uncond) valid, one dense row and column; the
-    # 46 blocks of padding are skipped
-    assert state.density_by_step() == pytest.approx({0: 1.0, 1: (64 + 33) / 63**2,
-                                                     2: (64 + 33) / 63**2})
+    # image tokens (729 masked, or 16 valid), 6 glyph and 8 prompt tokens, the valid ones first:
+    # 5 (cond) or 2 (uncond) prompt tokens valid. Text blocks with a valid token keep a dense row
+    # and column (T2V: 1 of 47 blocks, I2V: both of 2), the others are skipped
+    nt, live, m = (state.layout.num_tiles, 2, state.layout.num_tiles + 2) if image_to_video \
+        else (16, 1, 63)
+    expected = (block_budget(nt, 0.75) + 2 * live * nt + live * live) / m**2
+    assert state.density_by_step() == pytest.approx({0: 1.0, 1: expected, 2: expected})
 
 
 @torch.no_grad()

@@ -55,7 +55,7 @@ def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
     ).eval()
 
 
-def tiny_hunyuan15(seed: int = 0, num_layers: int = 2, in_channels: int = 4):
+def tiny_hunyuan15(seed: int = 0, num_layers: int = 2, in_channels: int = 4, **config):
     """HunyuanVideo15Transformer3DModel: dual-stream blocks, two text encoders and image tokens."""
     from diffusers import HunyuanVideo15Transformer3DModel
 
@@ -63,7 +63,7 @@ def tiny_hunyuan15(seed: int = 0, num_layers: int = 2, in_channels: int = 4):
     return HunyuanVideo15Transformer3DModel(
         in_channels=in_channels, out_channels=4, num_attention_heads=2, attention_head_dim=8,
         num_layers=num_layers, num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12,
-        image_embed_dim=8, rope_axes_dim=(2, 2, 4),
+        image_embed_dim=8, rope_axes_dim=(2, 2, 4), **config,
     ).eval()
 
 
@@ -167,11 +167,13 @@ def tiny_hunyuan_pipeline(seed: int = 0):
     )
 
 
-def tiny_hunyuan15_pipeline(seed: int = 0):
+def tiny_hunyuan15_pipeline(seed: int = 0, image_to_video: bool = False):
     """HunyuanVideo15Pipeline (text-to-video): tiny Qwen2.5-VL text model and ByT5 encoder, a tiny
     VAE (16x spatial, 4x temporal), CFG through diffusers' guider (one forward per branch). The
-    transformer takes the noise, the (empty) condition latents and their mask: 4 + 4 + 1 channels.
-    Tests pass prompt embeddings: the pipeline's chat prompt template needs Qwen's tokenizer."""
+    transformer takes the noise, the condition latents and their mask: 4 + 4 + 1 channels.
+    Tests pass prompt embeddings: the pipeline's chat prompt template needs Qwen's tokenizer.
+    `image_to_video`: HunyuanVideo15ImageToVideoPipeline, with a tiny SigLIP encoder whose 16
+    tokens per 32x32 image join the text; video sizes are buckets of 128 pixels."""
     from diffusers import AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, HunyuanVideo15Pipeline
     from transformers import (
         ByT5Tokenizer,
@@ -191,8 +193,19 @@ def tiny_hunyuan15_pipeline(seed: int = 0):
     vae = AutoencoderKLHunyuanVideo15(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,) * 5,
         layers_per_block=1, spatial_compression_ratio=16, temporal_compression_ratio=4).eval()
-    return HunyuanVideo15Pipeline(
-        text_encoder=qwen, tokenizer=tiny_tokenizer(), text_encoder_2=byt5,
-        tokenizer_2=ByT5Tokenizer(), vae=vae, transformer=tiny_hunyuan15(seed, in_channels=9),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        guider=ClassifierFreeGuidance(guidance_scale=6.0))
+    parts = {"text_encoder": qwen, "tokenizer": tiny_tokenizer(), "text_encoder_2": byt5,
+             "tokenizer_2": ByT5Tokenizer(), "vae": vae,
+             "scheduler": FlowMatchEulerDiscreteScheduler(shift=7.0),
+             "guider": ClassifierFreeGuidance(guidance_scale=6.0)}
+    if not image_to_video:
+        return HunyuanVideo15Pipeline(**parts, transformer=tiny_hunyuan15(seed, in_channels=9))
+    from diffusers import HunyuanVideo15ImageToVideoPipeline
+    from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel
+
+    siglip = SiglipVisionModel(SiglipVisionConfig(
+        hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        image_size=32, patch_size=8)).eval()
+    return HunyuanVideo15ImageToVideoPipeline(
+        **parts, transformer=tiny_hunyuan15(seed, in_channels=9, target_size=128),
+        image_encoder=siglip, feature_extractor=SiglipImageProcessorPil(
+            size={"height": 32, "width": 32}))
