@@ -86,6 +86,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "forcing; recorded with the settings")
     p.add_argument("--fps", type=positive_int, default=16)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="keep each model of the pipeline on the CPU until it runs (diffusers' "
+                        "enable_model_cpu_offload): for a GPU that cannot hold the whole pipeline "
+                        "(HunyuanVideo, Wan 14B); the videos do not change")
+    p.add_argument("--vae-tiling", action="store_true",
+                   help="decode the video in overlapping tiles (the VAE's enable_tiling): less "
+                        "memory at high resolution, slightly different pixels where tiles blend")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile each transformer block with fullgraph=True, as diffusers' "
                         "compile_repeated_blocks (backend default inductor); the first prompt's "
@@ -177,6 +184,25 @@ def load_pipeline(model: str, dtype: torch.dtype):
     takes_dtype = hasattr(pipeline_utils, "_resolve_dtype")
     return DiffusionPipeline.from_pretrained(
         model, **{"dtype" if takes_dtype else "torch_dtype": dtype})
+
+
+def place_pipeline(pipe, device, cpu_offload: bool = False, vae_tiling: bool = False) -> None:
+    """Put `pipe` on `device`, or with `cpu_offload` let diffusers move each model there only
+    while it runs (DraftAttention's hooks run before the offload hook's, on inputs that are
+    already on the device); `vae_tiling` turns on the VAE's tiled decoding."""
+    if vae_tiling:
+        vae = getattr(pipe, "vae", None)
+        if not hasattr(vae, "enable_tiling"):
+            raise SystemExit(f"--vae-tiling: {type(pipe).__name__}'s VAE "
+                             f"({type(vae).__name__}) has no tiled decoding")
+        vae.enable_tiling()
+    if not cpu_offload:
+        pipe.to(device)
+        return
+    if getattr(pipe, "model_cpu_offload_seq", None) is None:
+        raise SystemExit(f"--cpu-offload: {type(pipe).__name__} names no model order for "
+                         f"offloading (model_cpu_offload_seq)")
+    pipe.enable_model_cpu_offload(device=device)
 
 
 def compile_blocks(pipe, backend: str = "inductor") -> None:
@@ -302,7 +328,8 @@ def run_settings(args, config) -> dict:
             "height": args.height, "width": args.width, "frames": args.frames, "fps": args.fps,
             "guidance": args.guidance, "negative_prompt": args.negative_prompt,
             "true_cfg_scale": args.true_cfg_scale, "pipeline_kwargs": args.pipeline_kwargs,
-            "dtype": args.dtype, "config": None if config is None else asdict(config)}
+            "dtype": args.dtype, "vae_tiling": args.vae_tiling,
+            "config": None if config is None else asdict(config)}
 
 
 def main(argv=None) -> int:
@@ -349,7 +376,7 @@ def main(argv=None) -> int:
         where = "" if Path(args.model).is_dir() else " (no such folder; tried as a hub id)"
         raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
                          f"{str(err).strip().splitlines()[0]}") from None
-    pipe.to(dist.device)
+    place_pipeline(pipe, dist.device, args.cpu_offload, args.vae_tiling)
     pipe.set_progress_bar_config(leave=False, position=1, desc="steps")
     try:
         state = apply_draft_attention(pipe, config) if config is not None else None
@@ -378,6 +405,7 @@ def main(argv=None) -> int:
             "device": str(dist.device), "process": dist.process_index,
             "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
             "compile": args.compile,  # the first prompt compiled in its first steps
+            "cpu_offload": args.cpu_offload,
         }
         # last, and atomically: a JSON marks the prompt finished
         write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))

@@ -142,6 +142,56 @@ def test_compile_gives_the_eager_videos(model_dir, tmp_path, capsys):
     assert "--compile takes a torch.compile backend (" in capsys.readouterr().err
 
 
+def test_cpu_offload_keeps_the_videos_and_draft_attention(tmp_path):
+    # diffusers' model offload wraps each model's forward in accelerate's hook; DraftAttention's
+    # pre-forward hook must still read the step and grid (here the "accelerator" is the CPU)
+    import torch
+
+    from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
+    from mmspec.video_dit.generate import place_pipeline
+
+    call = {"prompt": "a red cat", "negative_prompt": "blue", "height": 64, "width": 64,
+            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "max_sequence_length": 8, "output_type": "np"}
+    runs = []
+    for offload in (False, True):
+        pipe = tiny_wan_pipeline()
+        pipe.set_progress_bar_config(disable=True)
+        state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
+                                                                 dense_steps=1, dense_layers=0))
+        place_pipeline(pipe, torch.device("cpu"), cpu_offload=offload, vae_tiling=offload)
+        assert hasattr(pipe.transformer, "_hf_hook") == offload
+        assert pipe.vae.use_tiling == offload
+        frames = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+        runs.append((frames, state.density_by_step()))
+    # 64x64 frames are smaller than one VAE tile: tiling changes nothing here
+    assert (runs[0][0] == runs[1][0]).all()
+    assert runs[0][1] == runs[1][1] == {0: 1.0, 1: 0.5, 2: 0.5}
+
+
+def test_cpu_offload_and_vae_tiling_from_the_command_line(model_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--sparsity", "0.5",
+            "--dense-steps", "1", "--out", str(tmp_path / "out")]
+    assert generate.main([*args, "--cpu-offload", "--vae-tiling"]) == 0
+    meta = json.loads((tmp_path / "out" / "0000.json").read_text())
+    assert meta["cpu_offload"] is True and meta["settings"]["vae_tiling"] is True
+    assert meta["density"]["by_step"]["2"] < 1.0
+    # tiled decoding can change pixels: a run without it does not resume that folder
+    with pytest.raises(SystemExit, match="vae_tiling True there, False now"):
+        generate.main(args)
+    # offloading does not change the videos: it resumes
+    assert generate.main([*args, "--vae-tiling"]) == 0
+
+    class NoTiling:
+        vae = object()
+
+    with pytest.raises(SystemExit, match=r"--vae-tiling: NoTiling's VAE \(object\) has no "
+                                         r"tiled decoding"):
+        generate.place_pipeline(NoTiling(), "cpu", vae_tiling=True)
+
+
 def test_pipeline_kwargs_reach_the_call_and_the_settings(model_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red cat\n")
