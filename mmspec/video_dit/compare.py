@@ -88,6 +88,10 @@ def _check_same_run(name: str, dense: dict, sparse: dict) -> None:
                                      for d in differ) + ")")
 
 
+def _offload(meta: dict) -> bool:
+    return bool(meta.get("cpu_offload", False))  # JSONs of older versions: no offload
+
+
 def compare_dirs(dense_dir: Path, sparse_dir: Path, on_pair=None) -> list[dict]:
     """One row per video name in both folders; `on_pair(row, dense, sparse)` sees the frames."""
     for name, d in (("DENSE_DIR", dense_dir), ("SPARSE_DIR", sparse_dir)):
@@ -117,8 +121,13 @@ def compare_dirs(dense_dir: Path, sparse_dir: Path, on_pair=None) -> list[dict]:
             raise ValueError(f"{name}: dense video is {a.shape} but sparse video is {b.shape}")
         row = {"video": name, "psnr": psnr(a, b), "ssim": ssim(a, b)}
         dense_meta, sparse_meta = metas[name]
-        if dense_meta and sparse_meta:
+        # offloading moves each model to the GPU inside the timed call: only runs alike compare
+        if dense_meta and sparse_meta and _offload(dense_meta) == _offload(sparse_meta):
             row["speedup"] = dense_meta["seconds"] / sparse_meta["seconds"]
+        elif dense_meta and sparse_meta and name == names[0]:
+            logging.getLogger(__name__).warning(
+                "no speedup: one folder ran with --cpu-offload and the other without, and "
+                "offloading's transfers are part of the timed call")
         if sparse_meta and sparse_meta.get("density"):
             row["density"] = sparse_meta["density"]["mean"]
         if on_pair is not None:

@@ -89,7 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-offload", action="store_true",
                    help="keep each model of the pipeline on the CPU until it runs (diffusers' "
                         "enable_model_cpu_offload): for a GPU that cannot hold the whole pipeline "
-                        "(HunyuanVideo, Wan 14B); the videos do not change")
+                        "(HunyuanVideo, Wan 14B); the videos do not change, the timings "
+                        "include the transfers (compare gives a speedup only between runs alike)")
     p.add_argument("--vae-tiling", action="store_true",
                    help="decode the video in overlapping tiles (the VAE's enable_tiling): less "
                         "memory at high resolution, slightly different pixels where tiles blend")

@@ -10,7 +10,8 @@ shared `DraftAttentionState` (see `apply.py`) and report the density of every ca
 
 Deliberate differences from the official code: processors instead of patched model code; text
 tokens of joint attention (HunyuanVideo after the video, CogVideoX before it) keep dense rows and
-columns and their padding is masked; CogVideoX, which the official code does not support.
+columns and their padding is masked, and text blocks that hold only padding are skipped; CogVideoX,
+which the official code does not support.
 """
 
 from __future__ import annotations

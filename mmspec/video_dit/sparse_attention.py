@@ -3,7 +3,8 @@
 Video tokens are put in tile order (unless the caller already did, once per forward), the draft
 map picks the kept blocks, and `mmspec.kernels.block_sparse_attention` computes only those. Text
 tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
-video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks.
+video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks,
+except text blocks that hold only padding (`key_valid`), which are skipped (`_live_blocks`).
 
 Deliberate differences from the official code: padded keys (frames that are not whole tiles, text
 padding) are excluded exactly instead of asserted away: zeroed and divided out of the softmax
@@ -86,7 +87,7 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
     per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
     n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
     # a row with no kept block (skipped text padding) has lse = -inf and no invalid key
-    share = torch.where(n_invalid > 0, n_invalid * torch.exp(-lse), 0.0)
+    share = n_invalid * torch.exp(-torch.where(n_invalid > 0, lse, 0.0))  # no 0 * inf
     share = share.masked_fill(query_is_padding, 0.0)
 
     def corrected(out, share):
@@ -126,7 +127,8 @@ def _attend_with_mean_keys(q, k, v, blocks, valid, bs, scale, backend):
                                  backend=backend)
     ones = keep.to(v.dtype).expand(b, hk, length, d)  # the kernel's D; only column 0 is read
     share = block_sparse_attention(q, k, ones, mask, scale=scale, backend=backend)[..., :1]
-    # share > 0 in every row with a valid key in a kept block (a query tile's own block has one)
+    # share > 0 in every row with a valid key in a kept block (a query tile's own block has
+    # one); a row with no kept block (skipped text padding) has share 0 and output 0
     return (out.float() / share.float().clamp_min(1e-30)).to(out.dtype)
 
 

@@ -161,6 +161,37 @@ def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end(run):
     assert abs(outs[1] - dense).max() > 1e-3
 
 
+@torch.no_grad()
+def test_tiny_skyreels_pipeline_end_to_end():
+    # SkyReelsV2Pipeline (no diffusion forcing): Wan's layout, no mask, CFG as two forwards
+    from diffusers import SkyReelsV2Pipeline, UniPCMultistepScheduler
+
+    from .tiny import tiny_skyreels
+
+    base = tiny_wan_pipeline()
+    pipe = SkyReelsV2Pipeline(
+        tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction",
+                                          use_flow_sigmas=True, flow_shift=8.0),
+        transformer=tiny_skyreels())
+    pipe.set_progress_bar_config(disable=True)
+    call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
+            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "max_sequence_length": 8, "output_type": "np"}
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    outs = []
+    for sparsity in (0.0, 0.5):
+        state = apply_draft_attention(pipe, DraftAttentionConfig(
+            sparsity=sparsity, tile=(2, 2), dense_steps=1, dense_layers=0))
+        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
+        remove_draft_attention(pipe)
+    assert outs[0].shape == dense.shape == (1, 5, 64, 64, 3)
+    assert abs(outs[0] - dense).max() < 1e-5
+    assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}
+    assert len(state.records) == 3 * 2 * 2  # steps x (cond, uncond) x layers
+    assert abs(outs[1] - dense).max() > 1e-3
+
+
 _SMALL_CALL = {"prompt": "a red cat", "height": 64, "width": 64, "num_frames": 5,
                "guidance_scale": 1.0, "max_sequence_length": 8, "output_type": "latent"}
 
@@ -257,14 +288,16 @@ def test_tiny_cogvideox_pipeline_with_cfg_batch():
 @torch.no_grad()
 def test_tiny_hunyuan_video_pipeline_with_true_cfg():
     # HunyuanVideoPipeline: embedded guidance, plus true CFG as a second forward per step (the
-    # same timestep twice); text tokens after the video in joint attention, kept dense
+    # same timestep twice); text tokens after the video in joint attention, kept dense, except
+    # text blocks of padding only, which are skipped in double- and single-stream blocks alike
     from .tiny import tiny_hunyuan_pipeline
 
     pipe = tiny_hunyuan_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    call = {"prompt": "a cat runs on the beach", "negative_prompt": "a dog", "true_cfg_scale": 2.0,
+    prompt = "a red cat runs on the beach in the snow at night a blue dog in the city at night"
+    call = {"prompt": prompt, "negative_prompt": "a dog", "true_cfg_scale": 2.0,
             "height": 64, "width": 128, "num_frames": 5, "num_inference_steps": 3,
-            "prompt_template": {"template": "{}", "crop_start": 0}, "max_sequence_length": 8,
+            "prompt_template": {"template": "{}", "crop_start": 0}, "max_sequence_length": 40,
             "output_type": "np"}
     dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     outs = []
@@ -278,10 +311,13 @@ def test_tiny_hunyuan_video_pipeline_with_true_cfg():
     assert abs(outs[1] - dense).max() > 1e-3
     # steps x (cond, uncond) x (2 double- + 2 single-stream blocks), the step shared by both
     assert [r.step for r in state.records] == [s for s in range(3) for _ in range(8)]
-    # 2 frames x 8 x 16 latents = 16 tiles of 4 x 4, the 8 text tokens one more block: 64 of
-    # the 256 video blocks kept, plus the text's row and column, out of 17 x 17
+    # 2 frames x 8 x 16 latents = 16 tiles of 4 x 4 (64 of 256 blocks kept), then 40 text
+    # tokens in 3 blocks: the prompt's 20 tokens fill 2, the negative prompt's 2 tokens 1; a
+    # block with a valid token keeps a dense row and column, the others are skipped
+    live = {"cond": 2, "uncond": 1}
+    expected = {k: (64 + 2 * n * 16 + n * n) / 19**2 for k, n in live.items()}
     sparse = [r.density for r in state.records if r.step > 0 and r.layer > 0]
-    assert sparse == pytest.approx([(64 + 33) / 289] * 12)
+    assert sparse == pytest.approx(([expected["cond"]] * 3 + [expected["uncond"]] * 3) * 2)
     assert all(r.density == 1.0 for r in state.records if r.step == 0 or r.layer == 0)
     assert (pipe(**call, generator=torch.Generator().manual_seed(0)).frames == dense).all()
 

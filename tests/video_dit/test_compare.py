@@ -85,6 +85,25 @@ def test_compare_leaves_out_unfinished_videos(tmp_path, caplog):
     assert sorted(p.name for p in dense.iterdir()) == ["0000.json", "0000.mp4", "0001.mp4"]
 
 
+def test_no_speedup_between_an_offloaded_and_a_resident_run(tmp_path, caplog):
+    # with --cpu-offload the timed call includes moving the models to the GPU
+    import json
+
+    dense, sparse = tmp_path / "d", tmp_path / "s"
+    for d, seconds, offload in ((dense, 4.0, True), (sparse, 1.0, None)):
+        d.mkdir()
+        write_mp4(d / "0000.mp4", _video())
+        meta = {"seconds": seconds, "density": None}
+        if offload is not None:  # older JSONs have no key: not offloaded
+            meta["cpu_offload"] = offload
+        (d / "0000.json").write_text(json.dumps(meta))
+    rows = compare_dirs(dense, sparse)
+    assert "speedup" not in rows[0] and "ran with --cpu-offload and the other without" in caplog.text
+    (sparse / "0000.json").write_text(json.dumps({"seconds": 1.0, "density": None,
+                                                  "cpu_offload": True}))
+    assert compare_dirs(dense, sparse)[0]["speedup"] == 4.0
+
+
 def test_bad_folders_are_usage_errors(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -46,21 +46,26 @@ def _skyreels_df_inputs():
 
 def _hunyuan_inputs():
     g = torch.Generator().manual_seed(2)
-    text_mask = torch.ones(2, 7, dtype=torch.bool)
-    text_mask[1, 5:] = False  # sample 1 has 2 padded text tokens
+    # 20 text tokens: 2 blocks of 4 x 4 tiles; sample 0 has 7 valid (its second block is all
+    # padding, skipped), sample 1 has 18
+    text_mask = torch.ones(2, 20, dtype=torch.bool)
+    text_mask[0, 7:] = False
+    text_mask[1, 18:] = False
     return (torch.randn(2, 4, 2, 6, 10, generator=g), torch.tensor([900, 900]),
-            torch.randn(2, 7, 16, generator=g), text_mask, torch.randn(2, 8, generator=g),
+            torch.randn(2, 20, 16, generator=g), text_mask, torch.randn(2, 8, generator=g),
             torch.tensor([3000.0, 3000.0]))
 
 
 def _hunyuan15_inputs():
     g = torch.Generator().manual_seed(4)
-    mask = torch.ones(2, 7, dtype=torch.long)
-    mask[1, 5:] = 0  # sample 1 pads its last two text tokens
+    # 20 + 3 text and 4 image tokens, the valid ones first (5 + 2 and 12 + 3): 2 blocks of 4 x 4
+    # tiles, the second all padding in both samples (skipped)
+    mask = torch.zeros(2, 20, dtype=torch.long)
+    mask[0, :5] = mask[1, :12] = 1
     mask_2 = torch.ones(2, 3, dtype=torch.long)
     mask_2[0, 2:] = 0
     return (torch.randn(2, 4, 2, 6, 10, generator=g), torch.tensor([900.0, 900.0]),
-            torch.randn(2, 7, 16, generator=g), mask), {
+            torch.randn(2, 20, 16, generator=g), mask), {
         "encoder_hidden_states_2": torch.randn(2, 3, 12, generator=g),
         "encoder_attention_mask_2": mask_2,
         "image_embeds": torch.zeros(2, 4, 8)}  # text to video: image tokens masked
@@ -96,7 +101,10 @@ def test_sparsity_zero_equals_dense(name):
     out = model(*args, **kwargs).sample
     torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
     assert [r.layer for r in state.records] == list(range(state.num_layers))
-    assert all(r.density == 1.0 for r in state.records)
+    # 12 video tiles; HunyuanVideo's text blocks that hold only padding are skipped (14 x 14
+    # blocks: 13 x 13 computed where one of the two text blocks is live)
+    expected = {"hunyuan": (13**2 + 14**2) / (2 * 14**2), "hunyuan15": 13**2 / 14**2}
+    assert all(r.density == pytest.approx(expected.get(name, 1.0)) for r in state.records)
     # sparsity really acts: a sparse run differs from dense and reports density < 1
     remove_draft_attention(model)
     state = apply_draft_attention(model, _cfg(0.6))

@@ -156,34 +156,62 @@ def test_mean_keys_path_is_exact_with_text_padding():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("text_first", [False, True])
+@pytest.mark.parametrize("variant", ["text after", "text first", "one mask for the batch",
+                                     "tiled", "fallback"])
 @pytest.mark.parametrize("sparsity", [0.0, 0.6])
-def test_text_blocks_of_padding_only_are_skipped(text_first, sparsity):
+def test_text_blocks_of_padding_only_are_skipped(variant, sparsity, monkeypatch):
     # 37 text tokens = 3 blocks of 16; sample 0 has 5 valid (blocks 2 and 3 all padding),
     # sample 1 has 20 (block 3): those blocks' rows and columns are not computed, their query
-    # rows come back 0, and every other row is exact attention over the valid keys
-    text_len, layout = 37, tile_layout(GRID, TILE)
+    # rows come back 0, and every other row is exact attention over the valid keys: with the
+    # text first, a key mask shared by the batch, tokens already in tile order, and in the
+    # mean-keys fallback (real logits near -120, where zeroed padded keys would dominate)
+    from mmspec.video_dit import sparse_attention
+
+    text_len, layout, text_first = 37, tile_layout(GRID, TILE), variant == "text first"
     q, k, v = _qkv(length=N + text_len, seed=5)
+    if variant == "fallback":
+        u = torch.zeros(8)
+        u[0] = 120**0.5 * 8**0.25
+        q, k = q * 0.3 + u, k * 0.3 - u
     valid = torch.ones(2, N + text_len, dtype=torch.bool)
     start = 0 if text_first else N
     valid[0, start + 5 : start + text_len] = False
     valid[1, start + 20 : start + text_len] = False
-    out, density = draft_attention(q, k, v, layout, sparsity=sparsity, text_len=text_len,
-                                   text_first=text_first, key_valid=valid)
+    if variant == "one mask for the batch":
+        valid[0] = valid[1]
+    fallbacks = []
+    real = sparse_attention._attend_with_mean_keys
+    monkeypatch.setattr(sparse_attention, "_attend_with_mean_keys",
+                        lambda *a: fallbacks.append(1) or real(*a))
+    if variant == "tiled":
+        def tiles(x):  # video in tile order with padding slots, text after it
+            return torch.cat([layout.to_tiles(x[:, :, :N]), x[:, :, N:]], dim=2)
+
+        key_valid = torch.cat([layout.valid.expand(2, -1), valid[:, N:]], dim=1)
+        out, density = draft_attention(*(tiles(x) for x in (q, k, v)), layout, tiled=True,
+                                       sparsity=sparsity, text_len=text_len, key_valid=key_valid)
+        out = torch.cat([layout.from_tiles(out[:, :, : layout.padded_tokens]),
+                         out[:, :, layout.padded_tokens :]], dim=2)
+    else:
+        key_valid = valid[:1] if variant == "one mask for the batch" else valid
+        out, density = draft_attention(q, k, v, layout, sparsity=sparsity, text_len=text_len,
+                                       text_first=text_first, key_valid=key_valid)
+    assert len(fallbacks) == (variant == "fallback")
     s = slice(text_len, None) if text_first else slice(0, N)
     kept = draft_block_mask(q[:, :, s], k[:, :, s], GRID, TILE, sparsity)
     mask = _token_mask(kept, layout, text_len, text_first) & valid[:, None, None, :]
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     rows = valid.clone()  # the padded text rows of a block with a valid token are computed too
-    rows[0, start + 5 : start + 16] = rows[1, start + 20 : start + 32] = True
+    rows[:, start + 16 : start + 32] |= valid[:, start + 16 : start + 17]
+    rows[:, start : start + 16] = True
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out * rows[:, None, :, None], ref * rows[:, None, :, None],
                                atol=1e-5, rtol=1e-4)
     assert (out[~rows[:, None, :, None].expand_as(out)] == 0).all()
     nt, m = layout.num_tiles, layout.num_tiles + 3
     video = kept.sum((1, 2, 3)).float()  # per sample, over heads
-    live = torch.tensor([1, 2])  # text blocks with a valid token
-    computed = video + 2 * (live * (nt + live) * 2 - live * live)
+    live = rows[:, start : start + text_len : 16].sum(1)  # text blocks with a valid token
+    computed = video + 2 * (2 * live * nt + live * live)
     assert float(density) == pytest.approx(float(computed.sum() / (2 * 2 * m * m)))
 
 
