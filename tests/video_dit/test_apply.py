@@ -80,6 +80,18 @@ def test_tiny_wan_pipeline_end_to_end():
     assert (again == dense).all()
 
 
+def _dense_then_sparse(pipe, call, sparsity, **config):
+    """The pipeline's frames dense, then under DraftAttention at sparsity 0 and at `sparsity`
+    (applied and removed each time, the same seed): (dense, [at 0, at sparsity], last state)."""
+    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    outs = []
+    for s in (0.0, sparsity):
+        state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=s, **config))
+        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
+        remove_draft_attention(pipe)
+    return dense, outs, state
+
+
 @torch.no_grad()
 def test_tiny_wan_vace_pipeline_end_to_end():
     # WanVACEPipeline: its VACE blocks attend over the control video's tokens (here the blank
@@ -98,13 +110,9 @@ def test_tiny_wan_vace_pipeline_end_to_end():
             "negative_prompt_embeds": torch.randn(1, 8, 16, generator=g), "height": 64,
             "width": 64, "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
             "output_type": "np"}
-    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    outs = []
-    for sparsity in (0.0, 0.5):  # 4 x 4 tokens a frame: whole 2 x 2 tiles, one reorder
-        state = apply_draft_attention(pipe, DraftAttentionConfig(
-            sparsity=sparsity, tile=(2, 2), dense_steps=1, dense_layers=0))
-        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
-        remove_draft_attention(pipe)
+    # 4 x 4 tokens a frame: whole 2 x 2 tiles, one reorder
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
+                                            dense_steps=1, dense_layers=0)
     assert outs[0].shape == (1, 5, 64, 64, 3)
     assert abs(outs[0] - dense).max() < 1e-5  # the control tokens follow the video's order
     assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}
@@ -128,31 +136,18 @@ def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end(run):
     # transformer passes a frame-causal mask: the sparse layers must keep to it. Asynchronous
     # runs give each frame block its own timestep; the step is the noisiest frame's (dense
     # while any frame is in its warm-up), and each chunk of a long video starts over.
-    from diffusers import SkyReelsV2DiffusionForcingPipeline, UniPCMultistepScheduler
+    from .tiny import tiny_skyreels_pipeline
 
-    from .tiny import tiny_skyreels
-
-    base = tiny_wan_pipeline()
-    pipe = SkyReelsV2DiffusionForcingPipeline(
-        tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
-        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction",
-                                          use_flow_sigmas=True, flow_shift=8.0),
-        transformer=tiny_skyreels())
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_skyreels_pipeline(diffusion_forcing=True)
     g = torch.Generator().manual_seed(3)
     frames, steps = _DF_RUNS[run]
     call = {"prompt": None, "prompt_embeds": torch.randn(1, 8, 16, generator=g),
             "negative_prompt_embeds": torch.randn(1, 8, 16, generator=g), "height": 64,
             "width": 64, "num_inference_steps": len(set(steps)), "guidance_scale": 2.0,
             "causal_block_size": 2, "output_type": "np", **frames}
-    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
+                                            dense_steps=1, dense_layers=0)
     assert pipe.transformer.config.num_frame_per_block == 2  # 4 latent frames, 2 blocks
-    outs = []
-    for sparsity in (0.0, 0.5):
-        state = apply_draft_attention(pipe, DraftAttentionConfig(
-            sparsity=sparsity, tile=(2, 2), dense_steps=1, dense_layers=0))
-        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
-        remove_draft_attention(pipe)
     assert abs(outs[0] - dense).max() < 1e-5  # the causal mask at tile level is exact
     assert [r.step for r in state.records][::4] == steps  # 4 calls: (cond, uncond) x layers
     # of the allowed blocks
@@ -164,27 +159,14 @@ def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end(run):
 @torch.no_grad()
 def test_tiny_skyreels_pipeline_end_to_end():
     # SkyReelsV2Pipeline (no diffusion forcing): Wan's layout, no mask, CFG as two forwards
-    from diffusers import SkyReelsV2Pipeline, UniPCMultistepScheduler
+    from .tiny import tiny_skyreels_pipeline
 
-    from .tiny import tiny_skyreels
-
-    base = tiny_wan_pipeline()
-    pipe = SkyReelsV2Pipeline(
-        tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
-        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction",
-                                          use_flow_sigmas=True, flow_shift=8.0),
-        transformer=tiny_skyreels())
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_skyreels_pipeline(diffusion_forcing=False)
     call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
             "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
             "max_sequence_length": 8, "output_type": "np"}
-    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    outs = []
-    for sparsity in (0.0, 0.5):
-        state = apply_draft_attention(pipe, DraftAttentionConfig(
-            sparsity=sparsity, tile=(2, 2), dense_steps=1, dense_layers=0))
-        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
-        remove_draft_attention(pipe)
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
+                                            dense_steps=1, dense_layers=0)
     assert outs[0].shape == dense.shape == (1, 5, 64, 64, 3)
     assert abs(outs[0] - dense).max() < 1e-5
     assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}
@@ -299,13 +281,8 @@ def test_tiny_hunyuan_video_pipeline_with_true_cfg():
             "height": 64, "width": 128, "num_frames": 5, "num_inference_steps": 3,
             "prompt_template": {"template": "{}", "crop_start": 0}, "max_sequence_length": 40,
             "output_type": "np"}
-    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    outs = []
-    for sparsity in (0.0, 0.75):
-        state = apply_draft_attention(pipe, DraftAttentionConfig(
-            sparsity=sparsity, tile=(4, 4), dense_steps=1, dense_layers=1))
-        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
-        remove_draft_attention(pipe)
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.75, tile=(4, 4),
+                                            dense_steps=1, dense_layers=1)
     assert dense.shape == (1, 5, 64, 128, 3)
     assert abs(outs[0] - dense).max() < 1e-5
     assert abs(outs[1] - dense).max() > 1e-3
@@ -355,13 +332,8 @@ def test_tiny_hunyuan_video15_pipeline_with_padded_text(image_to_video):
         call["image"] = PIL.Image.fromarray(pixels)
     else:
         call.update(height=128, width=256)
-    dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    outs = []
-    for sparsity in (0.0, 0.75):
-        state = apply_draft_attention(pipe, DraftAttentionConfig(
-            sparsity=sparsity, tile=(4, 4), dense_steps=1, dense_layers=0))
-        outs.append(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
-        remove_draft_attention(pipe)
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.75, tile=(4, 4),
+                                            dense_steps=1, dense_layers=0)
     assert dense.shape == ((1, 5, 80, 160, 3) if image_to_video else (1, 5, 128, 256, 3))
     assert abs(outs[0] - dense).max() < 1e-5  # a mask that ignored the padding fails here
     assert abs(outs[1] - dense).max() > 1e-3

@@ -139,6 +139,25 @@ def tiny_cogvideox_pipeline(seed: int = 0):
                              transformer=transformer, scheduler=CogVideoXDDIMScheduler())
 
 
+def tiny_skyreels_pipeline(diffusion_forcing: bool = False, seed: int = 0):
+    """SkyReelsV2Pipeline, or SkyReelsV2DiffusionForcingPipeline (which sets the transformer's
+    num_frame_per_block to its causal_block_size), on the tiny Wan parts."""
+    from diffusers import (
+        SkyReelsV2DiffusionForcingPipeline,
+        SkyReelsV2Pipeline,
+        UniPCMultistepScheduler,
+    )
+
+    base = tiny_wan_pipeline(seed)
+    cls = SkyReelsV2DiffusionForcingPipeline if diffusion_forcing else SkyReelsV2Pipeline
+    pipe = cls(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+               scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction",
+                                                 use_flow_sigmas=True, flow_shift=8.0),
+               transformer=tiny_skyreels(seed=seed))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def tiny_hunyuan_pipeline(seed: int = 0):
     """HunyuanVideoPipeline: tiny Llama and CLIP text encoders (our word-level tokenizer for both),
     a tiny VAE (8x spatial, 4x temporal), and a transformer with guidance embedding."""
@@ -162,7 +181,8 @@ def tiny_hunyuan_pipeline(seed: int = 0):
     ).eval()
     return HunyuanVideoPipeline(
         text_encoder=llama, tokenizer=tiny_tokenizer(), text_encoder_2=clip,
-        tokenizer_2=tiny_tokenizer(), vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        tokenizer_2=tiny_tokenizer(), vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
         transformer=tiny_hunyuan(seed=seed, num_layers=2, num_single_layers=2),
     )
 
@@ -174,7 +194,11 @@ def tiny_hunyuan15_pipeline(seed: int = 0, image_to_video: bool = False):
     Tests pass prompt embeddings: the pipeline's chat prompt template needs Qwen's tokenizer.
     `image_to_video`: HunyuanVideo15ImageToVideoPipeline, with a tiny SigLIP encoder whose 16
     tokens per 32x32 image join the text; video sizes are buckets of 128 pixels."""
-    from diffusers import AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, HunyuanVideo15Pipeline
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15,
+        ClassifierFreeGuidance,
+        HunyuanVideo15Pipeline,
+    )
     from transformers import (
         ByT5Tokenizer,
         Qwen2_5_VLTextConfig,
