@@ -8,9 +8,9 @@ layers only (cross-attention stays dense) and registers hooks:
 - hooks on the patch embedding, RoPE and `proj_out` put the video tokens and the RoPE tables in
   tile order once per forward and restore the order once before unpatchify (`reorder.py`), so no
   layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
-  variant does not allow it (Wan 2.2 TI2V, HunyuanVideo token-replace I2V) or with
-  `permute_once=False`, or where frames are not whole tiles (padding slots would travel through
-  every block), each sparse layer reorders with cached index tensors.
+  variant does not allow it (Wan 2.2 TI2V's timestep per token, SkyReels-V2 diffusion forcing)
+  or with `permute_once=False`, or where frames are not whole tiles (padding slots would travel
+  through every block), each sparse layer reorders with cached index tensors.
 
 Deliberate differences from the official code: no patched model code; the step comes from a hook,
 not from a `current_timestep` argument threaded through the model; the achieved density is
@@ -108,9 +108,10 @@ _FAMILIES = {
     "SkyReelsV2Transformer3DModel": _Family(SkyReelsV2DraftAttnProcessor, _wan_layers, _wan_grid,
                                             reorder.install_wan, reorder.skyreels_can_reorder,
                                             allowed=_skyreels_allowed),
+    # image-to-video "token_replace" models modulate the first frame's tokens, addressed by
+    # count: tile order is frame-major and the frames whole tiles, so they stay the first ones
     "HunyuanVideoTransformer3DModel": _Family(HunyuanVideoDraftAttnProcessor, _hunyuan_layers,
-                                              _hunyuan_grid, reorder.install_hunyuan,
-                                              reorder.hunyuan_can_reorder),
+                                              _hunyuan_grid, reorder.install_hunyuan),
     # HunyuanVideo 1.5: dual-stream blocks only, its RoPE, patch embedding and output as 1.0's
     "HunyuanVideo15Transformer3DModel": _Family(HunyuanVideo15DraftAttnProcessor,
                                                 _hunyuan15_layers, _hunyuan_grid,

@@ -106,8 +106,3 @@ def skyreels_can_reorder(model, arguments: dict) -> bool:
     # diffusion forcing: per-frame timesteps (modulation token by token) and a frame-causal
     # token mask in the original order, which the dense layers' own processor applies
     return wan_can_reorder(model, arguments) and model.config.num_frame_per_block == 1
-
-
-def hunyuan_can_reorder(model, arguments: dict) -> bool:
-    # image-to-video "token_replace" models address the first frame's tokens by count
-    return model.config.image_condition_type != "token_replace"

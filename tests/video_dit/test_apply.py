@@ -174,6 +174,36 @@ def test_tiny_skyreels_pipeline_end_to_end():
     assert abs(outs[1] - dense).max() > 1e-3
 
 
+@pytest.mark.parametrize("expand_timesteps", [False, True])
+@torch.no_grad()
+def test_tiny_wan_image_to_video_pipeline(expand_timesteps):
+    # Wan 2.2 image-to-video: the first frame's latents concatenated as channels, or (TI2V-5B,
+    # expand_timesteps) put in the first latent frame with a timestep per token
+    import numpy as np
+    import PIL.Image
+
+    from .tiny import tiny_wan_i2v_pipeline
+
+    pipe = tiny_wan_i2v_pipeline(expand_timesteps=expand_timesteps)
+    pipe.set_progress_bar_config(disable=True)
+    timesteps = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: timesteps.append(kwargs["timestep"].shape), with_kwargs=True)
+    pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    call = {"image": PIL.Image.fromarray(pixels), "prompt": "a red cat runs",
+            "negative_prompt": "blue", "height": 64, "width": 64, "num_frames": 5,
+            "num_inference_steps": 3, "guidance_scale": 2.0, "max_sequence_length": 8,
+            "output_type": "np"}
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
+                                            dense_steps=1, dense_layers=0)
+    # 2 latent frames of 4 x 4 tokens: one timestep, or one per token
+    assert timesteps[0] == ((1, 32) if expand_timesteps else (1,))
+    assert outs[0].shape == dense.shape == (1, 5, 64, 64, 3)
+    assert abs(outs[0] - dense).max() < 1e-5
+    assert state.density_by_step() == {0: 1.0, 1: 0.5, 2: 0.5}
+    assert abs(outs[1] - dense).max() > 1e-3
+
+
 _SMALL_CALL = {"prompt": "a red cat", "height": 64, "width": 64, "num_frames": 5,
                "guidance_scale": 1.0, "max_sequence_length": 8, "output_type": "latent"}
 

@@ -85,6 +85,10 @@ MODELS = {
     "skyreels": (tiny_skyreels, lambda: (_wan_inputs(), {})),
     "skyreels_df": (lambda: tiny_skyreels(frames_per_block=2), _skyreels_df_inputs),
     "hunyuan": (tiny_hunyuan, lambda: (_hunyuan_inputs(), {})),
+    # HunyuanVideo-I2V: the first frame's tokens get their own modulation, addressed by count
+    # (the first H x W tokens: still frame 0's in the frame-major tile order)
+    "hunyuan_i2v": (lambda: tiny_hunyuan(image_condition_type="token_replace"),
+                    lambda: (_hunyuan_inputs(), {})),
     "hunyuan15": (tiny_hunyuan15, _hunyuan15_inputs),
     "cogvideox": (tiny_cogvideox, _cog_inputs),
 }
@@ -103,7 +107,8 @@ def test_sparsity_zero_equals_dense(name):
     assert [r.layer for r in state.records] == list(range(state.num_layers))
     # 12 video tiles; HunyuanVideo's text blocks that hold only padding are skipped (14 x 14
     # blocks: 13 x 13 computed where one of the two text blocks is live)
-    expected = {"hunyuan": (13**2 + 14**2) / (2 * 14**2), "hunyuan15": 13**2 / 14**2}
+    hunyuan = (13**2 + 14**2) / (2 * 14**2)
+    expected = {"hunyuan": hunyuan, "hunyuan_i2v": hunyuan, "hunyuan15": 13**2 / 14**2}
     assert all(r.density == pytest.approx(expected.get(name, 1.0)) for r in state.records)
     # sparsity really acts: a sparse run differs from dense and reports density < 1
     remove_draft_attention(model)
@@ -119,6 +124,7 @@ FIRST_ATTENTION = {
     "skyreels": lambda m: m.blocks[0].attn1,
     "skyreels_df": lambda m: m.blocks[0].attn1,
     "hunyuan": lambda m: m.transformer_blocks[0].attn,
+    "hunyuan_i2v": lambda m: m.transformer_blocks[0].attn,
     "hunyuan15": lambda m: m.transformer_blocks[0].attn,
     "cogvideox": lambda m: m.transformer_blocks[0].attn1,
 }

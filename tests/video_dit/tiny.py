@@ -44,14 +44,14 @@ def tiny_skyreels(num_layers: int = 2, seed: int = 0, frames_per_block: int = 1)
                                         num_frame_per_block=frames_per_block).eval()
 
 
-def tiny_hunyuan(seed: int = 0, num_layers: int = 1,
-                 num_single_layers: int = 1) -> HunyuanVideoTransformer3DModel:
+def tiny_hunyuan(seed: int = 0, num_layers: int = 1, num_single_layers: int = 1,
+                 **config) -> HunyuanVideoTransformer3DModel:
     torch.manual_seed(seed)
     return HunyuanVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
         num_layers=num_layers, num_single_layers=num_single_layers, num_refiner_layers=1,
         patch_size=1, patch_size_t=1, text_embed_dim=16,
-        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4),
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4), **config,
     ).eval()
 
 
@@ -101,16 +101,21 @@ def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
     )
 
 
-def tiny_wan_i2v_pipeline(seed: int = 0):
+def tiny_wan_i2v_pipeline(seed: int = 0, expand_timesteps: bool = False):
     """WanImageToVideoPipeline as Wan 2.2 builds it (no CLIP image encoder): the transformer takes
-    the noise, the encoded first frame and its mask (4 + 4 + 4 channels)."""
+    the noise, the encoded first frame and its mask (4 + 4 + 4 channels). `expand_timesteps`:
+    as Wan2.2-TI2V-5B, the first latent frame is the image itself and the transformer gets a
+    timestep per token (0 on the first frame)."""
     from diffusers import WanImageToVideoPipeline
 
     base = tiny_wan_pipeline(seed)
     torch.manual_seed(seed)
-    transformer = WanTransformer3DModel(**{**WAN_TINY, "in_channels": 12}, num_layers=2).eval()
+    channels = 4 if expand_timesteps else 12
+    transformer = WanTransformer3DModel(**{**WAN_TINY, "in_channels": channels},
+                                        num_layers=2).eval()
     return WanImageToVideoPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder,
-                                   vae=base.vae, scheduler=base.scheduler, transformer=transformer)
+                                   vae=base.vae, scheduler=base.scheduler, transformer=transformer,
+                                   expand_timesteps=expand_timesteps)
 
 
 def tiny_cogvideox_pipeline(seed: int = 0):
