@@ -137,9 +137,10 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
 
 
 # The zoo drafters' tree on a CPU: a 10-token chain. Verifying ViSpec's GPU tree (30 tokens, top-8,
-# 4 levels) costs ~3 decode steps on one core (compute-bound), and the zoo's formulaic scene
-# descriptions reward depth over width. Sweep on held-out scenes, 1 thread (BENCHMARKS.md `vlm`):
-# 30-token tree tau 4.9 / 0.9x; 14 tokens depth 8 top-2 tau 7.3 / 1.6-1.8x; 11-token chain tau 8.2 / 2.1x.
+# 4 levels) costs ~2.5 decode steps on one core (compute-bound), and the zoo's formulaic scene
+# descriptions reward depth over width. BENCHMARKS.md `vlm` (60f5336, held-out scenes, 1 thread):
+# 30-token GPU tree tau 4.85 / 1.20x; this 11-token chain tau 7.53 / 2.06x. (A 14-token depth-8
+# top-2 tree gave tau 7.3 / 1.6-1.8x in an unrecorded sweep on earlier drafters.)
 ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30

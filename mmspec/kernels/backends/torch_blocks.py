@@ -20,8 +20,10 @@ masks are applied only in chunks that hold partial blocks, padding slots or the 
 When the mask keeps every block in full on CPU, the call goes to PyTorch's fused CPU flash
 attention instead, which also returns the lse.
 
-Measured on a 2-core CPU: the batched-matmul path's `exp` (Sleef, ~1.3 G/s) and block gathers cap
-it near 5-6x at density 0.1; the fused kernel reaches about 9x (BENCHMARKS.md).
+On a 2-core CPU the fused kernel reaches about 8.5x over dense at density 0.1 (BENCHMARKS.md
+`kernels`; 7.6-8.9x across runs). The batched-matmul path's `exp` (Sleef, ~1.3 G/s) and block
+gathers capped it near 5-6x there (measured ad hoc when the fused kernel was written, not in
+BENCHMARKS.md).
 """
 
 import contextlib
