@@ -233,14 +233,24 @@ def _sync(device) -> None:
 def generate_one(pipe, prompt: str, index: int, args, state, device, image=None) -> dict:
     call = {"prompt": prompt, "output_type": "np",
             "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
-    for key, value in (("num_inference_steps", args.steps), ("height", args.height),
-                       ("width", args.width), ("num_frames", args.frames),
-                       ("guidance_scale", args.guidance),
-                       ("negative_prompt", args.negative_prompt),
-                       ("true_cfg_scale", args.true_cfg_scale)):
-        if value is not None:
-            call[key] = value
     takes = inspect.signature(type(pipe).__call__).parameters
+    open_kwargs = any(p.kind == p.VAR_KEYWORD for p in takes.values())
+    for option, key, value in (("--steps", "num_inference_steps", args.steps),
+                               ("--height", "height", args.height),
+                               ("--width", "width", args.width),
+                               ("--frames", "num_frames", args.frames),
+                               ("--guidance", "guidance_scale", args.guidance),
+                               ("--negative-prompt", "negative_prompt", args.negative_prompt),
+                               ("--true-cfg-scale", "true_cfg_scale", args.true_cfg_scale)):
+        if value is None:
+            continue
+        if key in takes or open_kwargs:
+            call[key] = value
+        elif key == "guidance_scale" and hasattr(getattr(pipe, "guider", None), "new"):
+            # HunyuanVideo 1.5: classifier-free guidance is the pipeline's guider component
+            pipe.guider = pipe.guider.new(guidance_scale=value)
+        elif key != "true_cfg_scale":  # named below, with what to use instead
+            raise SystemExit(f"{option}: {type(pipe).__name__} takes no {key}")
     if image is not None:
         if "image" not in takes:
             raise SystemExit(f"--prompts: prompt {index} has an image but {type(pipe).__name__} "
@@ -279,15 +289,29 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
 
     transformer = getattr(pipe, "transformer", None)
     hook = transformer.register_forward_pre_hook(on_first_forward) if transformer else None
+    scheduler = getattr(pipe, "scheduler", None)
+    if "callback_on_step_end" in takes:
+        call["callback_on_step_end"] = on_step_end
+    elif scheduler is not None:
+        # HunyuanVideo 1.5's pipelines take no step callback: a step ends with scheduler.step
+        # (an instance attribute over the class's method, deleted again below)
+        def step(*a, _step=scheduler.step, **k):
+            out = _step(*a, **k)
+            on_step_end(pipe, len(step_ends), None, {})
+            return out
+
+        scheduler.step = step
     if state is not None:
         state.reset()
     _sync(device)
     start = time.perf_counter()
     try:
-        frames = pipe(**call, callback_on_step_end=on_step_end).frames[0]  # [F, H, W, 3] in [0, 1]
+        frames = pipe(**call).frames[0]  # [F, H, W, 3] in [0, 1]
     finally:
         if hook is not None:
             hook.remove()
+        if "step" in vars(scheduler or object()):
+            del scheduler.step
     _sync(device)
     seconds = time.perf_counter() - start
     # step 0 from the first forward: prompt encoding and latent set-up are not a step's time

@@ -305,6 +305,33 @@ def test_negative_prompt_and_true_cfg_reach_only_pipelines_that_use_them():
         generate.generate_one(tiny_wan_pipeline(), "a cat", 0, args, None, "cpu")
 
 
+def test_hunyuan_video15_its_guider_and_no_step_callback():
+    # HunyuanVideo15Pipeline takes no guidance_scale (its guider component does) and no
+    # callback_on_step_end: --guidance failed deep in the call, and so did every run
+    from .tiny import tiny_hunyuan15_pipeline
+
+    pipe = tiny_hunyuan15_pipeline()
+    pipe.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    pipe.set_progress_bar_config(disable=True)
+    args = generate.parse_args(["--model", "m", "--prompts", "p", "--out", "o", "--steps", "3",
+                                "--height", "128", "--width", "256", "--frames", "5",
+                                "--guidance", "3", "--negative-prompt", "a dog"])
+    assert pipe.guider.guidance_scale == 6.0
+    result = generate.generate_one(pipe, "a red cat", 0, args, None, "cpu")
+    assert pipe.guider.guidance_scale == 3.0
+    assert result["frames"].shape == (5, 128, 256, 3)
+    assert len(result["step_seconds"]) == 3 and result["decode_seconds"] > 0  # scheduler.step
+    assert "step" not in vars(pipe.scheduler)  # the timing wrapper is gone again
+
+    class NoSize:  # e.g. an image-to-video pipeline that sizes the video from its image
+        def __call__(self, prompt, num_inference_steps=50, num_frames=49, output_type="pil",
+                     generator=None, negative_prompt=None, guidance_scale=5.0):
+            raise AssertionError("must not be called")
+
+    with pytest.raises(SystemExit, match="--height: NoSize takes no height"):
+        generate.generate_one(NoSize(), "a cat", 0, args, None, "cpu")
+
+
 def test_two_processes_split_the_prompts(model_dir, tmp_path):
     """Under a launcher (torchrun here; `accelerate launch` on GPUs) each prompt is made once."""
     import os
