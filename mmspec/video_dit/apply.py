@@ -290,18 +290,27 @@ class DraftAttentionStates(_DensityReport):
             state.reset()
 
 
+def _unwrap(model):
+    """The module under `torch.compile(model)` (its processors and hooks are the ones that run;
+    dynamo recompiles after they change)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return model._orig_mod if isinstance(model, OptimizedModule) else model
+
+
 def _transformers(pipe_or_transformer):
-    """(transformers, the pipeline) of a pipeline, or ([transformer], None)."""
+    """(transformers, the pipeline) of a pipeline, or ([transformer], None); a transformer
+    wrapped by `torch.compile` is unwrapped."""
     if hasattr(pipe_or_transformer, "components") and hasattr(pipe_or_transformer, "scheduler"):
         found = [getattr(pipe_or_transformer, n, None) for n in ("transformer", "transformer_2")]
-        found = [t for t in found if t is not None]
+        found = [_unwrap(t) for t in found if t is not None]
         if not found:
             raise TypeError(
                 f"pipe_or_transformer: the pipeline {type(pipe_or_transformer).__name__} has no "
                 f"'transformer' component"
             )
         return found, pipe_or_transformer
-    return [pipe_or_transformer], None
+    return [_unwrap(pipe_or_transformer)], None
 
 
 def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | None = None, *,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
+from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
 
 from .test_processors import (
     _cog_inputs,
@@ -103,3 +103,36 @@ def test_inductor_compile_of_a_wan_with_padded_frames():
     torch.testing.assert_close(model(*args).sample, eager, atol=1e-4, rtol=1e-4)
     whole = torch.compile(model, backend="aot_eager")  # the step hook breaks the graph there
     torch.testing.assert_close(whole(*args).sample, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ran_before", [False, True])
+@torch.no_grad()
+def test_apply_to_a_torch_compiled_transformer(ran_before):
+    # `pipe.transformer = torch.compile(pipe.transformer)` first, then DraftAttention: it was
+    # refused as an unsupported class (OptimizedModule); the module inside is patched, and a
+    # graph compiled before the patch is not reused
+    from .tiny import tiny_wan_pipeline
+
+    call = {"prompt": "a red cat", "negative_prompt": "blue", "height": 64, "width": 64,
+            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
+            "max_sequence_length": 8, "output_type": "np"}
+    config = DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=0)
+    runs = []
+    for compiled in (False, True):
+        pipe = tiny_wan_pipeline()
+        pipe.set_progress_bar_config(disable=True)
+        if compiled:
+            pipe.transformer = torch.compile(pipe.transformer, backend="aot_eager")
+            if ran_before:
+                pipe(**call, generator=torch.Generator().manual_seed(0))
+        state = apply_draft_attention(pipe, config)
+        sparse = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+        remove_draft_attention(pipe)
+        dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+        runs.append((sparse, dense, state.density_by_step()))
+    (eager, eager_dense, eager_density), (sparse, dense, density) = runs
+    assert density == eager_density == {0: 1.0, 1: 0.5, 2: 0.5}
+    torch.testing.assert_close(sparse, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dense, eager_dense, atol=1e-5, rtol=1e-5)
+    assert abs(sparse - dense).max() > 1e-3
+
