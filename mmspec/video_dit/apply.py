@@ -186,6 +186,7 @@ class DraftAttentionState(_DensityReport):
     # ------------------------------------------------------------------------------------ hooks
 
     def pre_forward(self, module, args, kwargs):
+        _refuse_context_parallel(module)  # enabled after DraftAttention was applied
         bound = self._signature.bind_partial(*args, **kwargs)
         latents, timestep = bound.arguments["hidden_states"], bound.arguments["timestep"]
         self._update_step(timestep)
@@ -290,6 +291,18 @@ class DraftAttentionStates(_DensityReport):
             state.reset()
 
 
+def _refuse_context_parallel(transformer) -> None:
+    """diffusers' context parallelism (`transformer.enable_parallelism(...)`) gives each GPU a
+    shard of the tokens, and the draft map needs the whole video in every attention call."""
+    config = getattr(transformer, "_parallel_config", None)
+    if getattr(config, "context_parallel_config", None) is not None:
+        raise NotImplementedError(
+            f"DraftAttention on a {type(transformer).__name__} with context parallelism "
+            f"(enable_parallelism): each attention call would see a shard of the video's "
+            f"tokens; split the prompts across GPUs instead (accelerate launch -m "
+            f"mmspec.video_dit.generate ...)")
+
+
 def _unwrap(model):
     """The module under `torch.compile(model)` (its processors and hooks are the ones that run;
     dynamo recompiles after they change)."""
@@ -357,6 +370,7 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             raise RuntimeError(
                 f"DraftAttention is already applied to this {name}; call remove_draft_attention first"
             )
+        _refuse_context_parallel(transformer)
     if pipe is None:
         config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
     states = []
