@@ -90,7 +90,7 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small,
 
 
 def padded_text_report(grid, tile, text=(1000, 256, 729), valid_text=120, sparsity=0.9, reps=3,
-                       dim=128):
+                       dim=128, device="cpu"):
     """HunyuanVideo 1.5's joint attention: video tokens, then its text and image tokens with the
     valid ones first (text-to-video: `valid_text` prompt tokens, no glyph text, image tokens
     masked), 1 head, one sample (its guider runs one forward per CFG branch). The same call
@@ -101,11 +101,14 @@ def padded_text_report(grid, tile, text=(1000, 256, 729), valid_text=120, sparsi
     from benchmarks.kernels import timed_pair
     from mmspec.video_dit import sparse_attention
 
-    layout = tile_layout(grid, tile)
+    layout = tile_layout(grid, tile, device=device)
     n, text_len = layout.num_tokens, sum(text)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, n + text_len, dim, generator=g) for _ in range(3))
-    key_valid = torch.ones(1, n + text_len, dtype=torch.bool)
+    heads = 16 if torch.device(device).type == "cuda" else 1  # HunyuanVideo 1.5: 16 heads of 128
+    dtype = gpu_dtype(device)
+    q, k, v = (torch.randn(1, heads, n + text_len, dim, generator=g).to(device, dtype)
+               for _ in range(3))
+    key_valid = torch.ones(1, n + text_len, dtype=torch.bool, device=device)
     key_valid[:, n + valid_text :] = False
     real = sparse_attention._live_blocks
 
@@ -121,7 +124,7 @@ def padded_text_report(grid, tile, text=(1000, 256, 729), valid_text=120, sparsi
         return draft_attention(q, k, v, layout, sparsity=sparsity, text_len=text_len,
                                key_valid=key_valid)
 
-    times = timed_pair(call, call, reps, ctx_a=padding_computed)
+    times = timed_pair(call, call, reps, device_sync(device), ctx_a=padding_computed)
     with padding_computed():
         computed = call()
     skipped = call()
@@ -137,16 +140,16 @@ def padded_text_report(grid, tile, text=(1000, 256, 729), valid_text=120, sparsi
         f"{tile[0]}x{tile[1]} tiles = {layout.num_tiles} draft tokens) and {text_len:,} text and "
         f"image tokens ({' + '.join(str(x) for x in text)}: prompt, glyph, image) of which the "
         f"first {valid_text} are valid (text-to-video), in {-(-text_len // layout.tile_tokens)} "
-        f"blocks; one draft_attention call, 1 head, D={dim}, sparsity {sparsity:.0%}, CPU "
-        f"kernel, median of {reps} calls of each, timed alternately after a warm-up.\n\n"
+        f"blocks; one draft_attention call, {heads} head(s), D={dim}, {str(dtype)[6:]}, "
+        f"sparsity {sparsity:.0%}, {device_name(device)}, median of {reps} calls of each, timed "
+        f"alternately after a warm-up.\n\n"
         + markdown_table(["text blocks of padding only", "density (share of blocks computed)",
                           "draft_attention ms", "speedup"], rows)
         + f"\n\nThe outputs of the video and valid text rows agree to {float(diff.max()):.1e} "
           f"(max abs); the skipped rows are padding, read by no valid token. Blocks computed: "
           f"{float(computed[1]) / float(skipped[1]):.2f}x fewer, time {times[0] / times[1]:.2f}x "
-          f"less on this CPU; on a GPU the share of blocks is the same, the time was not "
-          f"measured. Image-to-video keeps its image tokens valid, so fewer blocks are "
-          f"skipped.\n")
+          f"less on this {'GPU' if torch.device(device).type == 'cuda' else 'CPU'}. "
+          f"Image-to-video keeps its image tokens valid, so fewer blocks are skipped.\n")
 
 
 # ----------------------------------------------------------------------- 4: Wan step, on a GPU
@@ -577,7 +580,7 @@ def main() -> None:
                         "draft_attention_sharpness (how recall depends on the heads' sharpness)")
     p.add_argument("--padded-text", action="store_true",
                    help="only HunyuanVideo 1.5's joint attention with its text padding computed "
-                        "and skipped, into section draft_attention_padded_text")
+                        "and skipped, into section draft_attention_padded_text (_gpu on a GPU)")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -600,13 +603,15 @@ def main() -> None:
             write_section("draft_attention_sharpness", "DraftAttention fidelity against the "
                           "sharpness of the synthetic heads", body)
         return
-    if args.padded_text:
+    if args.padded_text:  # on the GPU when there is one (16 heads, bf16), else the CPU
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         grid = (5, 30, 53) if args.quick else (31, 30, 53)
-        body = padded_text_report(grid, tile, reps=1 if args.quick else 5)
+        body = padded_text_report(grid, tile, reps=1 if args.quick else 5, device=device)
         print(body)
         if args.write:
-            write_section("draft_attention_padded_text", "DraftAttention: HunyuanVideo 1.5's "
-                          "text padding skipped", body)
+            gpu = "_gpu" if device == "cuda" else ""
+            write_section(f"draft_attention_padded_text{gpu}", "DraftAttention: HunyuanVideo "
+                          f"1.5's text padding skipped{' (GPU)' if gpu else ''}", body)
         return
     if args.gpu_only:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
