@@ -362,6 +362,36 @@ def sharpness_report(grid, tile, scales, sparsity=0.9):
             + markdown_table(header, rows))
 
 
+def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3):
+    """Section 2's workload and section 3's call at each tile size: finer blocks keep more of
+    the attention mass at the same density (the selection is finer), and each block costs the
+    kernel more per token."""
+    methods = ("draft-global", "draft-row", "local window", "random", "oracle (global)")
+    rows = []
+    for tile in tiles:
+        result, sampled, nt = fidelity_of(*structured_heads(grid, 64)[:3],
+                                          tile_layout(grid, tile), [sparsity])
+        by = {r["method"]: r for r in result}
+        t = overhead_and_speed(grid, tile, heads=1, dim=128, sparsity=sparsity,
+                               reps_dense=reps_dense, reps_small=reps_small)
+        met = all(by[m]["recall"] >= 0.9 and all(
+            by[m]["recall"] > by[o]["recall"] and by[m]["error"] < by[o]["error"]
+            for o in ("local window", "random")) for m in ("draft-global", "draft-row"))
+        rows.append([f"{tile[0]}x{tile[1]} ({tile[0] * tile[1]})", str(nt)]
+                    + [f"{by[m]['recall']:.3f}" for m in methods]
+                    + [f"{t['dense'] / t['sparse_call']:.2f}x", f"{t['dense'] / t['whole']:.2f}x",
+                       "met" if met else "missed"])
+    header = ["tile (tokens per block)", "draft tokens", *(f"recall {m}" for m in methods),
+              "sparse call vs dense", "draft_attention vs dense", "fidelity bar"]
+    t, h, w = grid
+    return (f"Section 2's synthetic heads and section 3's call (1 head, D=128, CPU) on the same "
+            f"{t}x{h}x{w} grid at sparsity {sparsity:.0%}, for each tile size; recall exact on "
+            f"32 random query tiles, speed the fastest of {reps_small} calls against dense SDPA "
+            f"(fastest of {reps_dense}) measured in the same row. 'fidelity bar' applies issue "
+            f"3's rule (both draft modes recall >= 0.9 and beat window and random).\n\n"
+            + markdown_table(header, rows))
+
+
 def true_tile_mass(qt, kt, layout, rows_per_pass=1024):
     """fp32 `[H, nT, nT]`: the dense softmax mass of each (query tile, key tile) block, summed
     over the query tile's rows; qt, kt `[H, N, D]` in tile order (no padding)."""
@@ -581,6 +611,9 @@ def main() -> None:
     p.add_argument("--padded-text", action="store_true",
                    help="only HunyuanVideo 1.5's joint attention with its text padding computed "
                         "and skipped, into section draft_attention_padded_text (_gpu on a GPU)")
+    p.add_argument("--tiles", default="",
+                   help="only fidelity and CPU speed at 90%% for each tile size, e.g. "
+                        "8x16,8x8,4x8, into section draft_attention_tiles")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -602,6 +635,20 @@ def main() -> None:
         if args.write:
             write_section("draft_attention_sharpness", "DraftAttention fidelity against the "
                           "sharpness of the synthetic heads", body)
+        return
+    if args.tiles:
+        try:
+            tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
+        except ValueError:
+            tiles = [()]
+        if not tiles or any(len(t) != 2 or min(t) < 1 for t in tiles):
+            p.error(f"--tiles takes THxTW sizes joined by commas, e.g. 8x16,8x8; got "
+                    f"{args.tiles!r}")
+        body = tile_size_report(fid_grid, tiles, reps_dense=reps_dense, reps_small=reps_small)
+        print(body)
+        if args.write:
+            write_section("draft_attention_tiles", "DraftAttention fidelity and speed against "
+                          "the tile size", body)
         return
     if args.padded_text:  # on the GPU when there is one (16 heads, bf16), else the CPU
         device = "cuda" if torch.cuda.is_available() else "cpu"
