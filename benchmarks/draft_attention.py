@@ -362,18 +362,20 @@ def sharpness_report(grid, tile, scales, sparsity=0.9):
             + markdown_table(header, rows))
 
 
-def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3):
+def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, device="cpu"):
     """Section 2's workload and section 3's call at each tile size: finer blocks keep more of
     the attention mass at the same density (the selection is finer), and each block costs the
     kernel more per token."""
     methods = ("draft-global", "draft-row", "local window", "random", "oracle (global)")
+    heads = 12 if torch.device(device).type == "cuda" else 1  # Wan2.1-1.3B's on a GPU
     rows = []
     for tile in tiles:
         result, sampled, nt = fidelity_of(*structured_heads(grid, 64)[:3],
                                           tile_layout(grid, tile), [sparsity])
         by = {r["method"]: r for r in result}
-        t = overhead_and_speed(grid, tile, heads=1, dim=128, sparsity=sparsity,
-                               reps_dense=reps_dense, reps_small=reps_small)
+        t = overhead_and_speed(grid, tile, heads=heads, dim=128, sparsity=sparsity,
+                               reps_dense=reps_dense, reps_small=reps_small, device=device,
+                               dtype=gpu_dtype(device))
         met = all(by[m]["recall"] >= 0.9 and all(
             by[m]["recall"] > by[o]["recall"] and by[m]["error"] < by[o]["error"]
             for o in ("local window", "random")) for m in ("draft-global", "draft-row"))
@@ -384,7 +386,8 @@ def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3):
     header = ["tile (tokens per block)", "draft tokens", *(f"recall {m}" for m in methods),
               "sparse call vs dense", "draft_attention vs dense", "fidelity bar"]
     t, h, w = grid
-    return (f"Section 2's synthetic heads and section 3's call (1 head, D=128, CPU) on the same "
+    return (f"Section 2's synthetic heads and section 3's call ({heads} head(s), D=128, "
+            f"{str(gpu_dtype(device))[6:]}, {device_name(device)}) on the same "
             f"{t}x{h}x{w} grid at sparsity {sparsity:.0%}, for each tile size; recall exact on "
             f"32 random query tiles, speed the fastest of {reps_small} calls against dense SDPA "
             f"(fastest of {reps_dense}) measured in the same row. 'fidelity bar' applies issue "
@@ -612,8 +615,9 @@ def main() -> None:
                    help="only HunyuanVideo 1.5's joint attention with its text padding computed "
                         "and skipped, into section draft_attention_padded_text (_gpu on a GPU)")
     p.add_argument("--tiles", default="",
-                   help="only fidelity and CPU speed at 90%% for each tile size, e.g. "
-                        "8x16,8x8,4x8, into section draft_attention_tiles")
+                   help="only fidelity and speed (on the GPU when there is one) at 90%% for "
+                        "each tile size, e.g. 8x16,8x8,4x8, into section draft_attention_tiles "
+                        "(_gpu on a GPU)")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -644,11 +648,14 @@ def main() -> None:
         if not tiles or any(len(t) != 2 or min(t) < 1 for t in tiles):
             p.error(f"--tiles takes THxTW sizes joined by commas, e.g. 8x16,8x8; got "
                     f"{args.tiles!r}")
-        body = tile_size_report(fid_grid, tiles, reps_dense=reps_dense, reps_small=reps_small)
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # the speed columns
+        body = tile_size_report(fid_grid, tiles, reps_dense=reps_dense, reps_small=reps_small,
+                                device=device)
         print(body)
         if args.write:
-            write_section("draft_attention_tiles", "DraftAttention fidelity and speed against "
-                          "the tile size", body)
+            gpu = "_gpu" if device == "cuda" else ""
+            write_section(f"draft_attention_tiles{gpu}", "DraftAttention fidelity and speed "
+                          f"against the tile size{' (GPU)' if gpu else ''}", body)
         return
     if args.padded_text:  # on the GPU when there is one (16 heads, bf16), else the CPU
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,16 +6,17 @@
 #
 #   run: bash benchmarks/gpu_session.sh            (the repo root; a venv with torch + triton)
 #   STEPS="compiled" bash benchmarks/gpu_session.sh   (some steps only, e.g. one per call when
-#                                                      all three would pass the 10-minute limit)
+#                                                      all four would pass the 10-minute limit)
 #
 # 1. kernels and DraftAttention tests with Triton compiled, not interpreted
 # 2. compiled DraftAttention against compiled dense (never measured yet), Wan and CogVideoX sizes
 # 3. HunyuanVideo 1.5's padded-text skip on the GPU (16 heads, bf16)
+# 4. the sparse call's speed at 128-, 64- and 32-token blocks (the fidelity bar is met at 32)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 PY=${PY:-python}
-STEPS=${STEPS:-tests compiled padded_text}
+STEPS=${STEPS:-tests compiled padded_text tiles}
 step() {  # name, command...: run, keep the log, go on after a failure
     local name=$1; shift
     [[ " $STEPS " == *" $name "* ]] || return 0
@@ -30,4 +31,5 @@ step tests $PY -m pytest -q -x tests/kernels tests/video_dit/test_sparse_attenti
 step compiled $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
 step padded_text $PY benchmarks/draft_attention.py --padded-text --write
+step tiles $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8 --write
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
