@@ -390,14 +390,17 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
 
 
 def remove_draft_attention(pipe_or_transformer) -> None:
-    """Restore the original processors and remove the hooks set by `apply_draft_attention`."""
-    transformers, _ = _transformers(pipe_or_transformer)
-    for transformer in transformers:
-        state = getattr(transformer, _ATTR, None)
-        if state is None:
-            raise RuntimeError(
-                f"DraftAttention is not applied to this {type(transformer).__name__}"
-            )
+    """Restore the original processors and remove the hooks set by `apply_draft_attention`.
+    On a pipeline it removes DraftAttention from each transformer that has it (Wan 2.2: one
+    expert may have been patched alone) and fails, changing nothing, if none has."""
+    transformers, pipe = _transformers(pipe_or_transformer)
+    patched = [t for t in transformers if getattr(t, _ATTR, None) is not None]
+    if not patched:
+        what = (f"the transformers of this {type(pipe).__name__}" if pipe is not None
+                else f"this {type(transformers[0]).__name__}")
+        raise RuntimeError(f"DraftAttention is not applied to {what}")
+    for transformer in patched:
+        state = getattr(transformer, _ATTR)
         for module, processor in state.originals.items():
             module.set_processor(processor)
         for hook in state.hooks:

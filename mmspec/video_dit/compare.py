@@ -81,6 +81,9 @@ def _check_same_run(name: str, dense: dict, sparse: dict) -> None:
 
     ours = {"prompt": sparse.get("prompt"), **sparse.get("settings", {})}
     theirs = {"prompt": dense.get("prompt"), **dense.get("settings", {})}
+    if dense.get("attention") == "draft" and sparse.get("attention") == "dense":
+        raise ValueError(f"{name}: DENSE_DIR holds a DraftAttention run and SPARSE_DIR a dense "
+                         f"one: the folders are swapped (compare DENSE_DIR SPARSE_DIR)")
     differ = settings_differ(ours, theirs, skip=("config",))
     if differ:
         raise ValueError(f"{name}: the dense and sparse videos come from different runs ("

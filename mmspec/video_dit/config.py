@@ -8,7 +8,11 @@ same thing under any flow shift and step count.
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from dataclasses import dataclass
+
+import torch
 
 from mmspec.kernels import available_backends
 
@@ -39,21 +43,32 @@ class DraftAttentionConfig:
         backends = ("auto", *available_backends())
         if self.backend not in backends:  # else it fails at the first sparse step, minutes in
             raise ValueError(f"backend must be one of {list(backends)}, got {self.backend!r}")
-        check_sparsity(self.sparsity)
+        object.__setattr__(self, "sparsity", check_sparsity(self.sparsity))
         check_mode(self.mode)
         object.__setattr__(self, "tile", check_tile(self.tile))
-        steps = self.dense_steps
-        if isinstance(steps, bool) or not (
-            (isinstance(steps, int) and steps >= 0) or (isinstance(steps, float) and 0 <= steps <= 1)
-        ):
+        steps = self.dense_steps  # numpy scalars too, stored as int or float
+        if isinstance(steps, numbers.Integral) and not isinstance(steps, bool) and steps >= 0:
+            object.__setattr__(self, "dense_steps", int(steps))
+        elif isinstance(steps, numbers.Real) and not isinstance(steps, (bool, numbers.Integral)) \
+                and 0 <= steps < 1:
+            object.__setattr__(self, "dense_steps", float(steps))
+        elif isinstance(steps, float) and steps == 1.0:
+            raise ValueError("dense_steps=1.0 is the fraction 'every step dense', so DraftAttention "
+                             "would never engage; give the int 1 for one dense step")
+        else:
             raise ValueError(
                 f"dense_steps must be a step count (int >= 0) or a fraction of the steps "
-                f"(float in [0, 1]), got {steps!r}"
+                f"(float in [0, 1)), got {steps!r}"
             )
-        if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, int) or (
-            self.dense_layers < 0
-        ):
-            raise ValueError(f"dense_layers must be an int >= 0, got {self.dense_layers!r}")
+        layers = self.dense_layers
+        if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or layers < 0:
+            raise ValueError(f"dense_layers must be an int >= 0, got {layers!r}")
+        object.__setattr__(self, "dense_layers", int(layers))
+        tokens = self.tile[0] * self.tile[1]
+        if torch.cuda.is_available() and (tokens < 16 or tokens & (tokens - 1)):
+            warnings.warn(f"tile {self.tile} is {tokens} tokens a block: the Triton kernel takes "
+                          f"powers of two >= 16, so on a GPU these blocks run the slower torch "
+                          f"backend", stacklevel=3)
 
     @property
     def dense_steps_is_fraction(self) -> bool:

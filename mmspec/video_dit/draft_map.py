@@ -21,6 +21,8 @@ instead of a Python loop over heads, so a CFG batch gets one mask per sample.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .tiles import TileLayout, tile_layout
@@ -29,7 +31,9 @@ MODES = ("global", "row")
 
 
 def check_sparsity(sparsity) -> float:
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity < 1:
+    # numbers.Real: numpy scalars too (a value read from an array or a sweep)
+    if (isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real)
+            or not 0 <= sparsity < 1):
         raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
     return float(sparsity)
 

@@ -65,7 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     sparse.add_argument("--sparsity", type=float, default=0.9, help="share of blocks skipped")
     sparse.add_argument("--dense", action="store_true", help="run without DraftAttention")
     p.add_argument("--mode", choices=("global", "row"), default="global")
-    p.add_argument("--tile", type=int, nargs=2, default=(8, 16), metavar=("TH", "TW"))
+    p.add_argument("--tile", type=int, nargs=2, default=(8, 16), metavar=("TH", "TW"),
+                   help="latent tokens (after the VAE and the patch embedding) per tile and "
+                        "kernel block, at most a frame's (default 8 16, the paper's)")
     p.add_argument("--dense-steps", type=float, default=0.3,
                    help="leading dense steps: a fraction if < 1, else a count (default 0.3)")
     p.add_argument("--dense-layers", type=int, default=1)
@@ -125,13 +127,21 @@ def read_jobs(path: Path) -> list[dict]:
     the image (for image-to-video pipelines) relative to the file's folder; any other file holds
     one prompt per line. Blank lines and lines starting with '#' are skipped in both.
     """
+    if path.is_dir():
+        raise ValueError(f"--prompts: {path} is a folder; give a text or .jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"--prompts: no such file {path}")
-    lines = [(i, line.strip()) for i, line in enumerate(path.read_text().splitlines(), 1)]
+    # utf-8-sig: a byte-order mark (Windows editors) would hide a first line's '#'
+    text = path.read_text(encoding="utf-8-sig")
+    lines = [(i, line.strip()) for i, line in enumerate(text.splitlines(), 1)]
     lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
     if not lines:
         raise ValueError(f"--prompts: {path} holds no prompt (blank lines and '#' lines are skipped)")
-    if path.suffix != ".jsonl":
+    if path.suffix.lower() != ".jsonl":
+        if path.suffix.lower() == ".json" or all(line.startswith("{") for _, line in lines):
+            raise ValueError(f"--prompts: {path} looks like JSON; name it .jsonl (one "
+                             f"{{\"prompt\": ..., \"image\": ...}} object a line) or give "
+                             f"plain text, one prompt a line")
         return [{"prompt": line, "image": None} for _, line in lines]
     jobs = []
     for i, line in lines:
@@ -141,7 +151,7 @@ def read_jobs(path: Path) -> list[dict]:
         except json.JSONDecodeError as err:
             raise ValueError(f"{where} is not JSON ({err})") from None
         prompt = job.get("prompt") if isinstance(job, dict) else None
-        if not isinstance(prompt, str) or not prompt:
+        if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where} must be an object with a non-empty \"prompt\" string, "
                              f"got {line[:80]!r}")
         unknown = sorted(set(job) - {"prompt", "image"})
@@ -149,6 +159,8 @@ def read_jobs(path: Path) -> list[dict]:
             raise ValueError(f"{where}: unknown keys {unknown}; a line takes \"prompt\" and "
                              f"\"image\"")
         image = job.get("image")
+        if image is not None and not isinstance(image, str):
+            raise ValueError(f"{where}: \"image\" must be a path string, got {image!r}")
         if image is not None:
             image = (path.parent / image) if not Path(image).is_absolute() else Path(image)
             if not image.is_file():
@@ -251,6 +263,10 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
             pipe.guider = pipe.guider.new(guidance_scale=value)
         elif key != "true_cfg_scale":  # named below, with what to use instead
             raise SystemExit(f"{option}: {type(pipe).__name__} takes no {key}")
+    needs_image = "image" in takes and takes["image"].default is inspect.Parameter.empty
+    if image is None and needs_image:
+        raise SystemExit(f"--prompts: {type(pipe).__name__} needs an image per prompt: give a "
+                         f".jsonl file, one {{\"prompt\": ..., \"image\": path}} a line")
     if image is not None:
         if "image" not in takes:
             raise SystemExit(f"--prompts: prompt {index} has an image but {type(pipe).__name__} "
@@ -371,6 +387,8 @@ def main(argv=None) -> int:
     config = config_from_args(args)
     # cpu=True on a machine without CUDA: accelerate then sees torchrun's processes (else one)
     dist = PartialState(cpu=not torch.cuda.is_available())
+    if args.out.exists() and not args.out.is_dir():
+        raise SystemExit(f"--out {args.out} is a file; give a folder")
     args.out.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(run_settings(args, config)))  # as the JSONs hold them
     todo = []
@@ -379,7 +397,11 @@ def main(argv=None) -> int:
         if not done.exists():
             todo.append(i)
             continue
-        old = json.loads(done.read_text())
+        try:
+            old = json.loads(done.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise SystemExit(f"--out {args.out}: {done.name} is not a JSON this script wrote "
+                             f"({err}); delete it to redo that prompt") from None
         # JSONs of older versions lack some settings (all of them, or fps): those pass
         differ = ", ".join(settings_differ(
             {"prompt": prompt, "image": jobs[i]["image"], **settings},
@@ -406,12 +428,19 @@ def main(argv=None) -> int:
     try:
         state = apply_draft_attention(pipe, config) if config is not None else None
     except (TypeError, ValueError) as err:  # an unsupported model, --dense-layers too many
-        raise SystemExit(f"--model {args.model}: {err}") from None
+        message = str(err).replace("config.dense_layers", "--dense-layers")
+        raise SystemExit(f"--model {args.model}: {message}") from None
     if args.compile is not None:
         compile_blocks(pipe, args.compile)
     for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
-        result = generate_one(pipe, prompts[index], index, args, state, dist.device,
-                              jobs[index]["image"])
+        try:
+            result = generate_one(pipe, prompts[index], index, args, state, dist.device,
+                                  jobs[index]["image"])
+        except ValueError as err:  # the tile checks the grid at the first forward
+            if "is larger than the frame" not in str(err):
+                raise
+            raise SystemExit(f"--tile {args.tile[0]} {args.tile[1]}: {err} (the grid is the "
+                             f"latent tokens of --height, --width and --frames)") from None
         stem = args.out / f"{index:04d}"
         frames = to_uint8(result["frames"])
         write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)

@@ -419,6 +419,23 @@ def test_on_draft_map_hands_over_the_map_that_chose_the_blocks():
         assert float(kept.float().mean()) == pytest.approx(sparse[(step, layer)])
 
 
+def test_remove_from_a_pipeline_with_one_patched_expert():
+    # Wan 2.2 with only transformer_2 patched: removing through the pipeline failed on the
+    # unpatched transformer and left transformer_2 patched
+    from diffusers import WanPipeline
+
+    base = tiny_wan_pipeline()
+    pipe = WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+                       scheduler=base.scheduler, transformer=base.transformer,
+                       transformer_2=tiny_wan(seed=1), boundary_ratio=0.5)
+    before = dict(pipe.transformer_2.attn_processors)
+    apply_draft_attention(pipe.transformer_2, DraftAttentionConfig(dense_steps=0))
+    remove_draft_attention(pipe)
+    assert pipe.transformer_2.attn_processors == before
+    with pytest.raises(RuntimeError, match="not applied to the transformers of this WanPipeline"):
+        remove_draft_attention(pipe)
+
+
 def test_a_refused_apply_changes_nothing():
     # Wan 2.2 with its second expert already patched: the first one was left patched too
     from diffusers import WanPipeline

@@ -105,6 +105,21 @@ def test_no_speedup_between_an_offloaded_and_a_resident_run(tmp_path, caplog):
     assert compare_dirs(dense, sparse)[0]["speedup"] == 4.0
 
 
+def test_swapped_folders_are_refused(tmp_path):
+    # DENSE_DIR given a sparse run: the speedup column read as the inverse, with no warning
+    import json
+
+    for d, attention in (("d", "draft"), ("s", "dense")):
+        (tmp_path / d).mkdir()
+        write_mp4(tmp_path / d / "0000.mp4", _video())
+        (tmp_path / d / "0000.json").write_text(json.dumps(
+            {"seconds": 1.0, "density": None, "attention": attention}))
+    with pytest.raises(ValueError, match="the folders are swapped"):
+        compare_dirs(tmp_path / "d", tmp_path / "s")
+    rows = compare_dirs(tmp_path / "s", tmp_path / "d")  # the right way round
+    assert rows[0]["speedup"] == 1.0
+
+
 def test_bad_folders_are_usage_errors(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -20,6 +20,8 @@ def test_defaults_follow_the_paper():
     ({"dense_steps": 1.5}, "dense_steps must be"),
     ({"dense_steps": True}, "dense_steps must be"),
     ({"dense_layers": -1}, "dense_layers must be"),
+    # the fraction 1.0 is every step: DraftAttention silently never engaged
+    ({"dense_steps": 1.0}, r"dense_steps=1.0 is the fraction 'every step dense'.*the int 1"),
     # a typo used to pass here and fail at the first sparse step, minutes into the first video
     ({"backend": "tirton"}, r"backend must be one of \['auto', 'reference', 'torch', 'triton'\], "
                             r"got 'tirton'"),
@@ -32,3 +34,13 @@ def test_bad_config(kwargs, match):
 def test_fraction_needs_a_step_count():
     with pytest.raises(ValueError, match="fraction of the denoising steps"):
         DraftAttentionConfig(dense_steps=0.3).dense_step_count(None)
+
+
+def test_numpy_scalars_are_numbers():
+    # a sparsity read from an array or a sweep was refused as "not a number"
+    np = pytest.importorskip("numpy")
+    cfg = DraftAttentionConfig(sparsity=np.float32(0.5), dense_steps=np.int64(3),
+                               dense_layers=np.int64(2))
+    assert (cfg.sparsity, cfg.dense_steps, cfg.dense_layers) == (0.5, 3, 2)
+    assert type(cfg.sparsity) is float and type(cfg.dense_steps) is int
+    assert DraftAttentionConfig(dense_steps=np.float64(0.25)).dense_step_count(8) == 2

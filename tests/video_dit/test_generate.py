@@ -292,6 +292,55 @@ def test_bad_cli_input(tmp_path, model_dir, capsys):
         generate.read_jobs(tmp_path / "missing.txt")
 
 
+def test_prompt_files_a_user_might_give(tmp_path):
+    bom = tmp_path / "bom.txt"  # saved with a byte-order mark: its first '#' line was a prompt
+    bom.write_bytes("# my prompts\na red cat\n".encode("utf-8-sig"))
+    assert generate.read_jobs(bom) == [{"prompt": "a red cat", "image": None}]
+    upper = tmp_path / "jobs.JSONL"  # read as text: each JSON line became a literal prompt
+    upper.write_text('{"prompt": "a red cat"}\n')
+    assert generate.read_jobs(upper) == [{"prompt": "a red cat", "image": None}]
+    for name, text, message in (
+            ("jobs.json", '{"prompt": "a cat"}\n', "looks like JSON; name it .jsonl"),
+            ("jobs.txt", '{"prompt": "a cat"}\n', "looks like JSON; name it .jsonl"),
+            ("num.jsonl", '{"prompt": "a cat", "image": 5}\n', r'"image" must be a path '
+                                                                 r'string, got 5'),
+            ("blank.jsonl", '{"prompt": "   "}\n', 'non-empty "prompt" string')):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=message):
+            generate.read_jobs(tmp_path / name)
+    with pytest.raises(ValueError, match="is a folder; give a text or .jsonl file"):
+        generate.read_jobs(tmp_path)
+
+
+def test_run_time_mistakes_are_named(model_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON]
+    # 8 x 16 tiles on frames of 4 x 4 latent tokens: a bare ValueError from inside the call
+    with pytest.raises(SystemExit, match=r"--tile 8 16: tile \(8, 16\) is larger than the "
+                                         r"frame.*latent tokens of --height"):
+        generate.main([*args, "--tile", "8", "16", "--out", str(tmp_path / "a")])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="--out .*file is a file; give a folder"):
+        generate.main([*args, "--out", str(tmp_path / "file")])
+    out = tmp_path / "torn"
+    out.mkdir()
+    (out / "0000.json").write_text('{"prompt": ')  # edited by hand, or cut off
+    with pytest.raises(SystemExit, match="0000.json is not a JSON this script wrote"):
+        generate.main([*args, "--out", str(out)])
+    with pytest.raises(SystemExit, match="--dense-layers=9 leaves no sparse layer"):
+        generate.main([*args, "--dense-layers", "9", "--out", str(tmp_path / "b")])
+
+
+def test_an_image_to_video_pipeline_without_images():
+    from .tiny import tiny_wan_i2v_pipeline
+
+    args = generate.parse_args(["--model", "m", "--prompts", "p.txt", "--out", "o", *COMMON])
+    with pytest.raises(SystemExit, match=r"WanImageToVideoPipeline needs an image per prompt: "
+                                         r"give a .jsonl file"):
+        generate.generate_one(tiny_wan_i2v_pipeline(), "a cat", 0, args, None, "cpu")
+
+
 def test_negative_prompt_and_true_cfg_reach_only_pipelines_that_use_them():
     # HunyuanVideo ignores a negative prompt unless true_cfg_scale > 1: it was dropped silently
     class HunyuanLike:
