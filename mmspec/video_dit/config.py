@@ -53,8 +53,9 @@ class DraftAttentionConfig:
                 and 0 <= steps < 1:
             object.__setattr__(self, "dense_steps", float(steps))
         elif isinstance(steps, float) and steps == 1.0:
-            raise ValueError("dense_steps=1.0 is the fraction 'every step dense', so DraftAttention "
-                             "would never engage; give the int 1 for one dense step")
+            raise ValueError("dense_steps=1.0 is the fraction 'every step dense', so "
+                             "DraftAttention would never engage; give the int 1 for one dense "
+                             "step")
         else:
             raise ValueError(
                 f"dense_steps must be a step count (int >= 0) or a fraction of the steps "
