@@ -22,6 +22,8 @@ Deliberate differences from the paper:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -265,12 +267,19 @@ class DiffusionDrafter:
 
 
 class NaiveDiffusionDrafter(DiffusionDrafter):
-    """The baseline: the DLM's argmax path (through the first EOS) at a fixed k, no CPS, no ADL."""
+    """The baseline: the DLM's argmax path (through the first EOS) at a fixed k, no CPS, no ADL.
+
+    `config` (as `from_pretrained` passes it, with the checkpoint's shift and context) keeps its
+    other fields; `k` and the argmax path replace its `fixed_k` and `cps`, and its `shift`
+    replaces the `shift` argument."""
 
     def __init__(self, model, mask_token_id: int, target, *, k: int = 20, shift: bool = True,
-                 **kwargs):
+                 config: DiffusionDrafterConfig | None = None, **kwargs):
         if k is None:  # fixed_k=None is ADL: not the baseline this class is
             raise ValueError("NaiveDiffusionDrafter: k must be an int > 0 (the fixed block "
                              "length), got None")
-        config = DiffusionDrafterConfig(shift=shift, fixed_k=k, cps=None)
+        if config is None:
+            config = DiffusionDrafterConfig(shift=shift, fixed_k=k, cps=None)
+        else:  # from_pretrained: the checkpoint's shift and max_context
+            config = dataclasses.replace(config, fixed_k=k, cps=None)
         super().__init__(model, mask_token_id, target, config=config, **kwargs)

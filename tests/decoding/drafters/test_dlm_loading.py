@@ -66,6 +66,21 @@ def test_the_dream_drafter_is_lossless(dream_dir, target):
     assert out.sequences.shape[1] == ref.shape[1]
 
 
+def test_the_naive_baseline_loads_too(dream_dir, target):
+    # NaiveDiffusionDrafter.from_pretrained failed: "got multiple values for keyword 'config'"
+    from mmspec import NaiveDiffusionDrafter
+
+    drafter = NaiveDiffusionDrafter.from_pretrained(dream_dir, target, k=6)
+    cfg = drafter.config
+    assert (cfg.fixed_k, cfg.cps, cfg.shift, cfg.max_context) == (6, None, True, DREAM_CONTEXT)
+    ids = torch.tensor([[3, 4, 5, 6, 3, 4, 5]])
+    out = generate(target, drafter, ids, max_new_tokens=12)
+    with torch.no_grad():
+        ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=12)
+    assert torch.equal(out.sequences, ref)
+
+
 def test_missing_weights_are_refused_not_initialised(dream_dir):
     weights = load_file(dream_dir / "model.safetensors")
     del weights["model.layers.1.mlp.up_proj.weight"]
