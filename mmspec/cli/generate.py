@@ -165,6 +165,11 @@ def _load_path_target(args):
                          f"to no tokens ({len(tok)} in its vocabulary: does the folder hold the "
                          f"tokenizer files?)")
     with load_errors("--target", args.target, "a causal LM"):
+        config = transformers.AutoConfig.from_pretrained(args.target)
+    if getattr(config, "vision_config", None) is not None:  # a VLM: its CausalLM class is none
+        raise SystemExit(f"--target {args.target} is a vision-language model "
+                         f"({type(config).__name__}): pass --image")
+    with load_errors("--target", args.target, "a causal LM"):
         model = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype="auto")
     return model, tok, inputs
 
@@ -217,10 +222,18 @@ def _path_drafter(args, target, target_tokenizer=None):
     from mmspec.decoding import ModelDrafter, PromptLookupDrafter
 
     kind = args.drafter or ("builtin" if args.target == "builtin" else "prompt-lookup")
+    if args.drafter is None:
+        _log(f"drafter: {kind} (the default for --target {args.target}; see --drafter)")
     if kind.startswith(("vispec:", "diffusion:")):
         _refuse_draft_shape(args, f"--drafter {kind.split(':')[0]}:PATH")
     num_tokens = 5 if args.num_draft_tokens is None else args.num_draft_tokens
     if kind == "prompt-lookup":
+        given = [flag for flag, value in (("--tree-top-k", args.tree_top_k),
+                                          ("--tree-depth", args.tree_depth)) if value is not None]
+        if given:  # dropped without a word before
+            raise SystemExit(f"{', '.join(given)}: prompt-lookup drafts a chain of copied "
+                             f"tokens (--num-draft-tokens sets its length); trees are for "
+                             f"model:PATH, self and builtin drafters")
         return PromptLookupDrafter(num_tokens=num_tokens)
     if kind.startswith("vispec:"):
         from mmspec.vision import ViSpecDrafter
@@ -344,8 +357,13 @@ def main(argv=None) -> int:
     def speculative(n, streamer=None):
         torch.manual_seed(args.seed)
         drafter = _on_device(make_drafter(), target, args.device)
-        return generate(target, drafter, max_new_tokens=n, eos_token_id=eos,
-                        streamer=streamer, **sampling, **inputs)
+        try:
+            return generate(target, drafter, max_new_tokens=n, eos_token_id=eos,
+                            streamer=streamer, **sampling, **inputs)
+        except ValueError as err:  # the drafter's vocabulary, checked before any work
+            if "drafter vocabulary" not in str(err):
+                raise
+            raise SystemExit(f"--drafter {args.drafter}: {err}") from None
 
     def target_only(n):
         torch.manual_seed(args.seed)

@@ -20,6 +20,8 @@ the token slots get *holes* that the mask hides (see `draft.py`); no row waits f
 
 from __future__ import annotations
 
+import numbers
+
 import functools
 import inspect
 import time
@@ -94,6 +96,12 @@ _ENGINE_KWARGS = {"past_key_values", "cache", "use_cache", "position_ids",
 
 
 def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
+    if not callable(getattr(drafter, "propose", None)):
+        hint = (": wrap a small model as ModelDrafter(model)"
+                if isinstance(drafter, torch.nn.Module) else "")
+        raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, "
+                        f"DiffusionDrafter, ViSpecDrafter, ...), got {type(drafter).__name__}"
+                        f"{hint}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a long tensor [B, L], got "
                          f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
@@ -121,10 +129,18 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
     if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
         check_target(target)
     drafter_vocab = getattr(drafter, "vocab_size", None)
-    if drafter_vocab is not None and drafter_vocab != vocab_size(target):
+    target_vocab = vocab_size(target)
+    match_width = getattr(drafter, "match_target_width", None)
+    # one tokenizer family pads its output layers differently (Qwen2.5-0.5B: 151936 rows,
+    # Qwen2.5-7B: 152064): widths within 1% are padding, which a ModelDrafter cuts or fills
+    padded = (drafter_vocab is not None and match_width is not None
+              and abs(drafter_vocab - target_vocab) <= 0.01 * target_vocab)
+    if match_width is not None:
+        match_width(target_vocab if padded else None)
+    if drafter_vocab is not None and drafter_vocab != target_vocab and not padded:
         raise ValueError(f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
-                         f"({vocab_size(target)} tokens); target and drafter must share a tokenizer "
-                         f"and an output vocabulary")
+                         f"({target_vocab} tokens); target and drafter must share a tokenizer "
+                         f"and an output vocabulary (widths within 1% are taken as padding)")
 
 
 # generation-config settings whose logits processors `generate` does not apply: refused, so that
@@ -343,6 +359,8 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         pad_token_id = int(eos[0])
     if attention_mask is None and pad_token_id is not None and isinstance(input_ids, torch.Tensor):
         attention_mask = _mask_from_padding(input_ids, pad_token_id, eos)
+    if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
+        max_new_tokens = int(max_new_tokens)  # a numpy int (a tensor stays refused)
     _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")

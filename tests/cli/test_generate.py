@@ -240,3 +240,39 @@ def test_the_text_preset_says_where_its_prompt_ends(capsys):
     main(["generate", "--target", "text", "--prompt", "def f(x):", "--max-new-tokens", "2",
           "--no-baseline", "--device", "cpu"])
     assert "held-out" not in capsys.readouterr().err  # a given prompt is the user's own
+
+
+def test_path_target_mistakes_found_by_a_trial(tmp_path, capsys):
+    """A trial run's findings: each was a traceback or a silent choice."""
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from mmspec.zoo.paths import ZOO_DIR
+
+    text = ZOO_DIR / "text-target"
+    # prompt-lookup drafts no tree: --tree-top-k was dropped without a word
+    with pytest.raises(SystemExit, match="--tree-top-k: prompt-lookup drafts a chain"):
+        main(["generate", "--target", str(text), "--tree-top-k", "4", "--prompt", "def f(x):",
+              "--device", "cpu"])
+    # the default drafter of a PATH target is named
+    assert main(["generate", "--target", str(text), "--prompt", "def f(x):",
+                 "--max-new-tokens", "4", "--no-baseline", "--device", "cpu"]) == 0
+    assert "drafter: prompt-lookup (the default" in capsys.readouterr().err
+    # a drafter folder with the target's tokenizer but another vocabulary width: a message, not
+    # generate's ValueError in a traceback
+    tok = AutoTokenizer.from_pretrained(text)
+    wide = tmp_path / "wide"
+    LlamaForCausalLM(LlamaConfig(vocab_size=2 * len(tok), hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1)).save_pretrained(wide)
+    tok.save_pretrained(wide)
+    with pytest.raises(SystemExit, match=r"--drafter model:.*: drafter vocabulary"):
+        main(["generate", "--target", str(text), "--drafter", f"model:{wide}", "--prompt",
+              "def f(x):", "--max-new-tokens", "4", "--device", "cpu"])
+    # a VLM folder without --image: "Unrecognized configuration class LlavaConfig" before
+    vlm = tmp_path / "vlm"
+    shutil.copytree(ZOO_DIR / "vlm-target", vlm)
+    with pytest.raises(SystemExit, match=r"--target .*vlm is a vision-language model "
+                                         r"\(LlavaConfig\): pass --image"):
+        main(["generate", "--target", str(vlm), "--prompt", "Describe it.", "--device", "cpu"])

@@ -156,3 +156,34 @@ def test_model_drafter_sample_follows_the_calls_warping():
                                 eos_token_id=[]).sequences, ref)
     with pytest.raises(ValueError, match="sample=True draws with the target's own temperature"):
         ModelDrafter(tiny_llama(0), 4, temperature=0.5, sample=True)
+
+
+@pytest.mark.parametrize("drafter_rows, target_rows", [(1000, 1008), (1008, 1000)])
+@pytest.mark.parametrize("kind", ["chain", "tree", "sampled chain"])
+def test_model_drafter_with_an_output_layer_of_another_width(drafter_rows, target_rows, kind):
+    # one tokenizer, output layers padded differently (Qwen2.5-0.5B drafting for Qwen2.5-7B:
+    # 151936 and 152064 rows): it was refused as another vocabulary
+    import copy
+
+    target = tiny_llama(0, vocab=target_rows)
+    small = copy.deepcopy(target)
+    small.resize_token_embeddings(drafter_rows)  # the target's own rows, cut or padded
+    drafter = ModelDrafter(small, 4, top_k=2 if kind == "tree" else 1,
+                           sample=kind == "sampled chain")
+    ids = torch.tensor([[5, 9, 14, 9, 5, 22, 31]])
+    drafted = []
+    kwargs = {"do_sample": True, "top_k": 20} if kind == "sampled chain" else {}
+    gen = torch.Generator().manual_seed(0)
+    out = generate(target, drafter, ids, max_new_tokens=16, generator=gen, **kwargs,
+                   on_round=lambda draft, result, stats: drafted.append(draft))
+    assert all(int(d.tokens.max()) < min(drafter_rows, target_rows)
+               for d in drafted if d.tokens.numel())
+    assert all(d.probs is None or d.probs.shape[-1] == target_rows for d in drafted)
+    if kind != "sampled chain":
+        with torch.no_grad():
+            ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=16)
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.mean_accepted > 2  # its own weights: most drafts are accepted
+    with pytest.raises(ValueError, match=r"drafter vocabulary \(900 tokens\).*within 1%"):
+        generate(target, ModelDrafter(tiny_llama(1, vocab=900)), ids, max_new_tokens=2)

@@ -210,3 +210,18 @@ def test_an_attention_mask_that_is_not_a_tensor_is_named(target):
     with pytest.raises(ValueError, match=r"attention_mask must be a tensor \[B, L\] or None, "
                                          r"got list"):
         generate(target, PromptLookupDrafter(), IDS, attention_mask=[[1] * IDS.shape[1]])
+
+
+def test_a_model_passed_as_the_drafter_is_named(target):
+    # AttributeError: 'LlamaForCausalLM' object has no attribute 'propose'
+    with pytest.raises(TypeError, match=r"drafter must be a drafter .*got LlamaForCausalLM: "
+                                        r"wrap a small model as ModelDrafter\(model\)"):
+        generate(target, tiny_llama(1), IDS)
+    with pytest.raises(TypeError, match="got NoneType"):
+        generate(target, None, IDS)
+
+
+def test_a_numpy_int_max_new_tokens(target):
+    np = pytest.importorskip("numpy")
+    out = generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=np.int64(3))
+    assert out.sequences.shape[1] == IDS.shape[1] + 3

@@ -77,6 +77,7 @@ class ModelDrafter:
         self.temperature = temperature
         self.sample = sample  # under a sampling call, propose from the target's warped law
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.target_width: int | None = None  # set by generate (match_target_width)
         if top_k > self.vocab_size:
             raise ValueError(f"top_k must be at most the drafter's vocabulary "
                              f"({self.vocab_size} tokens), got {top_k}")
@@ -111,7 +112,20 @@ class ModelDrafter:
                          **cache_kwargs(self.model.forward, self.cache), use_cache=True,
                          return_dict=True, **kwargs)
         self.cache = output_cache(out)
-        return out.logits.float()
+        logits = out.logits.float()
+        width = self.target_width
+        if width is not None and width != logits.shape[-1]:  # ids the target has, no more
+            extra = width - logits.shape[-1]
+            logits = (logits[..., :width] if extra < 0 else
+                      torch.nn.functional.pad(logits, (0, extra), value=float("-inf")))
+        return logits
+
+    def match_target_width(self, width: int | None) -> None:
+        """Draft over the target's `width` logit columns (None: the drafter's own, equal to
+        the target's): `generate` sets it when the two output layers are padded to different
+        widths within one tokenizer, so ids past the target's rows are never drafted and the
+        draft distributions have the target's width."""
+        self.target_width = width
 
     def _catch_up(self, state: DraftState) -> torch.Tensor:
         """Feed the slots the cache lacks; returns the drafter's logits at the roots `[B, V]`."""
