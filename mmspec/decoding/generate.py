@@ -118,6 +118,10 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
                              f"{tuple(attention_mask.shape)}")
+        empty = ~attention_mask.bool().any(-1)
+        if empty.any():
+            raise ValueError(f"attention_mask: row {int(empty.nonzero()[0])} has no real token "
+                             f"(all padding); every row needs a prompt")
         if not attention_mask[:, -1].bool().all():
             raise ValueError("attention_mask must be left-padded (every row's last token real); "
                              "set tokenizer.padding_side = 'left'")
@@ -212,11 +216,18 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
     settings = dict(settings or {})
     blank = _blank_generation_config()
     known = {name for name, _, _ in _UNSUPPORTED} | {"repetition_penalty"}  # checked below
+    hints = {"max_length": "give max_new_tokens instead",
+             "min_length": "not supported", "min_new_tokens": "not supported"}
+    for name in ("return_dict_in_generate", "output_scores", "output_logits",
+                 "output_attentions", "output_hidden_states"):
+        hints[name] = ("not supported: generate returns SpecOutput (.sequences, .stats); run "
+                       "target.generate for scores, logits or attentions")
     for name, value in settings.items():  # a setting no logits processor here would apply
         if name not in known and value != getattr(blank, name):
-            raise ValueError(f"{name}={value!r}: mmspec.generate does not apply this generation "
-                             f"setting (its output would differ from target.generate's); leave it "
-                             f"out or use target.generate")
+            why = hints.get(name, "mmspec.generate does not apply this generation setting (its "
+                                  "output would differ from target.generate's); leave it out or "
+                                  "use target.generate")
+            raise ValueError(f"{name}={value!r}: {why}")
 
     def resolve(name, value):
         if value is None:
@@ -343,6 +354,10 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             as in `target.generate`, a name the model does not take is an error, and so is a
             generation setting `generate` does not apply (`no_repeat_ngram_size=`, ...).
     """
+    if "generation_config" in model_kwargs:  # transformers' typo check named it a typo
+        raise ValueError("generation_config=: not taken; pass its settings as arguments "
+                         "(do_sample=, temperature=, top_k=, top_p=, repetition_penalty=, "
+                         "eos_token_id=) or set target.generation_config")
     engine_owned = sorted(set(model_kwargs) & _ENGINE_KWARGS)
     if engine_owned:
         raise ValueError(f"{', '.join(engine_owned)}: generate runs the target's cache, positions "

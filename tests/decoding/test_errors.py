@@ -161,7 +161,7 @@ def test_engine_owned_forward_arguments_are_refused(target):
     ({"encoder_repetition_penalty": 5.0}, r"encoder_repetition_penalty=5.0 changes the target"),
     ({"no_repeat_ngram_size": 1}, r"no_repeat_ngram_size=1 changes the target's distribution"),
     ({"num_return_sequences": 3}, r"num_return_sequences=3 changes the target's distribution"),
-    ({"output_scores": True}, r"output_scores=True: mmspec.generate does not apply this"),
+    ({"output_scores": True}, r"output_scores=True: not supported: generate returns SpecOutput"),
     ({"bogus_arg": 1}, r"model_kwargs` are not used by the model: \['bogus_arg'\]"),
 ])
 def test_generation_settings_and_typos_in_kwargs_are_refused(target, kwargs, message):
@@ -225,3 +225,22 @@ def test_a_numpy_int_max_new_tokens(target):
     np = pytest.importorskip("numpy")
     out = generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=np.int64(3))
     assert out.sequences.shape[1] == IDS.shape[1] + 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_length": 20}, "max_length=20: give max_new_tokens instead"),
+    ({"return_dict_in_generate": True}, "not supported: generate returns SpecOutput"),
+    ({"generation_config": None}, "generation_config=: not taken; pass its settings"),
+    ({"do_sample": True, "temperature": "0.7"}, "temperature must be a number, got '0.7'"),
+])
+def test_generate_arguments_of_target_generate_it_does_not_take(target, kwargs, message):
+    # each was refused with a misleading reason, a typo note or a TypeError
+    with pytest.raises(ValueError, match=message):
+        generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=3, **kwargs)
+
+
+def test_a_row_of_padding_only_is_named(target):
+    ids = torch.tensor([[0, 0, 0], [5, 6, 7]])
+    with pytest.raises(ValueError, match="attention_mask: row 0 has no real token"):
+        generate(target, ModelDrafter(tiny_llama(1)), ids, max_new_tokens=3,
+                 attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]]))
