@@ -6,7 +6,9 @@
 For prompt number i (one prompt per non-empty line; lines starting with '#' are skipped; a `.jsonl`
 file gives `{"prompt": ..., "image": path}` per line for image-to-video pipelines) it writes
 `DIR/{i:04d}.mp4`, `DIR/{i:04d}.png` (first frame) and `DIR/{i:04d}.json` (timings, density,
-settings). The JSON is written last, so a prompt with a JSON is finished and is skipped on rerun.
+settings; `step_seconds` has one entry per denoising-loop iteration, which asynchronous
+diffusion forcing runs more often than --steps). The JSON is written last, so a prompt with a
+JSON is finished and is skipped on rerun.
 Under `accelerate launch` the prompts are split across processes (`accelerate.PartialState`).
 The same seed gives the same initial noise with and without DraftAttention, so a dense and a sparse
 run can be compared frame by frame with `python -m mmspec.video_dit.compare`.
