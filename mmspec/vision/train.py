@@ -396,6 +396,9 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
         if world > 1:
             dist.barrier()
         start = _load_checkpoint(drafter, opt, sched, rng, out_dir)
+        if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
+            raise ValueError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
+                             f"--steps {cfg.steps}; give --steps >= {start} to continue it")
     else:
         start = 0
     losses = []
@@ -505,6 +508,13 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
                          f"{'; '.join(differ)}: resume it with the settings it was started with")
     drafter.load_state_dict(loaded.state_dict())
     state = torch.load(ckpt / "trainer.pt", weights_only=True)
+    saved_lr = state["scheduler"].get("base_lrs", [None])[0]
+    run_lr = sched.base_lrs[0]
+    if saved_lr is not None and not math.isclose(saved_lr, run_lr, rel_tol=1e-9):
+        # load_state_dict would quietly keep the saved one
+        raise ValueError(f"resume: the checkpoint in {ckpt} was trained with --lr {saved_lr:g}, "
+                         f"this run's is {run_lr:g}: resume it with the settings it was "
+                         f"started with")
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["sample_rng"])
@@ -588,14 +598,17 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="path or hub id of the target VLM")
     p.add_argument("--data", required=True, type=Path, help=".jsonl (image, prompt) or .pt samples")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path,
+                   help="folder for checkpoints, the answer cache and the drafter")
     p.add_argument("--drafter", help="start from this saved drafter: a ViSpec one as saved; a "
                    "text-only one (stage 1) keeps its head and gets a new adaptor, or stays "
                    "text-only with --text-only")
     p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
-    p.add_argument("--suffix", default=LONG_ANSWER, help="appended to every jsonl prompt")
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--suffix", default=LONG_ANSWER,
+                   help="appended to every jsonl prompt (default: %(default)r, ViSpec's long-answer "
+                        "request; '' for none)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None,
                    help="default: this process's GPU under accelerate launch, else cuda if "
@@ -605,7 +618,8 @@ def main(argv=None) -> None:
             p.add_argument("--warmup-steps", type=int, default=None,
                            help=f"linear warm-up steps (default: {f.default}, at most --steps)")
         elif f.name != "betas":
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                           help="default: %(default)s")
     args = p.parse_args(argv)
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
@@ -618,12 +632,25 @@ def main(argv=None) -> None:
         cfg = TrainConfig(**{f.name: getattr(args, f.name)
                              for f in dataclasses.fields(TrainConfig) if f.name != "betas"})
     except ValueError as err:  # "TrainConfig.lr must be ..." -> "--lr must be ..."
-        p.error(re.sub(r"TrainConfig\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
+        message = re.sub(r"TrainConfig\.(\w+)", lambda m: "--" + m[1].replace("_", "-"),
+                         str(err))
+        message = re.sub(r"\b(feature|tv|rank|ce)_weight\b", r"--\1-weight",
+                         message.replace("TrainConfig: ", ""))
+        p.error(message)
     from accelerate import PartialState
     from transformers import AutoModelForImageTextToText
 
     # under `accelerate launch` / torchrun this joins the process group that `train` uses
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as err:
+            p.error(f"--device {args.device}: {err}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            p.error(f"--device {args.device}: this torch sees no CUDA device")
     args.device = args.device or PartialState(cpu=not torch.cuda.is_available()).device
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file; give a folder")
     if not args.data.is_file():
         p.error(f"--data {args.data}: no such file")  # before a big target loads
     try:
@@ -650,7 +677,13 @@ def main(argv=None) -> None:
     else:
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
     drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
-    train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out, resume=args.resume)
+    try:
+        train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out,
+              resume=args.resume)
+    except (FileExistsError, ValueError) as err:  # --out holds a run; a resume that cannot be
+        if not str(err).startswith(("resume:", str(args.out))) and "exists" not in str(err):
+            raise
+        p.error(str(err))
 
 
 if __name__ == "__main__":

@@ -475,3 +475,37 @@ def test_train_refuses_what_is_not_a_sample(llava):
     with pytest.raises(ValueError, match=r"^held_out: expected a non-empty list .*got a dict"):
         train(_fresh(llava), llava, [{"input_ids": GOOD_IDS}], CFG,
               held_out={"input_ids": GOOD_IDS})
+
+
+def test_resume_refuses_a_checkpoint_past_the_steps_or_another_lr(tmp_path, llava, samples):
+    # --steps below the checkpoint's: nothing trained, and the checkpoint was rewritten as that
+    # step over the states of the later one; another --lr was silently replaced by the saved one
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 4})
+    train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path)
+    fewer = TrainConfig(**{**cfg.__dict__, "steps": 2})
+    with pytest.raises(ValueError, match=r"at step 4, past --steps 2; give --steps >= 4"):
+        train(_fresh(llava), llava, samples, fewer, out_dir=tmp_path, resume=True)
+    assert torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)["step"] == 4
+    other_lr = TrainConfig(**{**cfg.__dict__, "steps": 6, "lr": 1e-4})
+    with pytest.raises(ValueError, match=r"trained with --lr 0.003, this run's is 0.0001"):
+        train(_fresh(llava), llava, samples, other_lr, out_dir=tmp_path, resume=True)
+
+
+def test_command_line_mistakes_are_messages(cli_files, tmp_path, capsys):
+    # each was a traceback: a FileExistsError, AssertionError or RuntimeError
+    out = tmp_path / "file"
+    out.write_text("")
+    args = [*cli_files[:4], "--out", str(out), "--steps", "1"]
+    for argv, message in ((args, r"--out .*file is a file; give a folder"),
+                          ([*args, "--device", "nope"], r"--device nope: "),
+                          ([*args, "--device", "cuda"], r"--device cuda: this torch sees no "
+                                                        r"CUDA device")):
+        if "cuda" in argv and torch.cuda.is_available():
+            continue
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert re.search(f"error: {message}", capsys.readouterr().err), argv
+    with pytest.raises(SystemExit):
+        main([*cli_files[:4], "--out", str(tmp_path / "o"), "--tv-weight", "0",
+              "--feature-weight", "0", "--rank-weight", "0"])
+    assert "--feature-weight" in capsys.readouterr().err
