@@ -396,6 +396,11 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
         if world > 1:
             dist.barrier()
         start = _load_checkpoint(drafter, opt, sched, rng, out_dir)
+        saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
+        if start and not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
+            raise ValueError(f"resume: the checkpoint in {out_dir} was trained with --lr "
+                             f"{saved_lr:g}, this run's is {cfg.lr:g}: resume it with the "
+                             f"settings it was started with")
         if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
             raise ValueError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
                              f"--steps {cfg.steps}; give --steps >= {start} to continue it")
@@ -508,13 +513,6 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
                          f"{'; '.join(differ)}: resume it with the settings it was started with")
     drafter.load_state_dict(loaded.state_dict())
     state = torch.load(ckpt / "trainer.pt", weights_only=True)
-    saved_lr = state["scheduler"].get("base_lrs", [None])[0]
-    run_lr = sched.base_lrs[0]
-    if saved_lr is not None and not math.isclose(saved_lr, run_lr, rel_tol=1e-9):
-        # load_state_dict would quietly keep the saved one
-        raise ValueError(f"resume: the checkpoint in {ckpt} was trained with --lr {saved_lr:g}, "
-                         f"this run's is {run_lr:g}: resume it with the settings it was "
-                         f"started with")
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["sample_rng"])
@@ -606,8 +604,8 @@ def main(argv=None) -> None:
     p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
     p.add_argument("--suffix", default=LONG_ANSWER,
-                   help="appended to every jsonl prompt (default: %(default)r, ViSpec's long-answer "
-                        "request; '' for none)")
+                   help="appended to every jsonl prompt (default: %(default)r, ViSpec's "
+                        "long-answer request; '' for none)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None,
@@ -618,8 +616,8 @@ def main(argv=None) -> None:
             p.add_argument("--warmup-steps", type=int, default=None,
                            help=f"linear warm-up steps (default: {f.default}, at most --steps)")
         elif f.name != "betas":
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                           help="default: %(default)s")
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
+                           default=f.default, help="default: %(default)s")
     args = p.parse_args(argv)
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
