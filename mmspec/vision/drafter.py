@@ -18,6 +18,8 @@ images, no forked modeling code.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -124,14 +126,37 @@ class ViSpecDrafter(nn.Module):
         unknown = set(tree) - {"depth", "top_k", "total_tokens"}
         if unknown:
             raise TypeError(f"tree overrides are depth, top_k and total_tokens, got {sorted(unknown)}")
-        config = ViSpecConfig(**{**json.loads((path / CONFIG_NAME).read_text()), **tree})
+        try:
+            fields = json.loads((path / CONFIG_NAME).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"path: {path / CONFIG_NAME} is not JSON ({err})") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"path: {path / CONFIG_NAME} is not a ViSpec config (a JSON "
+                             f"object of its fields)")
+        extra = sorted(set(fields) - {f.name for f in dataclasses.fields(ViSpecConfig)})
+        if extra:
+            raise ValueError(f"path: {path / CONFIG_NAME} has fields a ViSpec config does not: "
+                             f"{extra}")
+        config = ViSpecConfig(**{**fields, **tree})
         why = signature_mismatch(config.target, target)
         if why:
             raise ValueError(f"target: the drafter in {path} was saved for a "
                              f"{config.target.get('class')} ({config.target.get('name_or_path')!r}) "
                              f"and does not match this target ({why})")
         drafter = cls(config, target)
-        drafter.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
+        weights = path / WEIGHTS_NAME
+        if not weights.is_file():
+            raise FileNotFoundError(f"path: no {WEIGHTS_NAME} in {path}")
+        try:
+            state = load_file(str(weights))
+        except Exception as err:  # noqa: BLE001 (safetensors raises its own error type)
+            raise ValueError(f"path: {weights} is not a safetensors file ({err})") from None
+        try:
+            drafter.load_state_dict(state)
+        except RuntimeError as err:  # e.g. text_only=true over ViSpec weights
+            first = str(err).strip().splitlines()[0]
+            raise ValueError(f"path: the weights in {weights} do not fit the drafter its "
+                             f"{CONFIG_NAME} describes ({first})") from None
         weight = drafter.adapter.embed_weight
         return drafter.to(device=weight.device, dtype=weight.dtype if dtype is None else dtype)
 

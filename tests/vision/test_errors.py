@@ -72,6 +72,32 @@ def test_missing_checkpoint(tmp_path, llava):
         ViSpecDrafter.from_pretrained(tmp_path, llava)
 
 
+def test_broken_checkpoint_files_are_named(tmp_path, llava):
+    # each came out as the parser's or loader's own error, without the file
+    import json
+
+    ViSpecDrafter.from_target(llava).save_pretrained(tmp_path)
+    config = tmp_path / "vispec_config.json"
+    good = config.read_text()
+    for text, message in (("{not json", r"vispec_config.json is not JSON"),
+                          ("[1, 2]", r"is not a ViSpec config \(a JSON object"),
+                          (json.dumps({**json.loads(good), "extra": 1}),
+                           r"has fields a ViSpec config does not: \['extra'\]"),
+                          (json.dumps({**json.loads(good), "text_only": True}),
+                           r"weights in .*model.safetensors do not fit the drafter its "
+                           r"vispec_config.json describes")):
+        config.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            ViSpecDrafter.from_pretrained(tmp_path, llava)
+    config.write_text(good)
+    (tmp_path / "model.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match=r"model.safetensors is not a safetensors file"):
+        ViSpecDrafter.from_pretrained(tmp_path, llava)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="path: no model.safetensors in"):
+        ViSpecDrafter.from_pretrained(tmp_path, llava)
+
+
 @pytest.mark.parametrize("field, value, match", [
     ("depth", 0, r"ViSpecConfig.depth must be an int >= 1, got 0"),
     ("total_tokens", 1, r"total_tokens must be an int >= 2 \(the root and at least one"),
