@@ -11,6 +11,7 @@ __all__ = [
     "NaiveDiffusionDrafter",
     "PromptLookupDrafter",
     "SpecOutput",
+    "ViSpecDrafter",
     "generate",
 ]
 # issue 5, in decoding/drafters
@@ -23,8 +24,17 @@ def __getattr__(name):
         from .decoding import drafters
 
         return getattr(drafters, name)
+    if name == "ViSpecDrafter":  # issue 6, in vision/
+        from .vision import ViSpecDrafter
+
+        return ViSpecDrafter
     if name in __all__:
         from . import decoding
 
         return getattr(decoding, name)
     raise AttributeError(f"module 'mmspec' has no attribute {name!r}")
+
+
+def __dir__():
+    # the lazy names too (tab completion)
+    return sorted(set(globals()) | set(__all__))
