@@ -397,6 +397,30 @@ def test_tiny_hunyuan_video15_pipeline_with_padded_text(image_to_video):
 
 
 @torch.no_grad()
+def test_tiny_cogvideox_image_to_video_pipeline():
+    # CogVideoXImageToVideoPipeline: the image latents concatenated as channels, CFG as one
+    # batch of 2, text before the video in joint attention
+    import numpy as np
+    import PIL.Image
+
+    from .tiny import tiny_cogvideox_pipeline
+
+    pipe = tiny_cogvideox_pipeline(image_to_video=True)
+    pipe.set_progress_bar_config(disable=True)
+    pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    call = {"image": PIL.Image.fromarray(pixels), "prompt": "a red cat", "negative_prompt": "blue",
+            "height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 3,
+            "guidance_scale": 6.0, "max_sequence_length": 8, "output_type": "np"}
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
+                                            dense_steps=1, dense_layers=0)
+    assert outs[0].shape == dense.shape and dense.std() > 0
+    assert abs(outs[0] - dense).max() < 1e-4
+    assert abs(outs[1] - dense).max() > 1e-3
+    # 8 video tiles at density 0.5 plus 2 dense text blocks: (32 + 100 - 64) / 100
+    assert state.density_by_step() == pytest.approx({0: 1.0, 1: 0.68, 2: 0.68})
+
+
+@torch.no_grad()
 def test_on_draft_map_hands_over_the_map_that_chose_the_blocks():
     from mmspec.video_dit.draft_map import select_blocks
 

@@ -118,10 +118,16 @@ def tiny_wan_i2v_pipeline(seed: int = 0, expand_timesteps: bool = False):
                                    expand_timesteps=expand_timesteps)
 
 
-def tiny_cogvideox_pipeline(seed: int = 0):
+def tiny_cogvideox_pipeline(seed: int = 0, image_to_video: bool = False):
     """CogVideoXPipeline: tiny T5 encoder, tiny VAE, and a transformer whose latent frames are
-    2 x 4 x 4 tokens (height = width = 64, 5 frames)."""
-    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
+    2 x 4 x 4 tokens (height = width = 64, 5 frames). `image_to_video`:
+    CogVideoXImageToVideoPipeline, the image latents concatenated (4 + 4 channels)."""
+    from diffusers import (
+        AutoencoderKLCogVideoX,
+        CogVideoXDDIMScheduler,
+        CogVideoXImageToVideoPipeline,
+        CogVideoXPipeline,
+    )
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
@@ -135,13 +141,14 @@ def tiny_cogvideox_pipeline(seed: int = 0):
         latent_channels=4, layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
     ).eval()
     transformer = CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-        time_embed_dim=4, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
-        sample_frames=5, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=8,
-        use_rotary_positional_embeddings=True,
+        num_attention_heads=2, attention_head_dim=16, in_channels=8 if image_to_video else 4,
+        out_channels=4, time_embed_dim=4, text_embed_dim=16, num_layers=2, sample_width=8,
+        sample_height=8, sample_frames=5, patch_size=2, temporal_compression_ratio=4,
+        max_text_seq_length=8, use_rotary_positional_embeddings=True,
     ).eval()
-    return CogVideoXPipeline(tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
-                             transformer=transformer, scheduler=CogVideoXDDIMScheduler())
+    cls = CogVideoXImageToVideoPipeline if image_to_video else CogVideoXPipeline
+    return cls(tokenizer=tiny_tokenizer(), text_encoder=text_encoder, vae=vae,
+               transformer=transformer, scheduler=CogVideoXDDIMScheduler())
 
 
 def tiny_skyreels_pipeline(diffusion_forcing: bool = False, seed: int = 0):
