@@ -150,7 +150,7 @@ def _attends(attention_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 class _LastCombined(threading.local):
     """Per sliding window (None: full layers), the last `_hide_hidden_keys` call: weak references
-    to its two masks and its result. Every layer of a forward passes the same two masks, so the
+    to its two masks, its result and the masks' version counters. Every layer of a forward passes the same two masks, so the
     combination is built once per forward, not per layer (~1.5 ms each on a CPU)."""
 
     def __init__(self):
@@ -165,8 +165,10 @@ def _hide_hidden_keys(mask: BlockSparseMask, attention_mask: torch.Tensor,
     """`mask` without the keys that `attention_mask` hides from every query (padding, holes);
     on a sliding-window layer only among the keys inside the last query's window (see the module
     docstring)."""
+    versions = _versions(mask, attention_mask)  # an in-place edit is another mask
     last = _LAST_COMBINED.by_window.get(window)
-    if last is not None and last[0]() is mask and last[1]() is attention_mask:
+    if (versions is not None and last is not None and last[0]() is mask
+            and last[1]() is attention_mask and last[3] == versions):
         return last[2]
     kv_len = mask.kv_len
     hidden = ~_attends(attention_mask, kv_len).any(-2, keepdim=True)  # [B, 1|H, 1, kv_len]
@@ -178,8 +180,21 @@ def _hide_hidden_keys(mask: BlockSparseMask, attention_mask: torch.Tensor,
         # the engine's masks already hide them (`verify_mask`): skip the rebuild (~0.4 ms)
         if (dense & hidden).any():
             combined = BlockSparseMask.from_token_mask(dense & ~hidden, mask.block_size)
-    _LAST_COMBINED.by_window[window] = (weakref.ref(mask), weakref.ref(attention_mask), combined)
+    if versions is not None:
+        _LAST_COMBINED.by_window[window] = (weakref.ref(mask), weakref.ref(attention_mask),
+                                            combined, versions)
     return combined
+
+
+def _versions(mask: BlockSparseMask, attention_mask: torch.Tensor):
+    """The version counters of both masks' tensors, or None where there are none to trust
+    (inference tensors, tracing): then nothing is cached. Found in a trial: a 4-D mask edited in
+    place between two forwards was answered with the combination of its old contents."""
+    tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks,
+               mask.full_kv_indices, mask.partial_masks, attention_mask)
+    if torch.compiler.is_compiling() or any(t.is_inference() for t in tensors):
+        return None
+    return tuple(t._version for t in tensors)
 
 
 def register_hf_attention() -> str:

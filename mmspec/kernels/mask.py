@@ -424,6 +424,12 @@ class BlockSparseMask:
         )
 
     def to(self, device) -> "BlockSparseMask":
+        """The mask on `device` (a mask has no dtype to change: its indices stay int32 and its
+        element masks bool)."""
+        if isinstance(device, torch.dtype) or not isinstance(device, (str, int, torch.device)):
+            raise TypeError(f"BlockSparseMask.to takes a device (e.g. 'cuda' or q.device), got "
+                            f"{device!r}")
+        device = torch.device(device)  # a bad name fails here, not in the first tensor's .to
         # already checked: no re-validation (device syncs on a GPU; `.item()` fails on "meta")
         return BlockSparseMask._unchecked(
             self.kv_num_blocks.to(device),

@@ -187,3 +187,23 @@ def test_a_window_wider_than_the_keys_changes_nothing():
         model.set_attn_implementation(register_hf_attention())
         out = model(ids, block_sparse_mask=causal_block_mask(24, 24, 16)).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_masks_edited_in_place_are_seen(llama):
+    # the combination of the two masks is kept between layers: it was also kept when the same
+    # tensors came back edited in place, and the old contents answered
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(3))
+    block = causal_block_mask(20, 20, 16)
+    keys = torch.ones(1, 1, 20, 20, dtype=torch.bool).tril()
+    with torch.no_grad():
+        llama(ids, attention_mask=keys, block_sparse_mask=block)
+        keys[..., :3] = False  # hide keys 0-2 from every query
+        edited = llama(ids, attention_mask=keys, block_sparse_mask=block).logits
+        fresh = llama(ids, attention_mask=keys.clone(), block_sparse_mask=block).logits
+        torch.testing.assert_close(edited, fresh)
+        block.partial_masks[..., :, :5] = False  # and the block mask's own elements
+        edited = llama(ids, attention_mask=keys, block_sparse_mask=block).logits
+        fresh = llama(ids, attention_mask=keys.clone(),
+                      block_sparse_mask=BlockSparseMask.from_token_mask(
+                          block.to_dense().clone(), block.block_size)).logits
+        torch.testing.assert_close(edited, fresh)

@@ -262,3 +262,13 @@ def test_to_moves_without_revalidating():
     assert meta.device.type == "meta" and meta.shape == mask.shape
     assert meta.block_size == mask.block_size
     assert torch.equal(mask.to("cpu").to_dense(), mask.to_dense())
+
+
+def test_to_takes_a_device_only():
+    # mask.to(torch.float16) cast the int32 indices and bool masks, and attention then failed
+    # with "Index put requires the source and destination dtypes match"
+    mask = causal_block_mask(40, 40, 16)
+    for bad in (torch.float16, 3.0):
+        with pytest.raises(TypeError, match=r"BlockSparseMask.to takes a device .*, got"):
+            mask.to(bad)
+    assert mask.to(torch.device("cpu")).kv_indices.dtype == mask.kv_indices.dtype
