@@ -150,8 +150,9 @@ def _attends(attention_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 class _LastCombined(threading.local):
     """Per sliding window (None: full layers), the last `_hide_hidden_keys` call: weak references
-    to its two masks, its result and the masks' version counters. Every layer of a forward passes the same two masks, so the
-    combination is built once per forward, not per layer (~1.5 ms each on a CPU)."""
+    to its two masks, its result and the masks' version counters. Every layer of a forward
+    passes the same two masks, so the combination is built once per forward, not per layer
+    (~1.5 ms each on a CPU)."""
 
     def __init__(self):
         self.by_window = {}
