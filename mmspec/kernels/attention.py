@@ -87,12 +87,27 @@ def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num
 _LIB.impl("block_sparse_attention", _block_sparse_attention_impl, "CompositeExplicitAutograd")
 
 
+_NO_BACKWARD = ("block_sparse_attention is forward-only (inference: speculative verification, "
+                "DraftAttention sampling) and has no backward; run it under torch.no_grad(), or "
+                "train with dense attention")
+# the backward is an op that raises when it runs, not when it is traced: torch.compile traces
+# the backward of a call whose inputs require grad (model parameters outside no_grad), and a
+# backward that raised at once failed the compilation of a forward that eager mode runs
+_LIB.define("forward_only_grad(Tensor grad) -> Tensor")
+
+
+def _forward_only_grad(grad):
+    raise NotImplementedError(_NO_BACKWARD)
+
+
+_LIB.impl("forward_only_grad", _forward_only_grad, "CompositeExplicitAutograd")
+torch.library.register_fake("mmspec::forward_only_grad", lambda grad: torch.empty_like(grad),
+                            lib=_LIB)
+
+
 def _backward(ctx, grad_out, grad_lse):
     # without this every backend path did something else: gradients, None, or an in-place error
-    raise NotImplementedError(
-        "block_sparse_attention is forward-only (inference: speculative verification, "
-        "DraftAttention sampling) and has no backward; run it under torch.no_grad(), or train "
-        "with dense attention")
+    return (torch.ops.mmspec.forward_only_grad(grad_out),) + (None,) * 12
 
 
 torch.library.register_autograd("mmspec::block_sparse_attention", _backward, lib=_LIB)
