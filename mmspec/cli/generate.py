@@ -166,7 +166,11 @@ def _load_path_target(args):
                          f"tokenizer files?)")
     with load_errors("--target", args.target, "a causal LM"):
         config = transformers.AutoConfig.from_pretrained(args.target)
-    if getattr(config, "vision_config", None) is not None:  # a VLM: its CausalLM class is none
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    # a VLM that AutoModelForCausalLM cannot load (LLaVA, Qwen2.5-VL; Gemma 3 it can)
+    if (getattr(config, "vision_config", None) is not None
+            and type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING):
         raise SystemExit(f"--target {args.target} is a vision-language model "
                          f"({type(config).__name__}): pass --image")
     with load_errors("--target", args.target, "a causal LM"):

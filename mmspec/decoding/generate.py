@@ -136,15 +136,21 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
     target_vocab = vocab_size(target)
     match_width = getattr(drafter, "match_target_width", None)
     # one tokenizer family pads its output layers differently (Qwen2.5-0.5B: 151936 rows,
-    # Qwen2.5-7B: 152064): widths within 1% are padding, which a ModelDrafter cuts or fills
+    # Qwen2.5-7B: 152064): widths within 1% of each other, both padded to multiples of 64, are
+    # padding, which a ModelDrafter cuts or fills (GPT-2's 50257 beside Pythia's 50304 is not)
     padded = (drafter_vocab is not None and match_width is not None
-              and abs(drafter_vocab - target_vocab) <= 0.01 * target_vocab)
+              and abs(drafter_vocab - target_vocab) <= 0.01 * target_vocab
+              and drafter_vocab % 64 == 0 and target_vocab % 64 == 0)
+    if padded and getattr(drafter, "top_k", 1) > target_vocab:
+        raise ValueError(f"top_k ({drafter.top_k}) must be at most the target's vocabulary "
+                         f"({target_vocab} tokens)")
     if match_width is not None:
         match_width(target_vocab if padded else None)
     if drafter_vocab is not None and drafter_vocab != target_vocab and not padded:
         raise ValueError(f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
                          f"({target_vocab} tokens); target and drafter must share a tokenizer "
-                         f"and an output vocabulary (widths within 1% are taken as padding)")
+                         f"and an output vocabulary (widths within 1%, both multiples of 64, "
+                         f"are taken as padding)")
 
 
 # generation-config settings whose logits processors `generate` does not apply: refused, so that
@@ -216,10 +222,9 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
     settings = dict(settings or {})
     blank = _blank_generation_config()
     known = {name for name, _, _ in _UNSUPPORTED} | {"repetition_penalty"}  # checked below
-    hints = {"max_length": "give max_new_tokens instead",
-             "min_length": "not supported", "min_new_tokens": "not supported"}
+    hints = {"max_length": "give max_new_tokens instead"}
     for name in ("return_dict_in_generate", "output_scores", "output_logits",
-                 "output_attentions", "output_hidden_states"):
+                 "output_attentions"):
         hints[name] = ("not supported: generate returns SpecOutput (.sequences, .stats); run "
                        "target.generate for scores, logits or attentions")
     for name, value in settings.items():  # a setting no logits processor here would apply

@@ -10,6 +10,8 @@ greedy decoding too; in a draft tree each node's logits see the ids of its own p
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 
 import torch
@@ -29,14 +31,14 @@ class SamplingConfig:
                                     or not penalty > 0):
             raise ValueError(f"repetition_penalty must be a number > 0, got {penalty!r}")
         temperature = self.temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
             raise ValueError(f"temperature must be a number, got {temperature!r}")
         if self.do_sample and not temperature > 0:
             raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k must be None or an int >= 1, got {self.top_k!r}")
         if self.top_p is not None and (isinstance(self.top_p, bool)
-                                       or not isinstance(self.top_p, (int, float))
+                                       or not isinstance(self.top_p, numbers.Real)
                                        or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
 

@@ -93,24 +93,32 @@ _NO_BACKWARD = ("block_sparse_attention is forward-only (inference: speculative 
 # the backward is an op that raises when it runs, not when it is traced: torch.compile traces
 # the backward of a call whose inputs require grad (model parameters outside no_grad), and a
 # backward that raised at once failed the compilation of a forward that eager mode runs
-_LIB.define("forward_only_grad(Tensor grad) -> Tensor")
+_LIB.define("no_backward(Tensor grad, Tensor like) -> Tensor")
 
 
-def _forward_only_grad(grad):
+def _no_backward(grad, like):
     raise NotImplementedError(_NO_BACKWARD)
 
 
-_LIB.impl("forward_only_grad", _forward_only_grad, "CompositeExplicitAutograd")
-torch.library.register_fake("mmspec::forward_only_grad", lambda grad: torch.empty_like(grad),
-                            lib=_LIB)
+_LIB.impl("no_backward", _no_backward, "CompositeExplicitAutograd")
+torch.library.register_fake("mmspec::no_backward",
+                            lambda grad, like: torch.empty_like(like), lib=_LIB)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.shapes = inputs[:3]  # q, k, v: each gets a gradient node that raises
 
 
 def _backward(ctx, grad_out, grad_lse):
-    # without this every backend path did something else: gradients, None, or an in-place error
-    return (torch.ops.mmspec.forward_only_grad(grad_out),) + (None,) * 12
+    # without this every backend path did something else: gradients, None, or an in-place error;
+    # a node per input, so that compiling keeps one whichever of q, k and v needs a gradient
+    # (with q's alone, a k- or v-only backward was dropped as unused and ran without gradients)
+    grads = tuple(torch.ops.mmspec.no_backward(grad_out, x) for x in ctx.shapes)
+    return grads + (None,) * 10
 
 
-torch.library.register_autograd("mmspec::block_sparse_attention", _backward, lib=_LIB)
+torch.library.register_autograd("mmspec::block_sparse_attention", _backward,
+                                setup_context=_setup_context, lib=_LIB)
 
 
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)

@@ -122,6 +122,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
 def read_jobs(path: Path) -> list[dict]:
     """`[{"prompt": str, "image": path or None}]` from `--prompts`.
 
@@ -140,7 +147,7 @@ def read_jobs(path: Path) -> list[dict]:
     if not lines:
         raise ValueError(f"--prompts: {path} holds no prompt (blank lines and '#' lines are skipped)")
     if path.suffix.lower() != ".jsonl":
-        if path.suffix.lower() == ".json" or all(line.startswith("{") for _, line in lines):
+        if path.suffix.lower() == ".json" or all(_is_json_object(line) for _, line in lines):
             raise ValueError(f"--prompts: {path} looks like JSON; name it .jsonl (one "
                              f"{{\"prompt\": ..., \"image\": ...}} object a line) or give "
                              f"plain text, one prompt a line")
@@ -308,6 +315,7 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
     transformer = getattr(pipe, "transformer", None)
     hook = transformer.register_forward_pre_hook(on_first_forward) if transformer else None
     scheduler = getattr(pipe, "scheduler", None)
+    wrapped = False
     if "callback_on_step_end" in takes:
         call["callback_on_step_end"] = on_step_end
     elif scheduler is not None:
@@ -319,6 +327,7 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
             return out
 
         scheduler.step = step
+        wrapped = True
     if state is not None:
         state.reset()
     _sync(device)
@@ -328,7 +337,7 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
     finally:
         if hook is not None:
             hook.remove()
-        if "step" in vars(scheduler or object()):
+        if wrapped:
             del scheduler.step
     _sync(device)
     seconds = time.perf_counter() - start

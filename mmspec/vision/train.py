@@ -500,7 +500,10 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
     ckpt = _checkpoint_dirs(out_dir)[0]
     if not (ckpt / "trainer.pt").is_file():
         return 0
-    loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
+    try:
+        loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
+    except (FileNotFoundError, ValueError) as err:  # its "path:"/"target:" name no flag here
+        raise ValueError(f"resume: the checkpoint in {ckpt} does not load: {err}") from None
     saved, now = dataclasses.asdict(loaded.config), dataclasses.asdict(drafter.config)
     def shown(k, value):
         return f"{k}={value!r}" + (" (--text-only)" if k == "text_only" and value else "")
@@ -679,7 +682,9 @@ def main(argv=None) -> None:
         train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out,
               resume=args.resume)
     except (FileExistsError, ValueError) as err:  # --out holds a run; a resume that cannot be
-        if not str(err).startswith(("resume:", str(args.out))) and "exists" not in str(err):
+        ours = (str(err).startswith("resume:") if isinstance(err, ValueError)
+                else "pass --resume" in str(err))  # refuse_to_overwrite's
+        if not ours:
             raise
         p.error(str(err))
 

@@ -158,7 +158,7 @@ def test_model_drafter_sample_follows_the_calls_warping():
         ModelDrafter(tiny_llama(0), 4, temperature=0.5, sample=True)
 
 
-@pytest.mark.parametrize("drafter_rows, target_rows", [(1000, 1008), (1008, 1000)])
+@pytest.mark.parametrize("drafter_rows, target_rows", [(6400, 6464), (6464, 6400)])
 @pytest.mark.parametrize("kind", ["chain", "tree", "sampled chain"])
 def test_model_drafter_with_an_output_layer_of_another_width(drafter_rows, target_rows, kind):
     # one tokenizer, output layers padded differently (Qwen2.5-0.5B drafting for Qwen2.5-7B:
@@ -185,5 +185,8 @@ def test_model_drafter_with_an_output_layer_of_another_width(drafter_rows, targe
                                   max_new_tokens=16)
         assert torch.equal(out.sequences, ref)
         assert out.stats.mean_accepted > 2  # its own weights: most drafts are accepted
-    with pytest.raises(ValueError, match=r"drafter vocabulary \(900 tokens\).*within 1%"):
-        generate(target, ModelDrafter(tiny_llama(1, vocab=900)), ids, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"drafter vocabulary \(6000 tokens\).*within 1%"):
+        generate(target, ModelDrafter(tiny_llama(1, vocab=6000)), ids, max_new_tokens=2)
+    # within 1% but not padded to 64 (GPT-2's 50257 beside Pythia's 50304): other tokenizers
+    with pytest.raises(ValueError, match=r"drafter vocabulary \(6401 tokens\)"):
+        generate(target, ModelDrafter(tiny_llama(1, vocab=6401)), ids, max_new_tokens=2)

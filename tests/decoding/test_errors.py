@@ -244,3 +244,10 @@ def test_a_row_of_padding_only_is_named(target):
     with pytest.raises(ValueError, match="attention_mask: row 0 has no real token"):
         generate(target, ModelDrafter(tiny_llama(1)), ids, max_new_tokens=3,
                  attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]]))
+
+
+def test_numpy_sampling_numbers(target):
+    np = pytest.importorskip("numpy")
+    out = generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=3, do_sample=True,
+                   temperature=np.float32(0.7), top_p=np.float32(0.9))
+    assert out.sequences.shape[1] == IDS.shape[1] + 3

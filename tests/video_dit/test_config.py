@@ -44,3 +44,5 @@ def test_numpy_scalars_are_numbers():
     assert (cfg.sparsity, cfg.dense_steps, cfg.dense_layers) == (0.5, 3, 2)
     assert type(cfg.sparsity) is float and type(cfg.dense_steps) is int
     assert DraftAttentionConfig(dense_steps=np.float64(0.25)).dense_step_count(8) == 2
+    # float32's 0.3 is 0.30000001: 3 of 10 steps, not 4
+    assert DraftAttentionConfig(dense_steps=np.float32(0.3)).dense_step_count(10) == 3

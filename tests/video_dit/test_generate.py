@@ -310,6 +310,10 @@ def test_prompt_files_a_user_might_give(tmp_path):
             generate.read_jobs(tmp_path / name)
     with pytest.raises(ValueError, match="is a folder; give a text or .jsonl file"):
         generate.read_jobs(tmp_path)
+    braces = tmp_path / "styles.txt"  # prompts that start with a brace are still prompts
+    braces.write_text("{cinematic} a dog\n{anime} a cat\n")
+    assert [j["prompt"] for j in generate.read_jobs(braces)] == ["{cinematic} a dog",
+                                                                  "{anime} a cat"]
 
 
 def test_run_time_mistakes_are_named(model_dir, tmp_path):
