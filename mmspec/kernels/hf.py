@@ -189,8 +189,10 @@ def _hide_hidden_keys(mask: BlockSparseMask, attention_mask: torch.Tensor,
 
 def _versions(mask: BlockSparseMask, attention_mask: torch.Tensor):
     """The version counters of both masks' tensors, or None where there are none to trust
-    (inference tensors, tracing): then nothing is cached. Found in a trial: a 4-D mask edited in
-    place between two forwards was answered with the combination of its old contents."""
+    (inference tensors, tracing): then nothing is cached, and under `torch.inference_mode` the
+    combination is rebuilt in every layer (`mmspec.generate` runs under `no_grad`, where it is
+    kept). Found in a trial: a 4-D mask edited in place between two forwards was answered with
+    the combination of its old contents."""
     tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks,
                mask.full_kv_indices, mask.partial_masks, attention_mask)
     if torch.compiler.is_compiling() or any(t.is_inference() for t in tensors):
