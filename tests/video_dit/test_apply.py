@@ -175,15 +175,23 @@ def test_tiny_skyreels_diffusion_forcing_pipeline_end_to_end(run):
     assert abs(outs[1] - dense).max() > 1e-3
 
 
+@pytest.mark.parametrize("image_to_video", [False, True])
 @torch.no_grad()
-def test_tiny_skyreels_pipeline_end_to_end():
-    # SkyReelsV2Pipeline (no diffusion forcing): Wan's layout, no mask, CFG as two forwards
+def test_tiny_skyreels_pipeline_end_to_end(image_to_video):
+    # SkyReelsV2Pipeline (no diffusion forcing): Wan's layout, no mask, CFG as two forwards;
+    # SkyReelsV2ImageToVideoPipeline adds CLIP image tokens to the cross-attention
     from .tiny import tiny_skyreels_pipeline
 
-    pipe = tiny_skyreels_pipeline(diffusion_forcing=False)
+    pipe = tiny_skyreels_pipeline(diffusion_forcing=False, image_to_video=image_to_video)
     call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
             "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
             "max_sequence_length": 8, "output_type": "np"}
+    if image_to_video:
+        import numpy as np
+        import PIL.Image
+
+        pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+        call["image"] = PIL.Image.fromarray(pixels)
     dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
                                             dense_steps=1, dense_layers=0)
     assert outs[0].shape == dense.shape == (1, 5, 64, 64, 3)

@@ -151,21 +151,43 @@ def tiny_cogvideox_pipeline(seed: int = 0, image_to_video: bool = False):
                transformer=transformer, scheduler=CogVideoXDDIMScheduler())
 
 
-def tiny_skyreels_pipeline(diffusion_forcing: bool = False, seed: int = 0):
+def tiny_skyreels_pipeline(diffusion_forcing: bool = False, seed: int = 0,
+                           image_to_video: bool = False):
     """SkyReelsV2Pipeline, or SkyReelsV2DiffusionForcingPipeline (which sets the transformer's
-    num_frame_per_block to its causal_block_size), on the tiny Wan parts."""
+    num_frame_per_block to its causal_block_size), on the tiny Wan parts. `image_to_video`:
+    SkyReelsV2ImageToVideoPipeline, with a tiny CLIP image encoder (its tokens go to the
+    cross-attention) and the first frame's latents concatenated (4 + 4 + 4 channels)."""
     from diffusers import (
         SkyReelsV2DiffusionForcingPipeline,
+        SkyReelsV2ImageToVideoPipeline,
         SkyReelsV2Pipeline,
+        SkyReelsV2Transformer3DModel,
         UniPCMultistepScheduler,
     )
 
     base = tiny_wan_pipeline(seed)
-    cls = SkyReelsV2DiffusionForcingPipeline if diffusion_forcing else SkyReelsV2Pipeline
-    pipe = cls(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
-               scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction",
-                                                 use_flow_sigmas=True, flow_shift=8.0),
-               transformer=tiny_skyreels(seed=seed))
+    parts = {"tokenizer": base.tokenizer, "text_encoder": base.text_encoder, "vae": base.vae,
+             "scheduler": UniPCMultistepScheduler(prediction_type="flow_prediction",
+                                                  use_flow_sigmas=True, flow_shift=8.0)}
+    if image_to_video:
+        from transformers import (
+            CLIPImageProcessor,
+            CLIPVisionConfig,
+            CLIPVisionModelWithProjection,
+        )
+
+        torch.manual_seed(seed)
+        clip = CLIPVisionModelWithProjection(CLIPVisionConfig(
+            hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+            image_size=32, patch_size=8, projection_dim=8)).eval()
+        transformer = SkyReelsV2Transformer3DModel(**{**WAN_TINY, "in_channels": 12},
+                                                   num_layers=2, image_dim=8).eval()
+        pipe = SkyReelsV2ImageToVideoPipeline(
+            **parts, image_encoder=clip, transformer=transformer,
+            image_processor=CLIPImageProcessor(crop_size=32, size={"shortest_edge": 32}))
+    else:
+        cls = SkyReelsV2DiffusionForcingPipeline if diffusion_forcing else SkyReelsV2Pipeline
+        pipe = cls(**parts, transformer=tiny_skyreels(seed=seed))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
