@@ -44,6 +44,7 @@ from benchmarks.report import markdown_table, timed, write_section
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.video_dit import draft_attention, tile_layout
 from mmspec.video_dit.draft_map import block_budget, draft_probs, pool_tiles, select_blocks
+from mmspec.video_dit.generate import check_compile_backend
 
 
 # ------------------------------------------------------------------------------ 1 and 3: timing
@@ -586,6 +587,16 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
 # --------------------------------------------------------------------------------------- main
 
 
+def _sizes(text: str, n: int) -> list[tuple[int, ...]] | None:
+    """'21x30x52,21x45x80' -> [(21, 30, 52), (21, 45, 80)] for n = 3; None unless every item is
+    n positive ints joined by 'x' (empty items are skipped)."""
+    try:
+        sizes = [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]
+    except ValueError:
+        return None
+    return None if any(len(s) != n or min(s) < 1 for s in sizes) else sizes
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
@@ -641,11 +652,8 @@ def main() -> None:
                           "sharpness of the synthetic heads", body)
         return
     if args.tiles:
-        try:
-            tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
-        except ValueError:
-            tiles = [()]
-        if not tiles or any(len(t) != 2 or min(t) < 1 for t in tiles):
+        tiles = _sizes(args.tiles, 2)
+        if not tiles:
             p.error(f"--tiles takes THxTW sizes joined by commas, e.g. 8x16,8x8; got "
                     f"{args.tiles!r}")
         device = "cuda" if torch.cuda.is_available() else "cpu"  # the speed columns
@@ -670,21 +678,12 @@ def main() -> None:
     if args.gpu_only:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             p.error("--gpu-only on cuda needs a CUDA device; none is visible")
-        if args.compile is not None:
-            from torch._dynamo import list_backends
-
-            backends = list_backends(exclude_tags=())
-            if args.compile not in backends:  # before minutes of device time, not after
-                p.error(f"--compile takes a torch.compile backend ({', '.join(backends)}), got "
-                        f"{args.compile!r}")
+        check_compile_backend(p, args.compile)  # before minutes of device time, not after
         grids = {}
         for flag in ("extra_grids", "cogvideox_grids"):
             text = getattr(args, flag)
-            try:
-                grids[flag] = [tuple(int(x) for x in g.split("x")) for g in text.split(",") if g]
-            except ValueError:
-                grids[flag] = [()]
-            if any(len(g) != 3 or min(g) < 1 for g in grids[flag]):
+            grids[flag] = _sizes(text, 3)
+            if grids[flag] is None:
                 p.error(f"--{flag.replace('_', '-')} takes TxHxW grids of positive ints joined "
                         f"by commas, e.g. 21x30x52,21x45x80; got {text!r}")
         body = gpu_report(args.device, big_grid, tile, args.quick, grids["extra_grids"],

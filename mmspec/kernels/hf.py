@@ -193,11 +193,10 @@ def _versions(mask: BlockSparseMask, attention_mask: torch.Tensor):
     combination is rebuilt in every layer (`mmspec.generate` runs under `no_grad`, where it is
     kept). Found in a trial: a 4-D mask edited in place between two forwards was answered with
     the combination of its old contents."""
-    tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks,
-               mask.full_kv_indices, mask.partial_masks, attention_mask)
-    if torch.compiler.is_compiling() or any(t.is_inference() for t in tensors):
+    versions = mask.versions()
+    if versions is None or attention_mask.is_inference():
         return None
-    return tuple(t._version for t in tensors)
+    return versions + (attention_mask._version,)
 
 
 def register_hf_attention() -> str:

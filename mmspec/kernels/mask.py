@@ -343,6 +343,18 @@ class BlockSparseMask:
             out.scatter_(-1, slot, code)
         return out[..., :-1]
 
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+                self.full_kv_indices, self.partial_masks)
+
+    def versions(self) -> tuple[int, ...] | None:
+        """The version counters of the mask's tensors (an in-place edit changes them), or None
+        where there are none to trust: inference tensors, or tracing under torch.compile."""
+        tensors = self._tensors()
+        if torch.compiler.is_compiling() or any(t.is_inference() for t in tensors):
+            return None
+        return tuple(t._version for t in tensors)
+
     def to_dense(self) -> torch.Tensor:
         """Token-level bool `[B, H, q_len, kv_len]`: True where a query attends a key.
 
@@ -352,14 +364,13 @@ class BlockSparseMask:
         those tensors or to the returned one is seen through their version counters; a write
         that bypasses them (`.data`, shared NumPy memory, a custom kernel) is not.
         """
-        tensors = (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
-                   self.full_kv_indices, self.partial_masks)
+        tensors = self._tensors()
         # inference tensors have no version counter: neither the mask's nor one built in
         # inference mode (found in review: a mask built at setup, attention under inference_mode)
-        cacheable = not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
-                         or any(t.is_inference() for t in tensors))
+        versions = None if torch.is_inference_mode_enabled() else self.versions()
+        cacheable = versions is not None
         if cacheable:
-            key = (tuple(t._version for t in tensors), self.q_len, self.kv_len, self.block_size)
+            key = (versions, self.q_len, self.kv_len, self.block_size)
             last = _LAST_DENSE.entry
             if (last is not None and last[1] == key and last[2]._version == last[3]
                     and all(ref() is t for ref, t in zip(last[0], tensors))):

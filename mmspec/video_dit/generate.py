@@ -32,6 +32,7 @@ from mmspec.zoo.paths import positive_int
 
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
+from .tiles import TileTooLarge
 from .video_io import to_uint8, write_mp4
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,13 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "compile_repeated_blocks (backend default inductor); the first prompt's "
                         "first steps then include the compilation")
     args = p.parse_args(argv)
-    if args.compile is not None:
-        from torch._dynamo import list_backends  # (an `import torch...` here would shadow torch)
-
-        backends = list_backends(exclude_tags=())
-        if args.compile not in backends:
-            p.error(f"--compile takes a torch.compile backend ({', '.join(backends)}), got "
-                    f"{args.compile!r}")
+    check_compile_backend(p, args.compile)
     if not args.dense and not 0 <= args.sparsity < 1:
         p.error(f"--sparsity must be in [0, 1), got {args.sparsity}")
     steps = args.dense_steps
@@ -120,6 +115,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--dense-layers must be >= 0 and --tile two ints >= 1, got {args.dense_layers} "
                 f"and {tuple(args.tile)}")
     return args
+
+
+def check_compile_backend(parser: argparse.ArgumentParser, backend: str | None) -> None:
+    """`parser.error` unless `backend` (a --compile value) is None or a torch.compile backend:
+    checked before a pipeline loads, not minutes later at its first compiled step."""
+    if backend is None:
+        return
+    from torch._dynamo import list_backends  # (an `import torch...` here would shadow torch)
+
+    backends = list_backends(exclude_tags=())
+    if backend not in backends:
+        parser.error(f"--compile takes a torch.compile backend ({', '.join(backends)}), got "
+                     f"{backend!r}")
 
 
 def _is_json_object(line: str) -> bool:
@@ -447,9 +455,7 @@ def main(argv=None) -> int:
         try:
             result = generate_one(pipe, prompts[index], index, args, state, dist.device,
                                   jobs[index]["image"])
-        except ValueError as err:  # the tile checks the grid at the first forward
-            if "is larger than the frame" not in str(err):
-                raise
+        except TileTooLarge as err:  # the grid is checked at the first forward
             raise SystemExit(f"--tile {args.tile[0]} {args.tile[1]}: {err} (the grid is the "
                              f"latent tokens of --height, --width and --frames)") from None
         stem = args.out / f"{index:04d}"

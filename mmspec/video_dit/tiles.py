@@ -21,6 +21,10 @@ from dataclasses import dataclass
 import torch
 
 
+class TileTooLarge(ValueError):
+    """A tile larger than the frame of the grid it is asked to tile."""
+
+
 def check_tile(tile) -> tuple[int, int]:
     if (not isinstance(tile, (tuple, list)) or len(tile) != 2
             or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
@@ -36,7 +40,7 @@ def _check_grid_tile(grid, tile) -> tuple[tuple[int, int, int], tuple[int, int]]
     t, h, w = grid
     th, tw = tile
     if th > h or tw > w:
-        raise ValueError(
+        raise TileTooLarge(
             f"tile {tuple(tile)} is larger than the frame: grid {tuple(grid)} has frames of "
             f"{h}x{w} tokens; use a tile of at most ({h}, {w})"
         )
