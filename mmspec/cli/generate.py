@@ -349,6 +349,7 @@ def main(argv=None) -> int:
     from transformers import TextStreamer
 
     from mmspec.decoding import generate
+    from mmspec.decoding.generate import VocabularyMismatch
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -364,9 +365,7 @@ def main(argv=None) -> int:
         try:
             return generate(target, drafter, max_new_tokens=n, eos_token_id=eos,
                             streamer=streamer, **sampling, **inputs)
-        except ValueError as err:  # the drafter's vocabulary, checked before any work
-            if "drafter vocabulary" not in str(err):
-                raise
+        except VocabularyMismatch as err:  # checked before any work
             raise SystemExit(f"--drafter {args.drafter}: {err}") from None
 
     def target_only(n):

@@ -95,6 +95,10 @@ _ENGINE_KWARGS = {"past_key_values", "cache", "use_cache", "position_ids",
                   "output_hidden_states", "return_dict", "cache_position", "block_sparse_mask"}
 
 
+class VocabularyMismatch(ValueError):
+    """The drafter's output vocabulary is not the target's (nor the same one padded)."""
+
+
 def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
     if not callable(getattr(drafter, "propose", None)):
         hint = (": wrap a small model as ModelDrafter(model)"
@@ -147,10 +151,10 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
     if match_width is not None:
         match_width(target_vocab if padded else None)
     if drafter_vocab is not None and drafter_vocab != target_vocab and not padded:
-        raise ValueError(f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
-                         f"({target_vocab} tokens); target and drafter must share a tokenizer "
-                         f"and an output vocabulary (widths within 1%, both multiples of 64, "
-                         f"are taken as padding)")
+        raise VocabularyMismatch(
+            f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
+            f"({target_vocab} tokens); target and drafter must share a tokenizer and an output "
+            f"vocabulary (widths within 1%, both multiples of 64, are taken as padding)")
 
 
 # generation-config settings whose logits processors `generate` does not apply: refused, so that

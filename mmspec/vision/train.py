@@ -349,6 +349,14 @@ def _all_reduce_grads(params: list) -> None:
         p.grad = chunk.view_as(p).clone()
 
 
+class ResumeError(ValueError):
+    """A checkpoint that this run cannot continue (its settings differ, or it does not load)."""
+
+
+class RunExists(FileExistsError):
+    """`out_dir` holds a run's checkpoint and `resume` was not asked for."""
+
+
 def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
           held_out: list | None = None, out_dir=None, resume: bool = False) -> list:
     """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
@@ -398,11 +406,11 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
         start = _load_checkpoint(drafter, opt, sched, rng, out_dir)
         saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
         if start and not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
-            raise ValueError(f"resume: the checkpoint in {out_dir} was trained with --lr "
+            raise ResumeError(f"resume: the checkpoint in {out_dir} was trained with --lr "
                              f"{saved_lr:g}, this run's is {cfg.lr:g}: resume it with the "
                              f"settings it was started with")
         if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
-            raise ValueError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
+            raise ResumeError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
                              f"--steps {cfg.steps}; give --steps >= {start} to continue it")
     else:
         start = 0
@@ -458,7 +466,7 @@ def refuse_to_overwrite(out_dir: Path) -> None:
     ckpt, _, previous = _checkpoint_dirs(Path(out_dir))  # previous: a save killed mid-swap
     for path in (ckpt, previous):
         if path.exists():
-            raise FileExistsError(f"{path} exists: pass --resume (resume=True) to continue it, "
+            raise RunExists(f"{path} exists: pass --resume (resume=True) to continue it, "
                                   "or delete it")
 
 
@@ -503,7 +511,7 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
     try:
         loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as err:  # its "path:"/"target:" name no flag here
-        raise ValueError(f"resume: the checkpoint in {ckpt} does not load: {err}") from None
+        raise ResumeError(f"resume: the checkpoint in {ckpt} does not load: {err}") from None
     saved, now = dataclasses.asdict(loaded.config), dataclasses.asdict(drafter.config)
     def shown(k, value):
         return f"{k}={value!r}" + (" (--text-only)" if k == "text_only" and value else "")
@@ -512,7 +520,7 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
               if k not in ("target", "depth", "top_k", "total_tokens")  # tree: not in the weights
               and saved[k] != now[k]]
     if differ:
-        raise ValueError(f"resume: the checkpoint in {ckpt} holds a drafter with "
+        raise ResumeError(f"resume: the checkpoint in {ckpt} holds a drafter with "
                          f"{'; '.join(differ)}: resume it with the settings it was started with")
     drafter.load_state_dict(loaded.state_dict())
     state = torch.load(ckpt / "trainer.pt", weights_only=True)
@@ -681,11 +689,7 @@ def main(argv=None) -> None:
     try:
         train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out,
               resume=args.resume)
-    except (FileExistsError, ValueError) as err:  # --out holds a run; a resume that cannot be
-        ours = (str(err).startswith("resume:") if isinstance(err, ValueError)
-                else "pass --resume" in str(err))  # refuse_to_overwrite's
-        if not ours:
-            raise
+    except (RunExists, ResumeError) as err:  # --out holds a run; a resume that cannot be
         p.error(str(err))
 
 
