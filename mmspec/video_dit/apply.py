@@ -94,7 +94,7 @@ class _Family:
     install_reorder: object  # (state, model) -> hook handles for one reorder per forward
     can_reorder: object = None  # (model, forward arguments) -> bool; None = always
     tile_inputs: object = None  # (state, forward arguments) -> None, permutes tables passed in
-    # (model, layout) -> (bool [nT, nT], count) of the blocks the model's own mask allows, or None
+    # (model, layout) -> (bool [nQ, nT], count) of the blocks the model's own mask allows, or None
     allowed: object = None
 
 
@@ -170,7 +170,7 @@ class DraftAttentionState(_DensityReport):
         self.step = -1
         self.num_steps = None
         self.layout = None
-        self.allowed = None  # (bool [nT, nT], count) where the model masks blocks, else None
+        self.allowed = None  # (bool [nQ, nT], count) where the model masks blocks, else None
         self.tiled = False
         self._last_timestep = None
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
@@ -196,7 +196,7 @@ class DraftAttentionState(_DensityReport):
         latents, timestep = bound.arguments["hidden_states"], bound.arguments["timestep"]
         self._update_step(timestep)
         self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
-                                  latents.device)
+                                  latents.device, self.config.query_tile)
         family = self.family
         # built here, outside any compiled block: its count is a host int, the budget's base
         self.allowed = None if family.allowed is None else family.allowed(module, self.layout)
@@ -346,7 +346,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             is call order except for Wan VACE, whose VACE blocks run first but are numbered
             after the main blocks).
         on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
-            `[B, H, nTiles, nTiles]` (tile order, before block selection) of every call that goes
+            `[B, H, nQueryTiles, nTiles]` (tile order, before block selection; square without
+            `config.query_tile`) of every call that goes
             through DraftAttention (the sparse layers of sparse steps).
 
     Returns:

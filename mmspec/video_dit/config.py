@@ -17,7 +17,7 @@ import torch
 from mmspec.kernels import available_backends
 
 from .draft_map import check_mode, check_sparsity
-from .tiles import check_tile
+from .tiles import check_query_tile, check_tile
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class DraftAttentionConfig:
     sparsity: float = 0.9
     # paper §3.1: avg-pool 8x16 latent tokens per frame = one 128x128 kernel block
     tile: tuple[int, int] = (8, 16)
+    # ours: query blocks larger than key blocks, whole tiles each (e.g. tile=(4, 8),
+    # query_tile=(8, 8): 64-token query blocks over 32-token key blocks). The selection is as
+    # fine as the key tiles and the kernel's programs as large as the query tiles. None = tile.
+    query_tile: tuple[int, int] | None = None
     # paper: one per-head percentile over the draft map; "row" = per-row top-p at the same budget
     mode: str = "global"
     # official code: t > 945 (Hunyuan, shift 7) and t > 925 (Wan, shift 5) are about 15 of 50
@@ -46,6 +50,9 @@ class DraftAttentionConfig:
         object.__setattr__(self, "sparsity", check_sparsity(self.sparsity))
         check_mode(self.mode)
         object.__setattr__(self, "tile", check_tile(self.tile))
+        if self.query_tile is not None:
+            query_tile = check_query_tile(self.query_tile, self.tile)
+            object.__setattr__(self, "query_tile", None if query_tile == self.tile else query_tile)
         steps = self.dense_steps  # numpy scalars too, stored as int or float
         if isinstance(steps, numbers.Integral) and not isinstance(steps, bool) and steps >= 0:
             object.__setattr__(self, "dense_steps", int(steps))
@@ -65,11 +72,13 @@ class DraftAttentionConfig:
         if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or layers < 0:
             raise ValueError(f"dense_layers must be an int >= 0, got {layers!r}")
         object.__setattr__(self, "dense_layers", int(layers))
-        tokens = self.tile[0] * self.tile[1]
-        if torch.cuda.is_available() and (tokens < 16 or tokens & (tokens - 1)):
-            warnings.warn(f"tile {self.tile} is {tokens} tokens a block: the Triton kernel takes "
-                          f"powers of two >= 16, so on a GPU these blocks run the slower torch "
-                          f"backend", stacklevel=3)
+        for name, (th, tw) in (("tile", self.tile), ("query_tile", self.query_tile or self.tile)):
+            tokens = th * tw
+            if torch.cuda.is_available() and (tokens < 16 or tokens & (tokens - 1)):
+                warnings.warn(f"{name} {(th, tw)} is {tokens} tokens a block: the Triton kernel "
+                              f"takes powers of two >= 16, so on a GPU these blocks run the "
+                              f"slower torch backend", stacklevel=3)
+                break
 
     @property
     def dense_steps_is_fraction(self) -> bool:

@@ -44,23 +44,39 @@ def check_mode(mode) -> str:
     return mode
 
 
-def block_budget(num_tiles: int, sparsity: float) -> int:
-    """Blocks kept per head: (1 - sparsity) of the map, at least the diagonal, at most all."""
-    return min(num_tiles * num_tiles, max(num_tiles, round((1.0 - sparsity) * num_tiles**2)))
+def block_budget(num_tiles: int, sparsity: float, num_query_tiles: int | None = None) -> int:
+    """Blocks kept per head: (1 - sparsity) of the map, at least the own blocks (one per tile),
+    at most all. The map is `[num_query_tiles, num_tiles]` (square by default)."""
+    rows = num_tiles if num_query_tiles is None else num_query_tiles
+    total = rows * num_tiles
+    return min(total, max(num_tiles, round((1.0 - sparsity) * total)))
+
+
+def _pool(x_tiled: torch.Tensor, tiles: int, tokens: int, counts: torch.Tensor) -> torch.Tensor:
+    b, h, _, d = x_tiled.shape
+    # accumulate in fp32 without an fp32 copy of x (bf16 in, ~2x less memory traffic)
+    sums = x_tiled.view(b, h, tiles, tokens, d).sum(3, dtype=torch.float32)
+    # padding slots are zeros, so only real tokens count; a tile of padding only pools to 0
+    return sums / counts.clamp_min(1)[:, None]
 
 
 def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     """Mean of the real tokens of each tile: `[B, H, Np, D]` (tile order) -> fp32 `[B, H, nT, D]`."""
-    b, h, _, d = x_tiled.shape
-    # accumulate in fp32 without an fp32 copy of x (bf16 in, ~2x less memory traffic)
-    sums = x_tiled.view(b, h, layout.num_tiles, layout.tile_tokens, d).sum(3, dtype=torch.float32)
-    return sums / layout.counts[:, None]  # padding slots are zeros, so only real tokens count
+    return _pool(x_tiled, layout.num_tiles, layout.tile_tokens, layout.counts)
+
+
+def pool_query_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
+    """Mean of the real tokens of each query tile: `[B, H, Np, D]` -> fp32 `[B, H, nQ, D]`
+    (`pool_tiles` when the layout has no query tiles of its own)."""
+    if not layout.asymmetric:
+        return pool_tiles(x_tiled, layout)
+    return _pool(x_tiled, layout.num_query_tiles, layout.query_tile_tokens, layout.query_counts)
 
 
 def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float,
                 allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """The draft map softmax(q_hat k_hat^T * scale): fp32 `[B, H, nT, nT]`, rows sum to 1;
-    over the `allowed` (bool `[nT, nT]`) key tiles of each row only, when given."""
+    """The draft map softmax(q_hat k_hat^T * scale): fp32 `[B, H, nQ, nT]`, rows sum to 1;
+    over the `allowed` (bool `[nQ, nT]`, or `[1, nT]`) key tiles of each row only, when given."""
     logits = q_hat @ k_hat.transpose(-1, -2) * scale
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
@@ -68,40 +84,49 @@ def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float,
 
 
 def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global",
-                  allowed: torch.Tensor | None = None, allowed_count: int | None = None
-                  ) -> torch.Tensor:
-    """Kept blocks of a draft map `[B, H, nT, nT]` -> bool `[B, H, nT, nT]`, diagonal always kept.
+                  allowed: torch.Tensor | None = None, allowed_count: int | None = None,
+                  own: torch.Tensor | None = None) -> torch.Tensor:
+    """Kept blocks of a draft map `[B, H, nQ, nT]` -> bool `[B, H, nQ, nT]`, own blocks always
+    kept.
 
-    `allowed`: bool `[nT, nT]` of the blocks the model's own mask lets a query tile see (a
-    frame-causal mask), diagonal included; only those are kept, and the budget is `1 - sparsity`
-    of them (`allowed_count` of them: pass it, a host-side int, to save a device sync).
+    `allowed`: bool `[nQ, nT]` of the blocks the model's own mask lets a query tile see (a
+    frame-causal mask), own blocks included; only those are kept, and the budget is
+    `1 - sparsity` of them (`allowed_count` of them: pass it, a host-side int, to save a device
+    sync).
+    `own`: bool `[nQ, nT]`, each query tile's own blocks (`TileLayout.own_blocks()`: the tiles
+    inside it); default the diagonal of a square map.
     """
     sparsity, mode = check_sparsity(sparsity), check_mode(mode)  # a typo must not run row mode
-    b, h, n, _ = probs.shape
+    b, h, nq, n = probs.shape
+    if own is None:
+        if nq != n:
+            raise ValueError(f"a draft map of {nq} query tiles by {n} tiles needs own=[{nq}, {n}] "
+                             f"(TileLayout.own_blocks()), the blocks each query tile keeps")
+        own = torch.eye(n, dtype=torch.bool, device=probs.device)
     if allowed is None:
-        budget = block_budget(n, sparsity)
-        total = n * n
+        budget = block_budget(n, sparsity, nq)
+        total = nq * n
     else:
         total = int(allowed.sum()) if allowed_count is None else allowed_count
         budget = min(total, max(n, round((1.0 - sparsity) * total)))
     if budget == total:
-        full = torch.ones(b, h, n, n, dtype=torch.bool, device=probs.device)
+        full = torch.ones(b, h, nq, n, dtype=torch.bool, device=probs.device)
         return full if allowed is None else full & allowed
-    eye = torch.eye(n, dtype=torch.bool, device=probs.device)
+    eye = own
     if mode == "global":
         priority = probs.masked_fill(eye, 2.0)  # probabilities are <= 1, so the diagonal wins
     else:  # "row"
         # sort each row by probability, the own block first; priority = -(mass before the entry)
         order = probs.masked_fill(eye, 2.0).argsort(dim=-1, descending=True)
-        ranked = probs.gather(-1, order)  # [B, H, nT, nT]
+        ranked = probs.gather(-1, order)  # [B, H, nQ, nT]
         mass_before = ranked.cumsum(-1) - ranked
         priority = torch.empty_like(probs).scatter_(-1, order, -mass_before)
         priority = priority.masked_fill(eye, 1.0)
     if allowed is not None:
         priority = priority.masked_fill(~allowed, float("-inf"))
-    top = priority.reshape(b, h, n * n).topk(budget, dim=-1, sorted=False).indices
-    kept = torch.zeros(b, h, n * n, dtype=torch.bool, device=probs.device)
-    return kept.scatter_(-1, top, True).view(b, h, n, n)
+    top = priority.reshape(b, h, nq * n).topk(budget, dim=-1, sorted=False).indices
+    kept = torch.zeros(b, h, nq * n, dtype=torch.bool, device=probs.device)
+    return kept.scatter_(-1, top, True).view(b, h, nq, n)
 
 
 def check_video_qk(q, k, grid) -> None:
@@ -121,7 +146,8 @@ def check_video_qk(q, k, grid) -> None:
 
 
 def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: float,
-                     mode: str = "global", scale: float | None = None) -> torch.Tensor:
+                     mode: str = "global", scale: float | None = None,
+                     query_tile=None) -> torch.Tensor:
     """Block mask chosen by the draft attention map.
 
     Args:
@@ -131,14 +157,26 @@ def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: flo
         sparsity: share of blocks skipped, in [0, 1).
         mode: `"global"` (paper: per-head percentile) or `"row"` (per-row top-p, same budget).
         scale: softmax scale of the draft map, default `D ** -0.5`.
+        query_tile: optional `(qh, qw)`, whole tiles pooled into one draft query (query blocks
+            larger than key blocks, `tile_permutation`); default `tile`.
 
     Returns:
-        bool `[B, H, nTiles, nTiles]` in tile order (`tile_permutation`): True = compute the block.
+        bool `[B, H, nQueryTiles, nTiles]` in tile order (`tile_permutation`): True = compute the
+        block (square, `[B, H, nTiles, nTiles]`, without query tiles).
     """
     sparsity, mode = check_sparsity(sparsity), check_mode(mode)
-    layout = tile_layout(grid, tile, q.device)
+    layout = tile_layout(grid, tile, q.device, query_tile)
     check_video_qk(q, k, layout.grid)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q_hat = pool_tiles(layout.to_tiles(q), layout)  # [B, H, nT, D]
-    k_hat = pool_tiles(layout.to_tiles(k), layout)
-    return select_blocks(draft_probs(q_hat, k_hat, scale), sparsity, mode)
+    q_hat = pool_query_tiles(layout.to_tiles(q), layout)  # [B, H, nQ, D]
+    k_hat = pool_tiles(layout.to_tiles(k), layout)  # [B, H, nT, D]
+    probs = draft_probs(q_hat, k_hat, scale, live_tiles(layout))
+    return select_blocks(probs, sparsity, mode, own=layout.own_blocks())
+
+
+def live_tiles(layout: TileLayout) -> torch.Tensor | None:
+    """bool `[1, nT]`: False on tiles of padding only (query tiles larger than tiles can pad a
+    frame by whole tiles), for `draft_probs`; None where every tile has a real token."""
+    if not layout.asymmetric or not layout.has_padding:
+        return None
+    return (layout.counts > 0)[None]

@@ -23,7 +23,7 @@ import torch
 
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
-from .draft_map import draft_probs, pool_tiles, select_blocks
+from .draft_map import draft_probs, live_tiles, pool_query_tiles, pool_tiles, select_blocks
 from .tiles import TileLayout
 
 
@@ -48,18 +48,26 @@ def _kernel_key_valid(layout: TileLayout, key_valid, text_len: int, text_first: 
     return torch.cat([video, text], dim=1)
 
 
-def _live_blocks(valid: torch.Tensor, nt: int, m: int, bs: int) -> torch.Tensor:
-    """bool `[B|1, 1, M, M]`: False in the block rows and columns of text blocks with no valid
+def _live_text(valid: torch.Tensor, n_video: int, n_blocks: int, bs: int) -> torch.Tensor:
+    """bool `[B|1, n_blocks]`: True on the video blocks and on text blocks (of `bs` tokens,
+    after `n_video` video blocks) with a valid token."""
+    text = valid[:, n_video * bs :]
+    text = torch.nn.functional.pad(text, (0, (n_blocks - n_video) * bs - text.shape[1]))
+    return torch.cat([text.new_ones(text.shape[0], n_video),
+                      text.view(-1, n_blocks - n_video, bs).any(-1)], 1)
+
+
+def _live_blocks(valid: torch.Tensor, layout: TileLayout, mq: int, mk: int) -> torch.Tensor:
+    """bool `[B|1, 1, Mq, Mk]`: False in the block rows and columns of text blocks with no valid
     token. Such keys add nothing to any softmax, and such queries' outputs are read by no valid
     token (their keys are masked in every layer), so the kernel skips both; their output rows are
     0. Text padding is contiguous: HunyuanVideo pads its prompt at the end, and HunyuanVideo 1.5
     puts the valid image, glyph and prompt tokens first. HunyuanVideo 1.5 at 480p, 121 frames:
     496 video tiles and 1,985 text and image tokens in 16 blocks, of which a prompt fills one or
     two; at 90% sparsity the 16 dense text rows and columns were 40% of the blocks computed."""
-    text = valid[:, nt * bs :]
-    text = torch.nn.functional.pad(text, (0, (m - nt) * bs - text.shape[1]))
-    live = torch.cat([text.new_ones(text.shape[0], nt), text.view(-1, m - nt, bs).any(-1)], 1)
-    return (live[:, :, None] & live[:, None, :])[:, None]
+    rows = _live_text(valid, layout.num_query_tiles, mq, layout.query_tile_tokens)
+    cols = _live_text(valid, layout.num_tiles, mk, layout.tile_tokens)
+    return (rows[:, :, None] & cols[:, None, :])[:, None]
 
 
 def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, scale, backend,
@@ -75,17 +83,19 @@ def _attend_without_invalid_keys(q, k, v, blocks, valid, query_is_padding, bs, s
     stand-in keys cannot dominate. Under `torch.compile` that choice is a `torch.cond`, so the
     graph has no data-dependent Python branch (diffusers' `compile_repeated_blocks(
     fullgraph=True)`).
+    `bs`: (bq, bk), the query and key block sizes (an int: both).
     `zeroed`: k and v are already 0 at the invalid keys (padding slots made by `to_tiles`).
     """
     length, m = q.shape[2], blocks.shape[-1]
+    bq, bk = (bs, bs) if isinstance(bs, int) else bs
     keep = valid[:, None, :, None]  # [B|1, 1, L, 1]
     mask = BlockSparseMask.from_dense(blocks, bs, length, length)
     if not zeroed:
         k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
     out, lse = block_sparse_attention(q, k, v, mask, scale=scale, return_lse=True, backend=backend)
-    invalid = torch.nn.functional.pad(~valid, (0, m * bs - length)).view(-1, m, bs).sum(-1)
-    per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, M, 1] per query block
-    n_invalid = per_block[..., 0].repeat_interleave(bs, dim=-1)[..., :length]  # [B, H, L]
+    invalid = torch.nn.functional.pad(~valid, (0, m * bk - length)).view(-1, m, bk).sum(-1)
+    per_block = blocks.float() @ invalid.float()[:, None, :, None]  # [B, H, Mq, 1] per q block
+    n_invalid = per_block[..., 0].repeat_interleave(bq, dim=-1)[..., :length]  # [B, H, L]
     # a row with no kept block (skipped text padding) has lse = -inf and no invalid key
     share = n_invalid * torch.exp(-torch.where(n_invalid > 0, lse, 0.0))  # no 0 * inf
     share = share.masked_fill(query_is_padding, 0.0)
@@ -114,20 +124,21 @@ def _attend_with_mean_keys(q, k, v, blocks, valid, bs, scale, backend):
     """
     b, hk, length, d = k.shape
     m = blocks.shape[-1]
+    bk = bs if isinstance(bs, int) else bs[1]  # (bq, bk)
     keep = valid[:, None, :, None]  # [B|1, 1, L, 1]
-    pad = m * bs - length
-    counts = torch.nn.functional.pad(valid, (0, pad)).view(-1, m, bs).sum(-1)  # [B|1, M]
+    pad = m * bk - length
+    counts = torch.nn.functional.pad(valid, (0, pad)).view(-1, m, bk).sum(-1)  # [B|1, Mk]
     sums = torch.nn.functional.pad(k.masked_fill(~keep, 0.0), (0, 0, 0, pad)).view(
-        b, hk, m, bs, d).sum(3, dtype=torch.float32)  # [B, Hk, M, D]
+        b, hk, m, bk, d).sum(3, dtype=torch.float32)  # [B, Hk, Mk, D]
     means = (sums / counts.clamp_min(1)[:, None, :, None]).to(k.dtype)
-    k = torch.where(keep, k, means.repeat_interleave(bs, dim=2)[:, :, :length])
+    k = torch.where(keep, k, means.repeat_interleave(bk, dim=2)[:, :, :length])
     blocks = blocks & (counts > 0)[:, None, None, :]
     mask = BlockSparseMask.from_dense(blocks, bs, length, length)
     out = block_sparse_attention(q, k, v.masked_fill(~keep, 0.0), mask, scale=scale,
                                  backend=backend)
     ones = keep.to(v.dtype).expand(b, hk, length, d)  # the kernel's D; only column 0 is read
     share = block_sparse_attention(q, k, ones, mask, scale=scale, backend=backend)[..., :1]
-    # share > 0 in every row with a valid key in a kept block (a query tile's own block has
+    # share > 0 in every row with a valid key in a kept block (a query tile's own blocks have
     # one); a row with no kept block (skipped text padding) has share 0 and output 0
     return (out.float() / share.float().clamp_min(1e-30)).to(out.dtype)
 
@@ -143,15 +154,17 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     Args:
         q, k, v: `[B, H, L, D]`; L = video tokens + `text_len`. Video tokens are in row-major
             (t, h, w) order, or already in tile order with padding (`tiled=True`, L = Np + text).
-        layout: the `TileLayout` of the video grid and tile.
+        layout: the `TileLayout` of the video grid and tile (and query tile: query blocks of
+            `layout.query_tile_tokens` over key blocks of `layout.tile_tokens`).
         text_len: text tokens, after the video (HunyuanVideo) or before it (`text_first`, CogVideoX).
         key_valid: optional bool `[B, L]` in the order of q, k, v (model order; tile order with
             padding slots when `tiled`), False for keys to ignore (text padding). A text block
-            (of `layout.tile_tokens`) with no valid token is skipped as queries too: its output
-            rows are 0 (padding whose output no valid token reads).
-        on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nTiles, nTiles]`
-            (tile order) before the blocks are selected, e.g. to plot it.
-        allowed: optional bool `[nTiles, nTiles]` (tile order): the video blocks the model's own
+            with no valid token is skipped as keys and as queries: its output rows are 0
+            (padding whose output no valid token reads).
+        on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nQueryTiles,
+            nTiles]` (tile order; square without query tiles) before the blocks are selected,
+            e.g. to plot it.
+        allowed: optional bool `[nQueryTiles, nTiles]` (tile order): the video blocks the model's own
             mask allows (SkyReels-V2's frame-causal diffusion forcing); the draft map and the
             selection stay inside it, and the budget and density count its blocks only.
             `allowed_count`: its number of True entries, a host int (no device sync).
@@ -160,8 +173,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
     """
     b, h, _, d = q.shape
-    bs = layout.tile_tokens
-    nt = layout.num_tiles
+    bq, bk = layout.query_tile_tokens, layout.tile_tokens
+    nq, nt = layout.num_query_tiles, layout.num_tiles
     parts = [_split_text(x, text_len, text_first) for x in (q, k, v)]
     expected = layout.padded_tokens if tiled else layout.num_tokens
     if parts[0][0].shape[2] != expected:
@@ -184,45 +197,49 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         videos = [p[0] for p in parts]
     scale = d**-0.5 if scale is None else scale
 
-    q_hat, k_hat = pool_tiles(videos[0], layout), pool_tiles(videos[1], layout)  # [B, H, nT, D]
+    q_hat = pool_query_tiles(videos[0], layout)  # [B, H, nQ, D]
+    k_hat = pool_tiles(videos[1], layout)  # [B, H, nT, D]
     if allowed is not None and text_len:
         raise ValueError("allowed (a mask over video tiles) takes no text tokens; got text_len="
                          f"{text_len}")
     bad_allowed = allowed is not None and (
         not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool
-        or tuple(allowed.shape) != (nt, nt))
+        or tuple(allowed.shape) != (nq, nt))
     if bad_allowed:
-        raise ValueError(f"allowed must be a bool tensor [{nt}, {nt}] (query tile, key tile), got "
+        raise ValueError(f"allowed must be a bool tensor [{nq}, {nt}] (query tile, key tile), got "
                          f"{getattr(allowed, 'dtype', type(allowed).__name__)} "
                          f"{list(getattr(allowed, 'shape', []))}")
-    probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nT, nT]
+    live = live_tiles(layout)  # tiles of padding only (query tiles padding frames), or None
+    draft_allowed = live if allowed is None else allowed if live is None else allowed & live
+    probs = draft_probs(q_hat, k_hat, scale, draft_allowed)  # [B, H, nQ, nT]
     if on_draft_map is not None:
         on_draft_map(probs)
-    kept = select_blocks(probs, sparsity, mode, allowed, allowed_count)  # [B, H, nT, nT]
-    m = nt + math.ceil(text_len / bs)
-    if m > nt:  # text rows and columns stay dense
-        blocks = torch.ones(b, h, m, m, dtype=torch.bool, device=q.device)
-        blocks[:, :, :nt, :nt] = kept
+    kept = select_blocks(probs, sparsity, mode, allowed, allowed_count,
+                         own=layout.own_blocks() if layout.asymmetric else None)  # [B, H, nQ, nT]
+    mq, mk = nq + math.ceil(text_len / bq), nt + math.ceil(text_len / bk)
+    if mk > nt:  # text rows and columns stay dense
+        blocks = torch.ones(b, h, mq, mk, dtype=torch.bool, device=q.device)
+        blocks[:, :, :nq, :nt] = kept
     else:
         blocks = kept
     length = layout.padded_tokens + text_len
     valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)  # [B|1, length]
-    if key_valid is not None and m > nt:
-        blocks = blocks & _live_blocks(valid, nt, m, bs)
+    if key_valid is not None and mk > nt:
+        blocks = blocks & _live_blocks(valid, layout, mq, mk)
     # no .contiguous(): every backend takes strided q, k, v (a copy costs ~5% of a layer on a GPU)
     q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len else vid for vid, p in zip(videos, parts)]
     # without key_valid or padding every key is valid: no device sync to find that out
     # (under torch.compile the exact path runs instead of a data-dependent branch)
     if (key_valid is None and not layout.has_padding) or (
             not torch.compiler.is_compiling() and bool(valid.all())):
-        mask = BlockSparseMask.from_dense(blocks, bs, length, length)
+        mask = BlockSparseMask.from_dense(blocks, (bq, bk), length, length)
         out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
     else:
         query_is_padding = torch.cat([~layout.valid, layout.valid.new_zeros(text_len)])
         # without key_valid, the invalid keys are the padding slots, zero-filled by to_tiles
         # (or by the masked_fill above when tiled)
-        out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, bs, scale,
-                                           backend, zeroed=key_valid is None)
+        out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, (bq, bk),
+                                           scale, backend, zeroed=key_valid is None)
     out_video, out_text = out[:, :, : layout.padded_tokens], out[:, :, layout.padded_tokens :]
     if not tiled:
         out_video = layout.from_tiles(out_video)
