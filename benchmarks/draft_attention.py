@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.report import markdown_table, timed, write_section
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.video_dit import draft_attention, tile_layout
-from mmspec.video_dit.draft_map import block_budget, draft_probs, pool_tiles, select_blocks
+from mmspec.video_dit.draft_map import (block_budget, draft_probs, pool_query_tiles, pool_tiles,
+                                        select_blocks)
 from mmspec.video_dit.generate import check_compile_backend
 
 
@@ -51,8 +52,10 @@ from mmspec.video_dit.generate import check_compile_backend
 
 
 def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small, device="cpu",
-                       dtype=torch.float32):
-    layout = tile_layout(grid, tile, device=device)
+                       dtype=torch.float32, query_tile=None):
+    layout = tile_layout(grid, tile, device=device, query_tile=query_tile)
+    own = layout.own_blocks() if layout.asymmetric else None
+    blocks = (layout.query_tile_tokens, layout.tile_tokens)
     n = layout.num_tokens
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=g).to(device, dtype) for _ in range(3))
@@ -65,20 +68,20 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small,
     dense = clock(lambda: F.scaled_dot_product_attention(q, k, v), reps_dense)
 
     qt, kt, vt = (layout.to_tiles(x) for x in (q, k, v))
-    q_hat, k_hat = pool_tiles(qt, layout), pool_tiles(kt, layout)
+    q_hat, k_hat = pool_query_tiles(qt, layout), pool_tiles(kt, layout)
     probs = draft_probs(q_hat, k_hat, scale)
-    kept = select_blocks(probs, sparsity, "global")
-    mask = BlockSparseMask.from_dense(kept, layout.tile_tokens, n, n)
+    kept = select_blocks(probs, sparsity, "global", own=own)
+    mask = BlockSparseMask.from_dense(kept, blocks, n, n)
     out_t = block_sparse_attention(qt, kt, vt, mask)
     parts = {
         "reorder q, k, v and restore the output": lambda: (
             [layout.to_tiles(x) for x in (q, k, v)], layout.from_tiles(out_t)),
-        "pool q and k per tile": lambda: (pool_tiles(qt, layout), pool_tiles(kt, layout)),
+        "pool q and k per tile": lambda: (pool_query_tiles(qt, layout), pool_tiles(kt, layout)),
         "draft map softmax(q_hat k_hat^T)": lambda: draft_probs(q_hat, k_hat, scale),
-        "block selection (global)": lambda: select_blocks(probs, sparsity, "global"),
-        "block selection (row)": lambda: select_blocks(probs, sparsity, "row"),
+        "block selection (global)": lambda: select_blocks(probs, sparsity, "global", own=own),
+        "block selection (row)": lambda: select_blocks(probs, sparsity, "row", own=own),
         "BlockSparseMask from the block map": lambda: BlockSparseMask.from_dense(
-            kept, layout.tile_tokens, n, n),
+            kept, blocks, n, n),
     }
     costs = {name: clock(fn, reps_small) for name, fn in parts.items()}
     sparse_call = clock(lambda: block_sparse_attention(qt, kt, vt, mask), reps_small)
@@ -306,23 +309,36 @@ def structured_heads(grid, dim, seed=0):
     return q, k, v, list(specs)
 
 
+def _run_centres(layout, tokens):
+    """float64 `[runs, 3]`: (frame, 2 x centre row / th, 2 x centre column / tw) of each run of
+    `tokens` slots (a tile or a query tile; no padding), in key-tile units, exact for integers."""
+    _, h, w = layout.grid
+    runs = layout.perm.view(-1, tokens)
+    rows, cols = runs % (h * w) // w, runs % w
+    return torch.stack([(runs[:, 0] // (h * w)).double(),
+                        (rows.min(1).values + rows.max(1).values).double() / layout.tile[0],
+                        (cols.min(1).values + cols.max(1).values).double() / layout.tile[1]], -1)
+
+
 def window_blocks(layout, grid, tile, budget):
-    """The `budget` (query tile, key tile) pairs nearest in (frame, tile row, tile column)."""
-    _, h, w = grid
-    nh, nw = -(-h // tile[0]), -(-w // tile[1])
-    ids = torch.arange(layout.num_tiles)
-    pos = torch.stack([ids // (nh * nw), ids // nw % nh, ids % nw], -1).float()
-    dist = (pos[:, None] - pos[None]).abs().sum(-1)  # [nT, nT], 0 on the own tile
+    """The `budget` (query tile, key tile) pairs nearest in (frame, tile row, tile column): for
+    query tiles of several tiles, the distance between their centres in tile units."""
+    assert not layout.has_padding and layout.grid == tuple(grid) and layout.tile == tuple(tile)
+    q_pos = _run_centres(layout, layout.query_tile_tokens)
+    k_pos = _run_centres(layout, layout.tile_tokens)
+    scale = torch.tensor([1.0, 0.5, 0.5], dtype=torch.float64)
+    dist = ((q_pos[:, None] - k_pos[None]).abs() * scale).sum(-1)  # [nQ, nT]; own tiles nearest
     nearest = (-dist).flatten().topk(budget).indices
-    kept = torch.zeros(layout.num_tiles**2, dtype=torch.bool).scatter_(0, nearest, True)
-    return kept.view(layout.num_tiles, layout.num_tiles)
+    kept = torch.zeros(dist.numel(), dtype=torch.bool).scatter_(0, nearest, True)
+    return kept.view(dist.shape)
 
 
-def random_blocks(nt, budget, heads, seed):
+def random_blocks(nt, budget, heads, seed, nq=None):
+    nq = nt if nq is None else nq
     g = torch.Generator().manual_seed(seed)
-    scores = torch.rand(heads, nt * nt, generator=g)
+    scores = torch.rand(heads, nq * nt, generator=g)
     top = scores.topk(budget, -1).indices
-    return torch.zeros(heads, nt * nt, dtype=torch.bool).scatter_(1, top, True).view(heads, nt, nt)
+    return torch.zeros(heads, nq * nt, dtype=torch.bool).scatter_(1, top, True).view(heads, nq, nt)
 
 
 def fidelity(grid, tile, sparsities, query_tiles=32, rows_per_pass=1024):
@@ -371,25 +387,33 @@ def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, devi
     heads = 12 if torch.device(device).type == "cuda" else 1  # Wan2.1-1.3B's on a GPU
     rows = []
     for tile in tiles:
-        result, sampled, nt = fidelity_of(*structured_heads(grid, 64)[:3],
-                                          tile_layout(grid, tile), [sparsity])
+        tile, query_tile = (tile, None) if len(tile) == 2 else (tile[2:], tile[:2])
+        layout = tile_layout(grid, tile, query_tile=query_tile)
+        result, sampled, _ = fidelity_of(*structured_heads(grid, 64)[:3], layout, [sparsity])
         by = {r["method"]: r for r in result}
         t = overhead_and_speed(grid, tile, heads=heads, dim=128, sparsity=sparsity,
                                reps_dense=reps_dense, reps_small=reps_small, device=device,
-                               dtype=gpu_dtype(device))
+                               dtype=gpu_dtype(device), query_tile=query_tile)
         met = all(by[m]["recall"] >= 0.9 and all(
             by[m]["recall"] > by[o]["recall"] and by[m]["error"] < by[o]["error"]
             for o in ("local window", "random")) for m in ("draft-global", "draft-row"))
-        rows.append([f"{tile[0]}x{tile[1]} ({tile[0] * tile[1]})", str(nt)]
+        if layout.asymmetric:  # query tile over tile (query block / key block tokens)
+            name = (f"{query_tile[0]}x{query_tile[1]} over {tile[0]}x{tile[1]} "
+                    f"({layout.query_tile_tokens} / {layout.tile_tokens})")
+            draft = f"{layout.num_query_tiles} x {layout.num_tiles}"
+        else:
+            name, draft = f"{tile[0]}x{tile[1]} ({layout.tile_tokens})", str(layout.num_tiles)
+        rows.append([name, draft]
                     + [f"{by[m]['recall']:.3f}" for m in methods]
                     + [f"{t['dense'] / t['sparse_call']:.2f}x", f"{t['dense'] / t['whole']:.2f}x",
                        "met" if met else "missed"])
-    header = ["tile (tokens per block)", "draft tokens", *(f"recall {m}" for m in methods),
+    header = ["tile (tokens per block)", "draft map", *(f"recall {m}" for m in methods),
               "sparse call vs dense", "draft_attention vs dense", "fidelity bar"]
     t, h, w = grid
     return (f"Section 2's synthetic heads and section 3's call ({heads} head(s), D=128, "
             f"{str(gpu_dtype(device))[6:]}, {device_name(device)}) on the same "
-            f"{t}x{h}x{w} grid at sparsity {sparsity:.0%}, for each tile size; recall exact on "
+            f"{t}x{h}x{w} grid at sparsity {sparsity:.0%}, for each tile size (QHxQW over THxTW: "
+            f"query tiles of whole tiles, query blocks larger than key blocks); recall exact on "
             f"32 random query tiles, speed the fastest of {reps_small} calls against dense SDPA "
             f"(fastest of {reps_dense}) measured in the same row. 'fidelity bar' applies issue "
             f"3's rule (both draft modes recall >= 0.9 and beat window and random).\n\n"
@@ -397,16 +421,17 @@ def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, devi
 
 
 def true_tile_mass(qt, kt, layout, rows_per_pass=1024):
-    """fp32 `[H, nT, nT]`: the dense softmax mass of each (query tile, key tile) block, summed
+    """fp32 `[H, nQ, nT]`: the dense softmax mass of each (query tile, key tile) block, summed
     over the query tile's rows; qt, kt `[H, N, D]` in tile order (no padding)."""
     h, n, d = qt.shape
-    bs, nt = layout.tile_tokens, layout.num_tiles
-    step = max(bs, rows_per_pass // bs * bs)  # whole query tiles per pass
-    out = torch.empty(h, nt, nt)
+    bq, bk = layout.query_tile_tokens, layout.tile_tokens
+    nq, nt = layout.num_query_tiles, layout.num_tiles
+    step = max(bq, rows_per_pass // bq * bq)  # whole query tiles per pass
+    out = torch.empty(h, nq, nt)
     for start in range(0, n, step):
         stop = min(start + step, n)
         p = torch.softmax(qt[:, start:stop] @ kt.transpose(-1, -2) * d**-0.5, -1)  # [H, R, N]
-        out[:, start // bs : stop // bs] = p.view(h, -1, bs, nt, bs).sum((2, 4))
+        out[:, start // bq : stop // bq] = p.view(h, -1, bq, nt, bk).sum((2, 4))
     return out
 
 
@@ -418,68 +443,72 @@ def fidelity_of(q, k, v, layout, sparsities, query_tiles=32, rows_per_pass=1024)
     One dense pass over the sampled query rows gives, per (query row, key tile), the softmax mass
     and the mass-weighted value sum; attention restricted to any block mask is then their
     masked sum, renormalised, so every method is scored against the same dense reference.
-    Returns (rows of {sparsity, method, density, recall, per_head, error}, sampled tiles, tiles).
+    Returns (rows of {sparsity, method, density, recall, per_head, error}, sampled query tiles,
+    query tiles).
     """
     assert not layout.has_padding
     grid, tile = layout.grid, layout.tile
-    h, d, nt, bs = q.shape[1], q.shape[-1], layout.num_tiles, layout.tile_tokens
+    h, d, nt, bk = q.shape[1], q.shape[-1], layout.num_tiles, layout.tile_tokens
+    nq, bq = layout.num_query_tiles, layout.query_tile_tokens  # = nt, bk without query tiles
+    own = layout.own_blocks() if layout.asymmetric else None
     qt, kt, vt = (layout.to_tiles(x)[0] for x in (q, k, v))  # [H, N, D] in tile order
-    probs = draft_probs(pool_tiles(qt[None], layout), pool_tiles(kt[None], layout), d**-0.5)
+    probs = draft_probs(pool_query_tiles(qt[None], layout), pool_tiles(kt[None], layout),
+                        d**-0.5)
     methods = {}
-    block_mass = true_tile_mass(qt, kt, layout, rows_per_pass)
+    block_mass = true_tile_mass(qt, kt, layout, rows_per_pass)  # [H, nQ, nT]
     for s in sparsities:
-        budget = block_budget(nt, s)
-        methods[(s, "draft-global")] = select_blocks(probs, s, "global")[0]
-        methods[(s, "draft-row")] = select_blocks(probs, s, "row")[0]
+        budget = block_budget(nt, s, nq)
+        methods[(s, "draft-global")] = select_blocks(probs, s, "global", own=own)[0]
+        methods[(s, "draft-row")] = select_blocks(probs, s, "row", own=own)[0]
         methods[(s, "local window")] = window_blocks(layout, grid, tile, budget).expand(h, -1, -1)
-        methods[(s, "random")] = random_blocks(nt, budget, h, seed=int(s * 100))
+        methods[(s, "random")] = random_blocks(nt, budget, h, seed=int(s * 100), nq=nq)
         # filled per sampled query tile in the pass below; other rows stay at the same count
-        methods[(s, "oracle")] = torch.zeros(h, nt, nt, dtype=torch.bool)
-        methods[(s, "oracle")][:, :, : round(budget / nt)] = True
+        methods[(s, "oracle")] = torch.zeros(h, nq, nt, dtype=torch.bool)
+        methods[(s, "oracle")][:, :, : round(budget / nq)] = True
         # the heaviest blocks of the whole true map per head, any number per row (the bound for
         # a selection with draft-global's freedom)
         top = block_mass.flatten(1).topk(budget, -1).indices
-        methods[(s, "oracle (global)")] = torch.zeros(h, nt * nt, dtype=torch.bool).scatter_(
-            1, top, True).view(h, nt, nt)
+        methods[(s, "oracle (global)")] = torch.zeros(h, nq * nt, dtype=torch.bool).scatter_(
+            1, top, True).view(h, nq, nt)
         # the heaviest blocks of all heads' true maps with the heads' budgets pooled: the bound
         # for any split of the same total work among the heads (a per-head budget schedule)
         top = block_mass.flatten().topk(budget * h).indices
-        methods[(s, "oracle (shared)")] = torch.zeros(h * nt * nt, dtype=torch.bool).scatter_(
-            0, top, True).view(h, nt, nt)
+        methods[(s, "oracle (shared)")] = torch.zeros(h * nq * nt, dtype=torch.bool).scatter_(
+            0, top, True).view(h, nq, nt)
     gen = torch.Generator().manual_seed(1)
-    sample = torch.randperm(nt, generator=gen)[:query_tiles].sort().values
+    sample = torch.randperm(nq, generator=gen)[:query_tiles].sort().values
     recall = {m: torch.zeros(h) for m in methods}
     err2 = {m: torch.zeros(h) for m in methods}
     ref2 = torch.zeros(h)
-    values = vt.view(h, nt, bs, d)
-    per_pass = max(1, rows_per_pass // bs)
+    values = vt.view(h, nt, bk, d)
+    per_pass = max(1, rows_per_pass // bq)
     for start in range(0, len(sample), per_pass):
         tiles = sample[start : start + per_pass]  # query tiles of this pass
-        rows = (tiles[:, None] * bs + torch.arange(bs)).flatten()
-        p = torch.softmax(qt[:, rows] @ kt.transpose(-1, -2) * d**-0.5, -1).view(h, -1, nt, bs)
+        rows = (tiles[:, None] * bq + torch.arange(bq)).flatten()
+        p = torch.softmax(qt[:, rows] @ kt.transpose(-1, -2) * d**-0.5, -1).view(h, -1, nt, bk)
         mass = p.sum(-1)  # [H, R, nT] softmax mass of each key tile
         num = torch.einsum("hrjk,hjkd->hrjd", p, values)  # [H, R, nT, D]
         ref = num.sum(2)
         ref2 += ref.pow(2).sum((1, 2))
-        tile_mass = mass.view(h, len(tiles), bs, nt).sum(2)  # [H, tiles, nT]
+        tile_mass = mass.view(h, len(tiles), bq, nt).sum(2)  # [H, tiles, nT]
         for m, kept in methods.items():
             if m[1] == "oracle":  # the heaviest key tiles of each query tile, by true mass
-                top = tile_mass.topk(round(block_budget(nt, m[0]) / nt), dim=-1).indices
+                top = tile_mass.topk(round(block_budget(nt, m[0], nq) / nq), dim=-1).indices
                 rows_kept = torch.zeros_like(tile_mass, dtype=torch.bool).scatter_(-1, top, True)
                 kept[:, tiles] = rows_kept
-            keep = kept[:, tiles].repeat_interleave(bs, dim=1).float()  # [H, R, nT]
+            keep = kept[:, tiles].repeat_interleave(bq, dim=1).float()  # [H, R, nT]
             kept_mass = (mass * keep).sum(-1)  # [H, R]
             out = (num * keep[..., None]).sum(2) / kept_mass.clamp_min(1e-30)[..., None]
             recall[m] += kept_mass.sum(-1)
             err2[m] += (out - ref).pow(2).sum((1, 2))
-    n_rows = len(sample) * bs
+    n_rows = len(sample) * bq
     result = []
     for (s, name), kept in methods.items():
         per_head = recall[(s, name)] / n_rows
         result.append({"sparsity": s, "method": name, "density": float(kept.float().mean()),
                        "recall": float(per_head.mean()), "per_head": per_head.tolist(),
                        "error": float((err2[(s, name)].sum() / ref2.sum()).sqrt())})
-    return result, len(sample), nt
+    return result, len(sample), nq
 
 
 def wan_section(device, grid, tile, quick, compile=None):
@@ -597,6 +626,21 @@ def _sizes(text: str, n: int) -> list[tuple[int, ...]] | None:
     return None if any(len(s) != n or min(s) < 1 for s in sizes) else sizes
 
 
+def _tile_sizes(text: str) -> list[tuple[int, ...]] | None:
+    """'8x16,8x8/4x8' -> [(8, 16), (8, 8, 4, 8)]: a tile, or a query tile over a tile (each of
+    its sides a multiple of the tile's); None if an item is neither."""
+    sizes = []
+    for item in (i for i in text.split(",") if i):
+        parts = [_sizes(part, 2) for part in item.split("/")]
+        if len(parts) > 2 or any(part is None or len(part) != 1 for part in parts):
+            return None
+        size = sum((part[0] for part in parts), ())
+        if len(size) == 4 and (size[0] % size[2] or size[1] % size[3]):
+            return None
+        sizes.append(size)
+    return sizes or None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
@@ -627,8 +671,9 @@ def main() -> None:
                         "and skipped, into section draft_attention_padded_text (_gpu on a GPU)")
     p.add_argument("--tiles", default="",
                    help="only fidelity and speed (on the GPU when there is one) at 90%% for "
-                        "each tile size, e.g. 8x16,8x8,4x8, into section draft_attention_tiles "
-                        "(_gpu on a GPU)")
+                        "each tile size, e.g. 8x16,8x8,4x8, or query tile over tile, e.g. "
+                        "8x8/4x8 (64-token query blocks over 32-token key blocks), into section "
+                        "draft_attention_tiles (_gpu on a GPU)")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -652,10 +697,10 @@ def main() -> None:
                           "sharpness of the synthetic heads", body)
         return
     if args.tiles:
-        tiles = _sizes(args.tiles, 2)
+        tiles = _tile_sizes(args.tiles)
         if not tiles:
-            p.error(f"--tiles takes THxTW sizes joined by commas, e.g. 8x16,8x8; got "
-                    f"{args.tiles!r}")
+            p.error(f"--tiles takes THxTW tile sizes, or QHxQW/THxTW (query tile over tile, "
+                    f"whole tiles), joined by commas, e.g. 8x16,8x8/4x8; got {args.tiles!r}")
         device = "cuda" if torch.cuda.is_available() else "cpu"  # the speed columns
         body = tile_size_report(fid_grid, tiles, reps_dense=reps_dense, reps_small=reps_small,
                                 device=device)
