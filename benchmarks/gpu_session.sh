@@ -31,5 +31,5 @@ step tests $PY -m pytest -q -x tests/kernels tests/video_dit/test_sparse_attenti
 step compiled $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
 step padded_text $PY benchmarks/draft_attention.py --padded-text --write
-step tiles $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8 --write
+step tiles $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8,8x8/4x8,8x16/4x8 --write
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

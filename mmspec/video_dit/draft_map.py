@@ -4,7 +4,10 @@ For each head, queries and keys are average-pooled per tile (one draft token per
 one frame) and the draft map `softmax(q_hat k_hat^T / sqrt(D))` over tiles is computed. Its kept
 entries become the kept blocks of full attention, in tile order (see `tiles.py`).
 
-Two selection rules at the same budget of `round((1 - sparsity) * n_tiles^2)` blocks per head:
+With query tiles (`TileLayout.query_tile`, whole tiles each), queries are pooled per query tile
+and keys per tile: the map is `[n_query_tiles, n_tiles]`, and a query tile's own blocks are the
+tiles inside it. Two selection rules at the same budget of
+`round((1 - sparsity) * n_query_tiles * n_tiles)` blocks per head:
 - `mode="global"` (the paper): one per-head percentile over the whole map, i.e. the top entries
   of the row-normalised map, wherever they are;
 - `mode="row"` (ours, after XAttention and SVG2): per-row cumulative-mass top-p, with one `p` per

@@ -71,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tile", type=int, nargs=2, default=(8, 16), metavar=("TH", "TW"),
                    help="latent tokens (after the VAE and the patch embedding) per tile and "
                         "kernel block, at most a frame's (default 8 16, the paper's)")
+    p.add_argument("--query-tile", type=int, nargs=2, default=None, metavar=("QH", "QW"),
+                   help="query tiles of whole tiles, e.g. --tile 4 8 --query-tile 8 8: 64-token "
+                        "query blocks over 32-token key blocks, a finer selection with larger "
+                        "kernel programs (default: the tile)")
     p.add_argument("--dense-steps", type=float, default=0.3,
                    help="leading dense steps: a fraction if < 1, else a count (default 0.3)")
     p.add_argument("--dense-layers", type=int, default=1)
@@ -114,6 +118,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.dense_layers < 0 or min(args.tile) < 1:
         p.error(f"--dense-layers must be >= 0 and --tile two ints >= 1, got {args.dense_layers} "
                 f"and {tuple(args.tile)}")
+    query = args.query_tile
+    if query is not None and (min(query) < 1 or query[0] % args.tile[0] or query[1] % args.tile[1]):
+        p.error(f"--query-tile must be whole tiles, a multiple of --tile {args.tile[0]} "
+                f"{args.tile[1]} in each dimension, got {query[0]} {query[1]}")
     return args
 
 
@@ -191,8 +199,21 @@ def config_from_args(args) -> DraftAttentionConfig | None:
     if args.dense:
         return None
     dense_steps = args.dense_steps if args.dense_steps < 1 else int(args.dense_steps)
+    query_tile = None if args.query_tile is None else tuple(args.query_tile)
     return DraftAttentionConfig(sparsity=args.sparsity, tile=tuple(args.tile), mode=args.mode,
-                                dense_steps=dense_steps, dense_layers=args.dense_layers)
+                                dense_steps=dense_steps, dense_layers=args.dense_layers,
+                                query_tile=query_tile)
+
+
+def _config_settings(config) -> dict | None:
+    """The config as a run's JSON records it; `query_tile` only where set, so that folders
+    written before it existed still resume."""
+    if config is None:
+        return None
+    fields = asdict(config)
+    if fields["query_tile"] is None:
+        del fields["query_tile"]
+    return fields
 
 
 def load_pipeline(model: str, dtype: torch.dtype):
@@ -389,7 +410,7 @@ def run_settings(args, config) -> dict:
             "guidance": args.guidance, "negative_prompt": args.negative_prompt,
             "true_cfg_scale": args.true_cfg_scale, "pipeline_kwargs": args.pipeline_kwargs,
             "dtype": args.dtype, "vae_tiling": args.vae_tiling,
-            "config": None if config is None else asdict(config)}
+            "config": _config_settings(config)}
 
 
 def main(argv=None) -> int:
@@ -456,8 +477,10 @@ def main(argv=None) -> int:
             result = generate_one(pipe, prompts[index], index, args, state, dist.device,
                                   jobs[index]["image"])
         except TileTooLarge as err:  # the grid is checked at the first forward
-            raise SystemExit(f"--tile {args.tile[0]} {args.tile[1]}: {err} (the grid is the "
-                             f"latent tokens of --height, --width and --frames)") from None
+            flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
+                "query_tile") else ("--tile", args.tile)
+            raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
+                             f"tokens of --height, --width and --frames)") from None
         stem = args.out / f"{index:04d}"
         frames = to_uint8(result["frames"])
         write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
@@ -467,7 +490,7 @@ def main(argv=None) -> int:
             "settings": settings,
             "seed": args.seed + index,
             "model": settings["model"], "attention": "dense" if config is None else "draft",
-            "config": None if config is None else asdict(config),
+            "config": _config_settings(config),
             # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
             "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
             "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],

@@ -73,6 +73,8 @@ CASES = [
     (2, 1, 2, 1, 40, 70, 128, (16, 16), 1, 1, "blocks"),  # MQA, full broadcast, D=128
     (3, 2, 2, 2, 33, 33, 40, (16, 16), None, 1, "token"),  # odd head dim, head broadcast
     (5, 1, 2, 2, 200, 256, 128, (128, 128), None, None, "blocks"),  # video DiT blocks and D
+    # DraftAttention's query tiles: query blocks of whole key blocks, ragged tails
+    (6, 2, 2, 2, 112, 120, 64, (32, 16), None, None, "blocks"),
 ]
 
 

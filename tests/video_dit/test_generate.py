@@ -276,6 +276,8 @@ def test_bad_cli_input(tmp_path, model_dir, capsys):
     for flags, message in ((["--dense-steps", "2.5"], "--dense-steps must be a fraction in "
                             r"\[0, 1\) or a whole number of steps, got 2.5"),
                            (["--tile", "0", "16"], "--tile two ints >= 1"),
+                           (["--query-tile", "8", "24"], r"--query-tile must be whole tiles, a "
+                            r"multiple of --tile 8 16 in each dimension, got 8 24"),
                            # 0 steps wrote pure noise as a finished video; fps 0 a broken mp4
                            (["--steps", "0"], "argument --steps: must be an int >= 1, got 0"),
                            (["--fps", "0"], "argument --fps: must be an int >= 1, got 0"),
@@ -324,6 +326,9 @@ def test_run_time_mistakes_are_named(model_dir, tmp_path):
     with pytest.raises(SystemExit, match=r"--tile 8 16: tile \(8, 16\) is larger than the "
                                          r"frame.*latent tokens of --height"):
         generate.main([*args, "--tile", "8", "16", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"--query-tile 8 8: query_tile \(8, 8\) is larger "
+                                         r"than the frame"):
+        generate.main([*args, "--query-tile", "8", "8", "--out", str(tmp_path / "a")])
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit, match="--out .*file is a file; give a folder"):
         generate.main([*args, "--out", str(tmp_path / "file")])
@@ -448,3 +453,24 @@ def test_bfloat16_loads_keep_the_float32_modules_like_from_pretrained(where, mod
     assert all(t.dtype == torch.bfloat16 for name, t in state.items()
                if name.startswith(("patch_embedding", "proj_out")))
     assert pipe.transformer.dtype == torch.bfloat16
+
+
+def test_query_tiles_run_record_and_resume(model_dir, tmp_path, capsys):
+    # 4 x 4 latent tokens a frame: 2 x 2 query tiles over 1 x 2 tiles
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    out = tmp_path / "q"
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--sparsity", "0.5",
+            "--dense-steps", "1", "--tile", "1", "2", "--out", str(out)]
+    assert generate.main([*args, "--query-tile", "2", "2"]) == 0
+    meta = json.loads((out / "0000.json").read_text())
+    assert meta["config"]["query_tile"] == [2, 2] and meta["config"]["tile"] == [1, 2]
+    assert meta["density"]["by_step"]["2"] < 1.0
+    assert generate.main([*args, "--query-tile", "2", "2"]) == 0
+    assert "resuming: 1 of 1" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="query_tile"):  # another run in the same folder
+        generate.main(args)
+    # without --query-tile the JSON has no such key, as before it existed: older folders resume
+    plain = tmp_path / "plain"
+    assert generate.main([*args[:-1], str(plain)]) == 0
+    assert "query_tile" not in json.loads((plain / "0000.json").read_text())["config"]
