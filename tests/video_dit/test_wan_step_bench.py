@@ -73,3 +73,38 @@ def test_global_oracle_bounds_every_mask_of_its_budget():
                 if name != "oracle (shared)":
                     assert r["recall"] <= best["recall"] + 1e-5, name
         assert shared["density"] == pytest.approx(best["density"])
+
+
+@pytest.mark.parametrize("query_tile", [None, (4, 8)])
+def test_fidelity_recall_and_error_against_a_dense_softmax(query_tile):
+    # the fidelity measure scores a mask by its kept share of the dense softmax and the error of
+    # attention restricted to it: check both for the draft and window masks against SDPA over a
+    # token mask, with square tiles and with query tiles over them, exact over all queries
+    import torch.nn.functional as F
+
+    from benchmarks.draft_attention import fidelity_of, structured_heads, window_blocks
+    from mmspec.video_dit import draft_block_mask, tile_layout
+
+    grid, tile = (2, 8, 16), (2, 4)
+    layout = tile_layout(grid, tile, query_tile=query_tile)
+    q, k, v, _ = structured_heads(grid, 64)
+    rows, sampled, nq = fidelity_of(q, k, v, layout, [0.75], query_tiles=1000)
+    assert sampled == nq == layout.num_query_tiles
+    at = {r["method"]: r for r in rows}
+    slot = layout.inverse  # tiled slot of each token
+    q_tile, k_tile = slot // layout.query_tile_tokens, slot // layout.tile_tokens
+    probs = torch.softmax(q @ k.transpose(-1, -2) / 8, -1)  # D = 64
+    dense = probs @ v
+    budget = round(0.25 * layout.num_query_tiles * layout.num_tiles)
+    masks = {"draft-global": draft_block_mask(q, k, grid, tile, 0.75, query_tile=query_tile)[0],
+             "local window": window_blocks(layout, grid, tile, budget)[None].expand(4, -1, -1)}
+    own = layout.own_blocks()
+    assert masks["local window"][0][own].all()  # the window holds each query tile's own tiles
+    for name, kept in masks.items():
+        token = kept[:, q_tile][:, :, k_tile]  # [H, N, N]
+        recall = (probs[0] * token).sum(-1).mean()
+        assert at[name]["recall"] == pytest.approx(float(recall), abs=1e-5)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=token[None])
+        error = (out - dense).norm() / dense.norm()
+        assert at[name]["error"] == pytest.approx(float(error), rel=1e-3)
+        assert at[name]["density"] == pytest.approx(budget / own.numel(), abs=1e-6)
