@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -120,6 +120,7 @@ class TileLayout:
     counts: torch.Tensor
     query_tile: tuple[int, int] | None = None
     query_counts: torch.Tensor | None = None
+    own: torch.Tensor | None = None  # `own_blocks()`, built with the layout where asymmetric
 
     def __post_init__(self):
         if self.query_tile is None:
@@ -170,6 +171,8 @@ class TileLayout:
     def own_blocks(self) -> torch.Tensor:
         """bool `[n_query_tiles, n_tiles]`: the tiles inside each query tile (its own blocks, the
         diagonal without query tiles), tiles of padding only excluded."""
+        if self.own is not None:
+            return self.own
         r = self.tiles_per_query_tile
         own = (torch.arange(self.num_tiles, device=self.counts.device)[None] // r
                == torch.arange(self.num_query_tiles, device=self.counts.device)[:, None])
@@ -206,8 +209,10 @@ def _build_layout(grid, tile, query_tile, device: str) -> TileLayout:
         return TileLayout(grid, tile, perm.to(dev), inverse.to(dev), valid.to(dev),
                           counts.to(dev))
     query_counts = valid.view(-1, query_tile[0] * query_tile[1]).sum(1).float()
-    return TileLayout(grid, tile, perm.to(dev), inverse.to(dev), valid.to(dev), counts.to(dev),
-                      query_tile, query_counts.to(dev))
+    layout = TileLayout(grid, tile, perm.to(dev), inverse.to(dev), valid.to(dev), counts.to(dev),
+                        query_tile, query_counts.to(dev))
+    # once, outside inference mode like the rest (read by every sparse call)
+    return replace(layout, own=layout.own_blocks())
 
 
 def tile_layout(grid, tile, device="cpu", query_tile=None) -> TileLayout:

@@ -65,12 +65,23 @@ def _fresh_dynamo():
 @pytest.mark.parametrize("name", list(MODELS))
 @torch.no_grad()
 def test_regional_fullgraph_compile_matches_eager(name):
-    build, inputs, t_arg = MODELS[name]
-    model = build()
     # frames are not whole tiles (padding slots: the exact padding path and its torch.cond) and
     # HunyuanVideo's sample 1 pads its text
+    _regional_compile_matches_eager(name, tile=(4, 4))
+
+
+@pytest.mark.parametrize("name", ["wan", "hunyuan", "skyreels_df"])
+@torch.no_grad()
+def test_regional_compile_with_query_tiles(name):
+    # 4 x 4 query tiles over 2 x 2 tiles: padded frames leave tiles of padding only
+    _regional_compile_matches_eager(name, tile=(2, 2), query_tile=(4, 4))
+
+
+def _regional_compile_matches_eager(name, **tiles):
+    build, inputs, t_arg = MODELS[name]
+    model = build()
     state = apply_draft_attention(model, DraftAttentionConfig(
-        sparsity=0.5, tile=(4, 4), dense_steps=1, dense_layers=1))
+        sparsity=0.5, dense_steps=1, dense_layers=1, **tiles))
     eager = _steps(model, inputs, t_arg)
     records = state.records
     assert {r.density for r in records if r.step > 0 and r.layer > 0} != {1.0}  # sparse ran

@@ -63,3 +63,19 @@ def test_a_layout_first_built_under_inference_mode_serves_grad_enabled_calls():
     x = torch.randn(1, 120, 4, requires_grad=True)
     layout.to_tiles(x, dim=1).sum().backward()  # saved the inference-mode index: RuntimeError
     assert x.grad is not None
+
+
+def test_a_query_tile_layout_first_built_under_inference_mode_serves_grad_enabled_calls():
+    # its own-block map is built with the layout, outside inference mode, like its indices: a
+    # map made in an inference-mode call and kept would fail every later call with grad
+    from mmspec.video_dit import draft_attention, tile_layout
+
+    grid, q = (2, 6, 10), torch.randn(1, 2, 120, 8)
+    with torch.inference_mode():
+        layout = tile_layout(grid, (2, 2), query_tile=(4, 4))
+        draft_attention(q, q, q, layout, sparsity=0.5)
+    assert not layout.own_blocks().is_inference()
+    q.requires_grad_(True)
+    probs = []
+    draft_attention(q, q.detach(), q.detach(), layout, sparsity=0.5, on_draft_map=probs.append)
+    assert probs[0].requires_grad
