@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.draft_attention import fidelity_of
+from benchmarks.draft_attention import _tile_sizes, fidelity_of
 from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
 from mmspec.video_dit import tile_layout
@@ -206,13 +206,13 @@ def speed(pipe, prompt, size, steps, tile, sparsities, capture_steps):
 # ----------------------------------------------------------------------- 3. real-map fidelity
 
 
-def real_fidelity(captured, grid, tile, sparsities, query_tiles=None):
-    layout = tile_layout(grid, tile)
+def real_fidelity(captured, grid, tile, sparsities, query_tiles=None, query_tile=None):
+    layout = tile_layout(grid, tile, query_tile=query_tile)
     acc = {}
     for step, layer, q, k, v in captured:
         for b in range(q.shape[0]):
             rows, _, nt = fidelity_of(q[b:b + 1], k[b:b + 1], v[b:b + 1], layout, sparsities,
-                                      query_tiles=query_tiles or layout.num_tiles)
+                                      query_tiles=query_tiles or layout.num_query_tiles)
             for r in rows:
                 a = acc.setdefault((r["sparsity"], r["method"]), {"recall": [], "error": [],
                                                                    "density": [], "by_layer": {}})
@@ -227,6 +227,54 @@ def real_fidelity(captured, grid, tile, sparsities, query_tiles=None):
                     "error": float(np.mean(a["error"])),
                     "by_layer": {l: float(np.mean(x)) for l, x in sorted(a["by_layer"].items())}})
     return out, layout.num_tiles
+
+
+def tile_report(pipe, prompts, size, grid, steps, tiles, capture_steps, sparsity=0.9):
+    """Real-map fidelity and video PSNR at one sparsity for each tile (or query tile over tile):
+    q, k, v captured in the dense runs of prompts 0-1 (as section 1), the videos of every
+    prompt against the dense video of its seed, draft-global, the other defaults of
+    DraftAttentionConfig (30% dense warm-up, layer 0 dense)."""
+    dense, captured = [], []
+    for i, prompt in enumerate(prompts):
+        store = []
+        dense.append(generate(pipe, prompt, i, size, steps, 3.0,
+                              capture=(capture_steps, store) if i < 2 else None))
+        captured += store
+    methods = ("draft-global", "draft-row", "local window", "random", "oracle (global)")
+    rows = []
+    for item in tiles:
+        tile, query_tile = (item, None) if len(item) == 2 else (item[2:], item[:2])
+        layout = tile_layout(grid, tile, query_tile=query_tile)
+        fid, _ = real_fidelity(captured, grid, tile, (sparsity,), query_tile=query_tile)
+        by = {r["method"]: r for r in fid}
+        cfg = DraftAttentionConfig(sparsity=sparsity, tile=tile, query_tile=query_tile)
+        runs = [generate(pipe, p, i, size, steps, 3.0, cfg) for i, p in enumerate(prompts)]
+        p = [psnr(d["video"], r["video"]) for d, r in zip(dense, runs)]
+        if layout.asymmetric:
+            name = (f"{query_tile[0]}x{query_tile[1]} over {tile[0]}x{tile[1]} "
+                    f"({layout.query_tile_tokens} / {layout.tile_tokens})")
+        else:
+            name = f"{tile[0]}x{tile[1]} ({layout.tile_tokens})"
+        bound = by["oracle (global)"]["recall"]
+        rows.append([name] + [f"{by[m]['recall']:.3f}" for m in methods]
+                    + [f"{by['draft-global']['recall'] / bound:.0%}",
+                       f"{by['draft-global']['error']:.3f}",
+                       f"{np.mean(p):.2f} / {np.min(p):.2f}"])
+        print(rows[-1], flush=True)
+    n_calls = sum(c[2].shape[0] for c in captured)
+    t, h, w = grid
+    return (
+        f"Real attention maps of the zoo `video-dit` as in section `draft_attention_real` "
+        f"(dense generation of prompts 0-1, steps {', '.join(map(str, capture_steps))} of "
+        f"{steps}, both CFG rows: {n_calls} attention calls of {t}x{h}x{w} = {t * h * w:,} "
+        f"tokens, exact over all query tiles) at sparsity {sparsity:.0%} for each tile (QHxQW "
+        f"over THxTW: query tiles of whole tiles); and the videos of {len(prompts)} prompts "
+        f"generated with `DraftAttentionConfig(sparsity={sparsity}, tile=..., query_tile=...)` "
+        f"(draft-global, first 30% of steps and layer 0 dense) against the dense video of the "
+        f"same seed, PSNR mean / worst prompt.\n\n"
+        + markdown_table(["tile (tokens per block)", *(f"recall {m}" for m in methods),
+                          "draft-global / bound", "rel. error draft-global",
+                          "PSNR dB draft-global"], rows))
 
 
 # ------------------------------------------------------------------------------------ plots
@@ -293,7 +341,15 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--zoo-dir", type=Path, default=ZOO_DIR)
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--tiles", default="",
+                   help="only real-map fidelity and PSNR at 90%% for each tile, or query tile "
+                        "over tile, e.g. 4x4,2x4,4x4/2x4, at the training grid, into section "
+                        "draft_attention_real_tiles")
     args = p.parse_args()
+    tiles = _tile_sizes(args.tiles) if args.tiles else None
+    if args.tiles and not tiles:
+        p.error(f"--tiles takes THxTW tile sizes, or QHxQW/THxTW (query tile over tile, whole "
+                f"tiles), joined by commas, e.g. 4x4,4x4/2x4; got {args.tiles!r}")
     check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)
     entry = load("video-dit", args.zoo_dir)
@@ -308,6 +364,13 @@ def main() -> None:
         prompts, steps, sparsities, big, big_steps = PROMPTS[:4], 20, (0.5, 0.75, 0.9, 0.95), (16, 64, 64), 5
         capture_steps = (6, 10, 15, 19)  # the sparse steps (0-5 are the 30% dense warm-up)
     tile, big_tile = (4, 4), (8, 16)
+    if tiles:
+        body = tile_report(pipe, prompts, size, grid, steps, tiles, capture_steps)
+        print(body)
+        if args.write:
+            write_section("draft_attention_real_tiles", "DraftAttention on real attention maps "
+                          "against the tile size (`benchmarks/video.py --tiles`)", body)
+        return
     bn = big[0] * (big[1] // 2) * (big[2] // 2)
     load0 = os.getloadavg()
 
