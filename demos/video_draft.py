@@ -44,7 +44,9 @@ from mmspec.video_dit.compare import psnr
 from mmspec.video_dit.draft_map import select_blocks
 from mmspec.video_dit.video_io import to_uint8, write_mp4
 
-TILES = {"2 x 2": (2, 2), "4 x 4": (4, 4), "8 x 16 (paper)": (8, 16)}  # latent tokens per tile
+# latent tokens per tile, and per query tile where queries are pooled coarser (query_tile)
+TILES = {"2 x 2": ((2, 2), None), "4 x 4": ((4, 4), None),
+         "4 x 4 queries over 2 x 2 keys": ((2, 2), (4, 4)), "8 x 16 (paper)": ((8, 16), None)}
 FPS = 8
 
 
@@ -55,8 +57,10 @@ class Comparison:
     dense_seconds: float
     sparse_seconds: float
     density: float  # mean share of attention blocks computed in the sparse run
-    maps: dict = field(default_factory=dict)  # (step, layer) -> fp32 [H, nT, nT], first sample
+    maps: dict = field(default_factory=dict)  # (step, layer) -> fp32 [H, nQ, nT], first sample
     tiles_per_frame: int = 0  # tiles of one latent frame (nT = latent frames x this)
+    query_tiles_per_frame: int = 0  # query tiles of one latent frame (= tiles_per_frame without)
+    own: torch.Tensor | None = None  # bool [nQ, nT] with query tiles: the tiles inside each
 
 
 def load_zoo_pipeline():
@@ -74,7 +78,7 @@ def _frames(result) -> np.ndarray:
 
 
 def compare(pipe, prompt: str, sparsity: float, tile: tuple[int, int], *, num_frames: int,
-            size: int, steps: int, seed: int) -> Comparison:
+            size: int, steps: int, seed: int, query_tile=None) -> Comparison:
     """Run `pipe` dense, then with DraftAttention at `sparsity`, same seed; keep the draft maps."""
     call = {"num_frames": num_frames, "height": size, "width": size,
             "num_inference_steps": steps}
@@ -88,25 +92,33 @@ def compare(pipe, prompt: str, sparsity: float, tile: tuple[int, int], *, num_fr
     dense, dense_seconds = timed()
     maps = {}
 
-    def keep_map(step, layer, probs):  # probs [B, H, nT, nT]; B > 1 under CFG: keep the first
+    def keep_map(step, layer, probs):  # probs [B, H, nQ, nT]; B > 1 under CFG: keep the first
         maps.setdefault((step, layer), probs[0].cpu())
 
-    config = DraftAttentionConfig(sparsity=sparsity, tile=tile)
+    config = DraftAttentionConfig(sparsity=sparsity, tile=tile, query_tile=query_tile)
     state = apply_draft_attention(pipe, config, on_draft_map=keep_map)
     try:
         sparse, sparse_seconds = timed()
     finally:
         remove_draft_attention(pipe)
-    frames = state.layout.grid[0] if state.layout is not None else 1
-    per_frame = state.layout.num_tiles // frames if state.layout is not None else 0
+    layout = state.layout
+    if layout is None:
+        return Comparison(dense, sparse, dense_seconds, sparse_seconds, state.mean_density(),
+                          maps)
+    frames = layout.grid[0]
     return Comparison(dense, sparse, dense_seconds, sparse_seconds, state.mean_density(), maps,
-                      per_frame)
+                      layout.num_tiles // frames, layout.num_query_tiles // frames,
+                      layout.own_blocks().cpu() if layout.asymmetric else None)
 
 
-def map_figure(probs: torch.Tensor, sparsity: float, title: str, tiles_per_frame: int = 0):
-    """probs `[nT, nT]` of one head -> figure: the draft map and the blocks kept at `sparsity`;
-    thin lines separate the latent frames."""
-    kept = select_blocks(probs[None, None], sparsity)[0, 0]  # [nT, nT]
+def map_figure(probs: torch.Tensor, sparsity: float, title: str, tiles_per_frame: int = 0,
+               query_tiles_per_frame: int | None = None, own: torch.Tensor | None = None):
+    """probs `[nQ, nT]` of one head -> figure: the draft map and the blocks kept at `sparsity`;
+    thin lines separate the latent frames. With query tiles (`own`: the tiles inside each query
+    tile, which are always kept) the rows are query tiles, fewer than the key tiles."""
+    query_tiles_per_frame = tiles_per_frame if query_tiles_per_frame is None else (
+        query_tiles_per_frame)
+    kept = select_blocks(probs[None, None], sparsity, own=own)[0, 0]  # [nQ, nT]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6), dpi=90)
     im = left.imshow(probs.numpy(), cmap="viridis", norm=matplotlib.colors.LogNorm(
         vmin=max(float(probs.min()), 1e-6), vmax=float(probs.max())))
@@ -115,12 +127,14 @@ def map_figure(probs: torch.Tensor, sparsity: float, title: str, tiles_per_frame
     right.imshow(kept.numpy(), cmap="Greys", vmin=0, vmax=1)
     right.set_title(f"block mask, sparsity {sparsity:.2f}: {int(kept.sum())} of {kept.numel()} "
                     f"blocks computed (black)", fontsize=9)
-    n = probs.shape[0]
+    nq, n = probs.shape
     for ax in (left, right):
         ax.set_xlabel("key tile (frame by frame)")
         ax.set_ylabel("query tile")
-        for edge in range(tiles_per_frame, n, tiles_per_frame or n):
+        ax.set_aspect("auto" if nq != n else "equal")
+        for edge in range(query_tiles_per_frame, nq, query_tiles_per_frame or nq):
             ax.axhline(edge - 0.5, color="#e8590c", lw=0.6)
+        for edge in range(tiles_per_frame, n, tiles_per_frame or n):
             ax.axvline(edge - 0.5, color="#e8590c", lw=0.6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -148,7 +162,8 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
     def warm_up():
         warm = {"num_frames": num_frames, "height": size, "width": size,
                 "num_inference_steps": 1, "generator": torch.Generator().manual_seed(0)}
-        config = DraftAttentionConfig(tile=TILES[tile], dense_steps=0, dense_layers=0)
+        config = DraftAttentionConfig(tile=TILES[tile][0], query_tile=TILES[tile][1],
+                                      dense_steps=0, dense_layers=0)
         try:
             with torch.no_grad():
                 pipe("warm-up", **warm)
@@ -176,9 +191,9 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
             return gr.skip(), gr.skip(), warn(problem), *[gr.skip()] * 5
         warmed.wait()
         try:
-            result = compare(pipe, text, float(sparsity), TILES[tile_name],
+            result = compare(pipe, text, float(sparsity), TILES[tile_name][0],
                              num_frames=int(frames), size=int(px), steps=int(n_steps),
-                             seed=int(seed))
+                             seed=int(seed), query_tile=TILES[tile_name][1])
         except ValueError as error:  # e.g. a tile larger than the latent frame
             return gr.skip(), gr.skip(), warn(str(error)), *[gr.skip()] * 5
         run_id = next(counter)
@@ -197,7 +212,7 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
         layers_seen = sorted({layer for _, layer in keys})
         heads = result.maps[keys[0]].shape[0]
         step, layer = keys[0]
-        view = (result.maps, result.tiles_per_frame)
+        view = (result.maps, result.tiles_per_frame, result.query_tiles_per_frame, result.own)
         return (str(paths[0]), str(paths[1]), status, view,
                 gr.Dropdown(choices=steps_seen, value=step, interactive=True),
                 gr.Dropdown(choices=layers_seen, value=layer, interactive=True),
@@ -207,14 +222,14 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
     def draw(view, step, layer, head, sparsity):
         if not view:
             return gr.skip()
-        maps, tiles_per_frame = view
+        maps, tiles_per_frame, query_tiles_per_frame, own = view
         probs = maps.get((int(step), int(layer)))
         if probs is None:
             return gr.skip()
         head = min(int(head), probs.shape[0] - 1)
         return map_figure(probs[head], float(sparsity),
                           f"denoising step {int(step)}, layer {int(layer)}, head {head}",
-                          tiles_per_frame)
+                          tiles_per_frame, query_tiles_per_frame, own)
 
     with gr.Blocks(title="mmspec: DraftAttention") as app:
         gr.Markdown("## DraftAttention on a video DiT\nThe same prompt and seed, dense and with "
@@ -224,7 +239,8 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                     "16 frames of 64 x 64 with 8 x 16 tiles); at the zoo model's 32 x 32 the "
                     "gain is small (1.1-1.2x measured on a shared 2-core machine) and moves with "
                     "machine load.")
-        maps = gr.State(None)  # (draft maps by (step, layer), tiles per latent frame)
+        # (draft maps by (step, layer), tiles and query tiles per latent frame, own blocks)
+        maps = gr.State(None)
         with gr.Row():
             with gr.Column(scale=2):
                 prompt_box = gr.Textbox(value=prompt, label="Prompt", elem_id="prompt")

@@ -68,3 +68,17 @@ def test_bad_inputs_show_messages(app, page):
         assert "Traceback" not in page.content()
         page.wait_for_timeout(500)
         screenshot(page, "video_draft_bad_tile")
+
+
+def test_query_tiles_show_a_map_of_query_tiles_by_tiles(app, page):
+    # 8 x 8 tokens per latent frame: 4 query tiles over 16 tiles a frame
+    with served(app) as url:
+        page.goto(url)
+        page.locator("#tile input").click()
+        page.get_by_role("option", name="4 x 4 queries over 2 x 2 keys").click()
+        page.locator("#run").click()
+        page.locator("#status").get_by_text("PSNR").wait_for(timeout=120_000)
+        page.locator("#map img").first.wait_for(timeout=60_000)  # the figure, drawn
+        assert "Traceback" not in page.content() and "Error" not in page.locator(
+            "#status").inner_text()
+        screenshot(page, "video_draft_query_tiles")
