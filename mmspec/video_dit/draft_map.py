@@ -64,7 +64,8 @@ def _pool(x_tiled: torch.Tensor, tiles: int, tokens: int, counts: torch.Tensor) 
 
 
 def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
-    """Mean of the real tokens of each tile: `[B, H, Np, D]` (tile order) -> fp32 `[B, H, nT, D]`."""
+    """Mean of the real tokens of each tile: `[B, H, Np, D]` (tile order) -> fp32
+    `[B, H, nT, D]`."""
     return _pool(x_tiled, layout.num_tiles, layout.tile_tokens, layout.counts)
 
 

@@ -119,7 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--dense-layers must be >= 0 and --tile two ints >= 1, got {args.dense_layers} "
                 f"and {tuple(args.tile)}")
     query = args.query_tile
-    if query is not None and (min(query) < 1 or query[0] % args.tile[0] or query[1] % args.tile[1]):
+    tile = args.tile
+    if query is not None and (min(query) < 1 or query[0] % tile[0] or query[1] % tile[1]):
         p.error(f"--query-tile must be whole tiles, a multiple of --tile {args.tile[0]} "
                 f"{args.tile[1]} in each dimension, got {query[0]} {query[1]}")
     return args

@@ -164,9 +164,9 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nQueryTiles,
             nTiles]` (tile order; square without query tiles) before the blocks are selected,
             e.g. to plot it.
-        allowed: optional bool `[nQueryTiles, nTiles]` (tile order): the video blocks the model's own
-            mask allows (SkyReels-V2's frame-causal diffusion forcing); the draft map and the
-            selection stay inside it, and the budget and density count its blocks only.
+        allowed: optional bool `[nQueryTiles, nTiles]` (tile order): the video blocks the
+            model's own mask allows (SkyReels-V2's frame-causal diffusion forcing); the draft map
+            and the selection stay inside it, and the budget and density count its blocks only.
             `allowed_count`: its number of True entries, a host int (no device sync).
 
     Returns:
