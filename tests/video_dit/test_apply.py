@@ -356,6 +356,58 @@ def test_tiny_hunyuan_video_pipeline_with_true_cfg():
     assert (pipe(**call, generator=torch.Generator().manual_seed(0)).frames == dense).all()
 
 
+@pytest.mark.parametrize("image_condition_type", ["token_replace", "latent_concat"])
+@torch.no_grad()
+def test_tiny_hunyuan_video_image_to_video_pipeline_with_true_cfg(image_condition_type):
+    # HunyuanVideoImageToVideoPipeline (HunyuanVideo-I2V): a Llava text encoder whose image
+    # tokens lead the text, all valid; true CFG as a second forward per step, whose text can be
+    # longer: of the 16 image tokens the pipeline keeps every 4th (token_replace) or 2nd
+    # (latent_concat) for the prompt, but every 2nd for the negative prompt (a black image).
+    # token_replace: the first latent frame is the image's, its tokens modulated apart and
+    # addressed by count (frame-major tile order keeps them first); latent_concat
+    # (HunyuanVideo-I2V-33ch): the image latents and their mask as channels
+    import numpy as np
+    import PIL.Image
+
+    from mmspec.video_dit.draft_map import block_budget
+
+    from .tiny import HUNYUAN_I2V_TEMPLATE, tiny_hunyuan_i2v_pipeline
+
+    pipe = tiny_hunyuan_i2v_pipeline(image_condition_type=image_condition_type)
+    text_lengths = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: text_lengths.append(kwargs["encoder_hidden_states"].shape[1]),
+        with_kwargs=True)
+    token_replace = image_condition_type == "token_replace"
+    pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    call = {"image": PIL.Image.fromarray(pixels),
+            "prompt": "a red cat runs on the beach in the snow at night a blue dog",  # 15 words
+            "negative_prompt": "a dog", "true_cfg_scale": 2.0, "height": 64, "width": 64,
+            # latent_concat decodes 4 frames more than it returns: 3 latent frames for 5
+            "num_frames": 5 if token_replace else 9, "num_inference_steps": 3,
+            "prompt_template": HUNYUAN_I2V_TEMPLATE, "max_sequence_length": 36,
+            "output_type": "np"}
+    dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(4, 4),
+                                            dense_steps=1, dense_layers=1)
+    assert dense.shape == (1, 5, 64, 64, 3) and dense.std() > 0
+    # image tokens, then the prompt's 32 slots (36 minus the 4 that end the user turn)
+    assert text_lengths[:2] == ([4 + 32, 8 + 32] if token_replace else [8 + 32, 8 + 32])
+    assert abs(outs[0] - dense).max() < 2e-5  # 6e-6 and 3e-6 seen
+    assert abs(outs[1] - dense).max() > 1e-3
+    # steps x (cond, uncond) x (2 double- + 2 single-stream blocks), the step shared by both
+    assert [r.step for r in state.records] == [s for s in range(3) for _ in range(8)]
+    # 2 (token_replace) or 3 latent frames of 8 x 8: 8 or 12 tiles of 4 x 4, then 3 text blocks:
+    # the image and prompt tokens (19 or 23) fill 2, the black image's and negative prompt's
+    # (8 + 2) 1; a block with a valid token keeps a dense row and column, the others are skipped
+    nt = state.layout.num_tiles
+    assert nt == (8 if token_replace else 12)
+    expected = {n: (block_budget(nt, 0.5) + 2 * n * nt + n * n) / (nt + 3) ** 2 for n in (2, 1)}
+    sparse = [r.density for r in state.records if r.step > 0 and r.layer > 0]
+    assert sparse == pytest.approx(([expected[2]] * 3 + [expected[1]] * 3) * 2)
+    assert all(r.density == 1.0 for r in state.records if r.step == 0 or r.layer == 0)
+    assert (pipe(**call, generator=torch.Generator().manual_seed(0)).frames == dense).all()
+
+
 @pytest.mark.parametrize("image_to_video", [False, True])
 @torch.no_grad()
 def test_tiny_hunyuan_video15_pipeline_with_padded_text(image_to_video):

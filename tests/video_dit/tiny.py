@@ -45,10 +45,10 @@ def tiny_skyreels(num_layers: int = 2, seed: int = 0, frames_per_block: int = 1)
 
 
 def tiny_hunyuan(seed: int = 0, num_layers: int = 1, num_single_layers: int = 1,
-                 **config) -> HunyuanVideoTransformer3DModel:
+                 in_channels: int = 4, **config) -> HunyuanVideoTransformer3DModel:
     torch.manual_seed(seed)
     return HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+        in_channels=in_channels, out_channels=4, num_attention_heads=2, attention_head_dim=8,
         num_layers=num_layers, num_single_layers=num_single_layers, num_refiner_layers=1,
         patch_size=1, patch_size_t=1, text_embed_dim=16,
         pooled_projection_dim=8, rope_axes_dim=(2, 2, 4), **config,
@@ -77,10 +77,13 @@ def tiny_cogvideox(seed: int = 0, num_layers: int = 2) -> CogVideoXTransformer3D
     ).eval()
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "<unk>", *WORDS])}
+def tiny_tokenizer(special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """Word-level over WORDS; `special` tokens follow them in the vocabulary and are matched whole
+    before the split on whitespace and punctuation (Llama's `<|eot_id|>`, Llava's `<image>`)."""
+    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "<unk>", *WORDS, *special])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(special))
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
                                    unk_token="<unk>")
 
@@ -219,6 +222,60 @@ def tiny_hunyuan_pipeline(seed: int = 0):
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
         transformer=tiny_hunyuan(seed=seed, num_layers=2, num_single_layers=2),
     )
+
+
+# HunyuanVideo-I2V's prompt template at the tiny size (the whitespace is dropped): the system turn
+# holds the image, 16 CLIP patch tokens once expanded (from position 3), whose hidden states lead
+# the prompt embeddings; the rest of the turn is cropped off after the text encoder, as are the 4
+# tokens that end the user turn. crop_start: the tokens before the prompt
+HUNYUAN_I2V_SPECIAL = ("<image>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                       "system", "user", "assistant")
+HUNYUAN_I2V_TEMPLATE = {
+    "template": "<|start_header_id|>system<|end_header_id|>\n\n<image>\nthe city<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "crop_start": 10, "image_emb_start": 3, "image_emb_end": 19, "image_emb_len": 16,
+}
+
+
+def tiny_hunyuan_i2v_pipeline(seed: int = 0, image_condition_type: str = "token_replace"):
+    """HunyuanVideoImageToVideoPipeline: the text encoder is a tiny Llava (Llama text model, CLIP
+    vision tower on 32x32 images: 16 image tokens in the prompt), with HUNYUAN_I2V_TEMPLATE; the
+    CLIP text encoder, VAE and scheduler of `tiny_hunyuan_pipeline`. `image_condition_type`:
+    "token_replace" (HunyuanVideo-I2V: the first latent frame is the image's, modulated as at
+    t = 0) or "latent_concat" (HunyuanVideo-I2V-33ch: noise, image latents on the first frame
+    and their mask, 4 + 4 + 1 channels; the decoded video loses its first 4 frames)."""
+    from diffusers import HunyuanVideoImageToVideoPipeline
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    base = tiny_hunyuan_pipeline(seed)
+    tokenizer = tiny_tokenizer(HUNYUAN_I2V_SPECIAL)
+    torch.manual_seed(seed)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                       num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+                       pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    vision = CLIPVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                              num_attention_heads=2, image_size=32, patch_size=8)
+    # the pipeline reads pad_token_id from the Llava config itself
+    llava = LlavaForConditionalGeneration(LlavaConfig(
+        text_config=text, vision_config=vision, pad_token_id=0,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"))).eval()
+    transformer = tiny_hunyuan(seed=seed, num_layers=2, num_single_layers=2,
+                               in_channels=9 if image_condition_type == "latent_concat" else 4,
+                               image_condition_type=image_condition_type)
+    pipe = HunyuanVideoImageToVideoPipeline(
+        text_encoder=llava, tokenizer=tokenizer, transformer=transformer, vae=base.vae,
+        scheduler=base.scheduler, text_encoder_2=base.text_encoder_2,
+        tokenizer_2=base.tokenizer_2, image_processor=CLIPImageProcessorPil(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def tiny_hunyuan15_pipeline(seed: int = 0, image_to_video: bool = False):
