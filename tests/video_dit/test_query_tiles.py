@@ -259,3 +259,20 @@ def test_models_run_query_tiles_once_or_per_layer(name):
         torch.testing.assert_close(outs[0], dense, atol=1e-5, rtol=1e-5)
         assert torch.isfinite(outs[1]).all() and not torch.allclose(outs[1], dense, atol=1e-4)
         torch.testing.assert_close(outs[1], outs[2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_triton_kernel_runs_query_tiles(padded):
+    # the GPU path (interpreted here): 32-token query blocks over 16-token key blocks, with text
+    # padding, and frames padded to whole query tiles (the exact padded-key path)
+    grid = (2, 6, 14) if padded else (2, 8, 16)
+    layout = tile_layout(grid, (4, 4), query_tile=(4, 8))
+    n = math.prod(grid)
+    q, k, v = _qkv(length=n + 9, d=16, seed=9)
+    valid = torch.ones(2, n + 9, dtype=torch.bool)
+    valid[0, n + 4 :] = False
+    kw = dict(sparsity=0.5, text_len=9, key_valid=valid)
+    out, density = draft_attention(q, k, v, layout, backend="triton", **kw)
+    ref, ref_density = draft_attention(q, k, v, layout, backend="reference", **kw)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert float(density) == float(ref_density) < 1.0
