@@ -379,6 +379,15 @@ def sharpness_report(grid, tile, scales, sparsity=0.9):
             + markdown_table(header, rows))
 
 
+def tile_name(layout) -> str:
+    """'8x16 (128)', or for query tiles '8x8 over 4x8 (64 / 32)' (tokens per query and key
+    block)."""
+    (th, tw), (qh, qw) = layout.tile, layout.query_tile
+    if not layout.asymmetric:
+        return f"{th}x{tw} ({layout.tile_tokens})"
+    return f"{qh}x{qw} over {th}x{tw} ({layout.query_tile_tokens} / {layout.tile_tokens})"
+
+
 def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, device="cpu"):
     """Section 2's workload and section 3's call at each tile size: finer blocks keep more of
     the attention mass at the same density (the selection is finer), and each block costs the
@@ -397,13 +406,9 @@ def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, devi
         met = all(by[m]["recall"] >= 0.9 and all(
             by[m]["recall"] > by[o]["recall"] and by[m]["error"] < by[o]["error"]
             for o in ("local window", "random")) for m in ("draft-global", "draft-row"))
-        if layout.asymmetric:  # query tile over tile (query block / key block tokens)
-            name = (f"{query_tile[0]}x{query_tile[1]} over {tile[0]}x{tile[1]} "
-                    f"({layout.query_tile_tokens} / {layout.tile_tokens})")
-            draft = f"{layout.num_query_tiles} x {layout.num_tiles}"
-        else:
-            name, draft = f"{tile[0]}x{tile[1]} ({layout.tile_tokens})", str(layout.num_tiles)
-        rows.append([name, draft]
+        draft = (f"{layout.num_query_tiles} x {layout.num_tiles}" if layout.asymmetric
+                 else str(layout.num_tiles))
+        rows.append([tile_name(layout), draft]
                     + [f"{by[m]['recall']:.3f}" for m in methods]
                     + [f"{t['dense'] / t['sparse_call']:.2f}x", f"{t['dense'] / t['whole']:.2f}x",
                        "met" if met else "missed"])

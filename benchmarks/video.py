@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.draft_attention import _tile_sizes, fidelity_of
+from benchmarks.draft_attention import _tile_sizes, fidelity_of, tile_name
 from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
 from mmspec.video_dit import tile_layout
@@ -137,13 +137,20 @@ def generate(pipe, prompt, seed, size, steps, guidance, config=None, timer=False
 # --------------------------------------------------------------------------------- 1. quality
 
 
-def quality(pipe, prompts, size, steps, tile, sparsities, capture_steps):
+def dense_runs(pipe, prompts, size, steps, capture_steps):
+    """The dense video of each prompt (seed = its index, CFG 3), and q, k, v of every
+    self-attention call at `capture_steps` in the runs of prompts 0-1."""
     dense, captured = [], []
     for i, prompt in enumerate(prompts):
         store = []
         dense.append(generate(pipe, prompt, i, size, steps, 3.0,
                               capture=(capture_steps, store) if i < 2 else None))
         captured += store
+    return dense, captured
+
+
+def quality(pipe, prompts, size, steps, tile, sparsities, capture_steps):
+    dense, captured = dense_runs(pipe, prompts, size, steps, capture_steps)
     # control: how far the dense sampler itself moves when its initial noise moves by 1%
     nudged = [generate(pipe, p, i, size, steps, 3.0, perturb=0.01) for i, p in enumerate(prompts)]
     control = {"psnr": float(np.mean([psnr(d["video"], r["video"]) for d, r in zip(dense, nudged)])),
@@ -234,12 +241,7 @@ def tile_report(pipe, prompts, size, grid, steps, tiles, capture_steps, sparsity
     q, k, v captured in the dense runs of prompts 0-1 (as section 1), the videos of every
     prompt against the dense video of its seed, draft-global, the other defaults of
     DraftAttentionConfig (30% dense warm-up, layer 0 dense)."""
-    dense, captured = [], []
-    for i, prompt in enumerate(prompts):
-        store = []
-        dense.append(generate(pipe, prompt, i, size, steps, 3.0,
-                              capture=(capture_steps, store) if i < 2 else None))
-        captured += store
+    dense, captured = dense_runs(pipe, prompts, size, steps, capture_steps)
     methods = ("draft-global", "draft-row", "local window", "random", "oracle (global)")
     rows = []
     for item in tiles:
@@ -250,13 +252,8 @@ def tile_report(pipe, prompts, size, grid, steps, tiles, capture_steps, sparsity
         cfg = DraftAttentionConfig(sparsity=sparsity, tile=tile, query_tile=query_tile)
         runs = [generate(pipe, p, i, size, steps, 3.0, cfg) for i, p in enumerate(prompts)]
         p = [psnr(d["video"], r["video"]) for d, r in zip(dense, runs)]
-        if layout.asymmetric:
-            name = (f"{query_tile[0]}x{query_tile[1]} over {tile[0]}x{tile[1]} "
-                    f"({layout.query_tile_tokens} / {layout.tile_tokens})")
-        else:
-            name = f"{tile[0]}x{tile[1]} ({layout.tile_tokens})"
         bound = by["oracle (global)"]["recall"]
-        rows.append([name] + [f"{by[m]['recall']:.3f}" for m in methods]
+        rows.append([tile_name(layout)] + [f"{by[m]['recall']:.3f}" for m in methods]
                     + [f"{by['draft-global']['recall'] / bound:.0%}",
                        f"{by['draft-global']['error']:.3f}",
                        f"{np.mean(p):.2f} / {np.min(p):.2f}"])
