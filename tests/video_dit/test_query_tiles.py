@@ -11,6 +11,8 @@ from mmspec.video_dit import (DraftAttentionConfig, apply_draft_attention, draft
                               tile_permutation)
 from mmspec.video_dit.tiles import TileTooLarge, frame_causal_tiles
 
+from .test_sparse_attention import _token_mask
+
 # 6x10 frames: 4x4 query tiles pad them to 8x12, which leaves 2x2 key tiles of padding only
 GRID, TILE, QTILE = (2, 6, 10), (2, 2), (4, 4)
 N = 120
@@ -95,20 +97,6 @@ def test_config_takes_a_query_tile():
     with pytest.raises(ValueError, match=r"query_tile must be whole key tiles, a multiple of "
                                          r"tile \(4, 8\) in each dimension, got \(6, 8\)"):
         DraftAttentionConfig(tile=(4, 8), query_tile=(6, 8))
-
-
-def _token_mask(kept, layout, text_len, text_first):
-    """Token-level bool [B, H, L, L] in model order: query tile of the row, tile of the key."""
-    n = layout.num_tokens
-    slot = torch.empty(n, dtype=torch.long)
-    slot[layout.perm[layout.valid]] = torch.arange(layout.padded_tokens)[layout.valid]
-    q_tile, k_tile = slot // layout.query_tile_tokens, slot // layout.tile_tokens
-    video = kept[:, :, q_tile][:, :, :, k_tile]  # [B, H, n, n]
-    b, h = kept.shape[:2]
-    full = torch.ones(b, h, n + text_len, n + text_len, dtype=torch.bool)
-    s = slice(text_len, None) if text_first else slice(0, n)
-    full[:, :, s, s] = video
-    return full
 
 
 def test_draft_map_pools_queries_by_query_tile_and_keys_by_tile():

@@ -32,13 +32,12 @@ def test_sparsity_zero_equals_dense(text_len, text_first):
 
 
 def _token_mask(kept, layout, text_len, text_first):
-    """Token-level bool [B, H, L, L] in model order, built independently of the kernel path."""
+    """Token-level bool [B, H, L, L] in model order: query tile of the row, tile of the key."""
     n = layout.num_tokens
-    tile_of = torch.empty(n, dtype=torch.long)
-    tile_of[layout.perm[layout.valid]] = torch.arange(layout.padded_tokens)[layout.valid] // (
-        layout.tile_tokens
-    )
-    video = kept[:, :, tile_of][:, :, :, tile_of]  # [B, H, n, n]
+    slot = torch.empty(n, dtype=torch.long)
+    slot[layout.perm[layout.valid]] = torch.arange(layout.padded_tokens)[layout.valid]
+    q_tile, k_tile = slot // layout.query_tile_tokens, slot // layout.tile_tokens
+    video = kept[:, :, q_tile][:, :, :, k_tile]  # [B, H, n, n]
     b, h = kept.shape[:2]
     full = torch.ones(b, h, n + text_len, n + text_len, dtype=torch.bool)
     s = slice(text_len, None) if text_first else slice(0, n)
