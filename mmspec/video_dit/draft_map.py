@@ -174,13 +174,22 @@ def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: flo
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q_hat = pool_query_tiles(layout.to_tiles(q), layout)  # [B, H, nQ, D]
     k_hat = pool_tiles(layout.to_tiles(k), layout)  # [B, H, nT, D]
-    probs = draft_probs(q_hat, k_hat, scale, live_tiles(layout))
-    return select_blocks(probs, sparsity, mode, own=layout.own_blocks())
+    live = live_tiles(layout)
+    probs = draft_probs(q_hat, k_hat, scale, live)
+    if live is None:
+        return select_blocks(probs, sparsity, mode, own=layout.own_blocks())
+    allowed = live.expand(layout.num_query_tiles, -1)
+    return select_blocks(probs, sparsity, mode, allowed, live_count(layout),
+                         own=layout.own_blocks())
 
 
 def live_tiles(layout: TileLayout) -> torch.Tensor | None:
     """bool `[1, nT]`: False on tiles of padding only (query tiles larger than tiles can pad a
-    frame by whole tiles), for `draft_probs`; None where every tile has a real token."""
-    if not layout.asymmetric or not layout.has_padding:
-        return None
-    return (layout.counts > 0)[None]
+    frame by whole tiles); None where every tile has a real token. Such a tile is no block: it
+    is never drafted nor kept, and the budget and the density count the other blocks only."""
+    return None if layout.live is None else layout.live[None]
+
+
+def live_count(layout: TileLayout) -> int:
+    """Blocks of the video map that hold a real key: query tiles x tiles with a real token."""
+    return layout.num_query_tiles * layout.num_live_tiles

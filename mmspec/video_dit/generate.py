@@ -120,7 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"and {tuple(args.tile)}")
     query = args.query_tile
     tile = args.tile
-    if query is not None and (min(query) < 1 or query[0] % tile[0] or query[1] % tile[1]):
+    if query is not None and min(query) < 1:
+        p.error(f"--query-tile must be two ints >= 1, got {query[0]} {query[1]}")
+    if query is not None and (query[0] % tile[0] or query[1] % tile[1]):
         p.error(f"--query-tile must be whole tiles, a multiple of --tile {args.tile[0]} "
                 f"{args.tile[1]} in each dimension, got {query[0]} {query[1]}")
     return args

@@ -23,7 +23,8 @@ import torch
 
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
-from .draft_map import draft_probs, live_tiles, pool_query_tiles, pool_tiles, select_blocks
+from .draft_map import (draft_probs, live_count, live_tiles, pool_query_tiles, pool_tiles,
+                        select_blocks)
 from .tiles import TileLayout
 
 
@@ -209,9 +210,16 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         raise ValueError(f"allowed must be a bool tensor [{nq}, {nt}] (query tile, key tile), got "
                          f"{getattr(allowed, 'dtype', type(allowed).__name__)} "
                          f"{list(getattr(allowed, 'shape', []))}")
-    live = live_tiles(layout)  # tiles of padding only (query tiles padding frames), or None
-    draft_allowed = live if allowed is None else allowed if live is None else allowed & live
-    probs = draft_probs(q_hat, k_hat, scale, draft_allowed)  # [B, H, nQ, nT]
+    # tiles of padding only (query tiles padding the frames) are no blocks: never drafted, kept,
+    # nor counted in the budget or the density
+    live = live_tiles(layout)  # bool [1, nT], or None
+    if live is not None:
+        if allowed is None:
+            allowed, allowed_count = live.expand(nq, nt), live_count(layout)
+        else:  # frame_causal_tiles leaves them out already, so allowed_count stays right
+            allowed = allowed & live
+            allowed_count = int(allowed.sum()) if allowed_count is None else allowed_count
+    probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nQ, nT]
     if on_draft_map is not None:
         on_draft_map(probs)
     kept = select_blocks(probs, sparsity, mode, allowed, allowed_count,
@@ -220,6 +228,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     if mk > nt:  # text rows and columns stay dense
         blocks = torch.ones(b, h, mq, mk, dtype=torch.bool, device=q.device)
         blocks[:, :, :nq, :nt] = kept
+        if live is not None:  # text queries skip the tiles of padding only too
+            blocks[:, :, nq:, :nt] &= live
     else:
         blocks = kept
     length = layout.padded_tokens + text_len
@@ -251,4 +261,6 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     if allowed is None:
         return out, torch.count_nonzero(blocks) / blocks.numel()
     count = int(allowed.sum()) if allowed_count is None else allowed_count
+    if mk > nt:  # the text rows and columns, over the tiles with a real token
+        count += mq * mk - nq * nt - (mq - nq) * (nt - layout.num_live_tiles)
     return out, torch.count_nonzero(blocks) / (count * b * h)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,16 +29,18 @@ class TileTooLarge(ValueError):
     """A tile larger than the frame of the grid it is asked to tile."""
 
 
-def check_tile(tile) -> tuple[int, int]:
+def check_tile(tile, name: str = "tile") -> tuple[int, int]:
+    # numbers.Integral: numpy ints too (a size read from an array)
     if (not isinstance(tile, (tuple, list)) or len(tile) != 2
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
-        raise ValueError(f"tile must be two positive ints (tile_h, tile_w), got {tile!r}")
+            or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t > 0
+                       for t in tile)):
+        raise ValueError(f"{name} must be two positive ints ({name}_h, {name}_w), got {tile!r}")
     return int(tile[0]), int(tile[1])
 
 
 def check_query_tile(query_tile, tile) -> tuple[int, int]:
     """A query tile made of whole key tiles: `(a * th, c * tw)` for ints a, c >= 1."""
-    qh, qw = check_tile(query_tile)
+    qh, qw = check_tile(query_tile, "query_tile")
     th, tw = check_tile(tile)
     if qh % th or qw % tw:
         raise ValueError(f"query_tile must be whole key tiles, a multiple of tile {(th, tw)} in "
@@ -107,6 +110,7 @@ class TileLayout:
     counts:        float `[n_tiles]` real tokens per (key) tile (the pooling divisor; 0 for a
                    tile of padding only, which only query tiles larger than `tile` can make)
     query_counts:  float `[n_query_tiles]` real tokens per query tile
+    live:          bool `[n_tiles]`, False on tiles of padding only; None where there are none
 
     Query and key blocks: a query tile (`query_tile`, default `tile`) is one block of queries and
     a tile one block of keys; both are contiguous runs in the same token order.
@@ -121,12 +125,16 @@ class TileLayout:
     query_tile: tuple[int, int] | None = None
     query_counts: torch.Tensor | None = None
     own: torch.Tensor | None = None  # `own_blocks()`, built with the layout where asymmetric
+    live: torch.Tensor | None = None
+    num_live_tiles: int | None = None  # host int: tiles with a real token
 
     def __post_init__(self):
         if self.query_tile is None:
             object.__setattr__(self, "query_tile", self.tile)
         if self.query_counts is None:
             object.__setattr__(self, "query_counts", self.counts)
+        if self.num_live_tiles is None:
+            object.__setattr__(self, "num_live_tiles", self.num_tiles)
 
     @property
     def num_tokens(self) -> int:
@@ -212,12 +220,18 @@ def _build_layout(grid, tile, query_tile, device: str) -> TileLayout:
     layout = TileLayout(grid, tile, perm.to(dev), inverse.to(dev), valid.to(dev), counts.to(dev),
                         query_tile, query_counts.to(dev))
     # once, outside inference mode like the rest (read by every sparse call)
-    return replace(layout, own=layout.own_blocks())
+    live = counts > 0
+    dead = not bool(live.all())
+    return replace(layout, own=layout.own_blocks(), live=live.to(dev) if dead else None,
+                   num_live_tiles=int(live.sum()))
 
 
 def tile_layout(grid, tile, device="cpu", query_tile=None) -> TileLayout:
     """The `TileLayout` of (grid, tile, query_tile) on `device`, built once and cached.
     `query_tile`: whole tiles per query block (`tile_permutation`), default `tile`."""
+    if isinstance(device, (tuple, list)):  # tile_permutation takes query_tile third
+        raise TypeError(f"tile_layout: device must be a device, got {device!r}; pass the query "
+                        f"tile by keyword, query_tile={tuple(device)!r}")
     grid, tile, query_tile = _check_grid_tile(grid, tile, query_tile)
     return _layout_cached(grid, tile, query_tile, str(torch.device(device)))
 
@@ -242,4 +256,6 @@ def _frame_causal_cached(grid, tile, query_tile, device: str, frames_per_block: 
     q_block = frames.repeat_interleave(layout.num_query_tiles // grid[0]) // frames_per_block
     k_block = frames.repeat_interleave(layout.num_tiles // grid[0]) // frames_per_block
     allowed = k_block[None, :] <= q_block[:, None]
+    if layout.live is not None:  # tiles of padding only are no block to allow
+        allowed &= layout.live
     return allowed, int(allowed.sum())

@@ -278,6 +278,8 @@ def test_bad_cli_input(tmp_path, model_dir, capsys):
                            (["--tile", "0", "16"], "--tile two ints >= 1"),
                            (["--query-tile", "8", "24"], r"--query-tile must be whole tiles, a "
                             r"multiple of --tile 8 16 in each dimension, got 8 24"),
+                           (["--query-tile", "0", "16"], r"--query-tile must be two ints >= 1, "
+                                                         r"got 0 16"),
                            # 0 steps wrote pure noise as a finished video; fps 0 a broken mp4
                            (["--steps", "0"], "argument --steps: must be an int >= 1, got 0"),
                            (["--fps", "0"], "argument --fps: must be an int >= 1, got 0"),

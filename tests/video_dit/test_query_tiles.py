@@ -83,16 +83,28 @@ def test_layout_counts_and_own_blocks():
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(tile=(2, 4), query_tile=(3, 4)), ValueError, r"query_tile must be whole key tiles"),
     (dict(tile=(2, 2), query_tile=(8, 4)), TileTooLarge, r"query_tile \(8, 4\) is larger"),
-    (dict(tile=(2, 2), query_tile=(4,)), ValueError, r"tile must be two positive ints"),
+    (dict(tile=(2, 2), query_tile=(4,)), ValueError, r"^query_tile must be two positive ints"),
+    (dict(tile=(2, 2), query_tile=(0, 4)), ValueError, r"^query_tile must be two positive ints"),
 ])
 def test_bad_query_tile(kwargs, error, match):
     with pytest.raises(error, match=match):
         tile_layout(GRID, **kwargs)
 
 
+def test_query_tile_in_the_device_place_is_named():
+    # tile_permutation takes the query tile third; tile_layout takes the device there
+    with pytest.raises(TypeError, match=r"device must be a device, got \(4, 4\); pass the query "
+                                        r"tile by keyword, query_tile=\(4, 4\)"):
+        tile_layout(GRID, TILE, (4, 4))
+
+
 def test_config_takes_a_query_tile():
+    import numpy as np
+
     cfg = DraftAttentionConfig(tile=(4, 8), query_tile=(8, 8))
     assert cfg.query_tile == (8, 8)
+    numpy = DraftAttentionConfig(tile=(np.int64(4), 8), query_tile=(np.int32(8), np.int64(8)))
+    assert numpy.query_tile == (8, 8) and type(numpy.query_tile[0]) is int
     assert DraftAttentionConfig(tile=(4, 8), query_tile=[4, 8]).query_tile is None  # = tile
     with pytest.raises(ValueError, match=r"query_tile must be whole key tiles, a multiple of "
                                          r"tile \(4, 8\) in each dimension, got \(6, 8\)"):
@@ -120,16 +132,20 @@ def test_draft_map_pools_queries_by_query_tile_and_keys_by_tile():
 
 
 @pytest.mark.parametrize("mode", ["global", "row"])
-@pytest.mark.parametrize("sparsity", [0.5, 0.8])
+@pytest.mark.parametrize("sparsity", [0.2, 0.5, 0.8])
 def test_mask_keeps_own_tiles_and_the_budget(mode, sparsity):
-    q, k, _ = _qkv(seed=2)
+    # tiles of padding only (18 of 48) are no blocks: never kept, and the budget is a share of
+    # the 12 x 30 blocks with a real key (at 0.2 a budget over all 48 columns would keep them)
+    q, k, v = _qkv(seed=2)
     kept = draft_block_mask(q, k, GRID, TILE, sparsity, mode, query_tile=QTILE)
     layout = _layout()
     assert kept.shape == (2, 2, 12, 48)
     assert kept[..., layout.own_blocks()].all()
     assert not kept[..., layout.counts == 0].any()
-    budget = round((1 - sparsity) * 12 * 48)
+    budget = round((1 - sparsity) * 12 * 30)
     assert (kept.sum((-1, -2)) == budget).all()
+    _, density = draft_attention(q, k, v, layout, sparsity=sparsity, mode=mode)
+    assert float(density) == pytest.approx(budget / (12 * 30))
 
 
 @pytest.mark.parametrize("text_len,text_first", [(0, False), (7, False), (7, True)])
@@ -147,9 +163,11 @@ def test_output_is_attention_over_the_asymmetric_mask(text_len, text_first, spar
     if sparsity == 0:
         dense = F.scaled_dot_product_attention(q, k, v)
         torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+    # text rows and columns are dense over the 30 tiles with a real token, not the 18 others
     mq, mk = 12 + math.ceil(text_len / 16), 48 + math.ceil(text_len / 4)
+    text_blocks = mq * mk - 12 * 48 - (mq - 12) * 18
     assert float(density) == pytest.approx(float(
-        (kept.sum() + 2 * 2 * (mq * mk - 12 * 48)) / (2 * 2 * mq * mk)))
+        (kept.sum() + 2 * 2 * text_blocks) / (2 * 2 * mq * (mk - 18))))
 
 
 def test_tiled_input_and_its_padding_slots():
@@ -195,8 +213,8 @@ def test_text_padding_is_skipped_by_query_and_key_blocks(fallback, monkeypatch):
     live_q = torch.tensor([1, 2])  # text query blocks with a valid token
     live_k = torch.tensor([2, 5])  # text key blocks with a valid token
     video = kept.sum((1, 2, 3)).float()
-    computed = video + 2 * (live_q * 48 + live_k * 12 + live_q * live_k)
-    assert float(density) == pytest.approx(float(computed.sum() / (2 * 2 * 15 * 58)))
+    computed = video + 2 * (live_q * 30 + live_k * 12 + live_q * live_k)  # 30 real tiles
+    assert float(density) == pytest.approx(float(computed.sum() / (2 * 2 * 15 * (58 - 18))))
 
 
 def test_frame_causal_mask_over_query_tiles():
@@ -205,7 +223,9 @@ def test_frame_causal_mask_over_query_tiles():
     allowed, count = frame_causal_tiles(layout, 2)
     per_q, per_k = layout.num_query_tiles // 4, layout.num_tiles // 4
     assert allowed.shape == (4 * per_q, 4 * per_k)
-    assert count == per_q * per_k * (2 * 2 + 2 * 4)
+    live = layout.num_live_tiles // 4  # 15 of the 24 tiles a frame hold a real token
+    assert live == 15 and not allowed[:, layout.counts == 0].any()
+    assert count == int(allowed.sum()) == per_q * live * (2 * 2 + 2 * 4)
     q, k, v = _qkv(length=math.prod(grid), seed=8)
     kept_maps = []
     out, _ = draft_attention(q, k, v, layout, sparsity=0.5, allowed=allowed, allowed_count=count,
