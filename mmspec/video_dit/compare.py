@@ -79,8 +79,11 @@ def _check_same_run(name: str, dense: dict, sparse: dict) -> None:
     config): a table over unrelated videos would read their gap as DraftAttention's loss."""
     from .generate import settings_differ
 
-    ours = {"prompt": sparse.get("prompt"), **sparse.get("settings", {})}
-    theirs = {"prompt": dense.get("prompt"), **dense.get("settings", {})}
+    # the image too: image-to-video runs of one prompt number from two .jsonl files
+    ours = {"prompt": sparse.get("prompt"), "image": sparse.get("image"),
+            **sparse.get("settings", {})}
+    theirs = {"prompt": dense.get("prompt"), "image": dense.get("image"),
+              **dense.get("settings", {})}
     if dense.get("attention") == "draft" and sparse.get("attention") == "dense":
         raise ValueError(f"{name}: DENSE_DIR holds a DraftAttention run and SPARSE_DIR a dense "
                          f"one: the folders are swapped (compare DENSE_DIR SPARSE_DIR)")
@@ -127,6 +130,11 @@ def compare_dirs(dense_dir: Path, sparse_dir: Path, on_pair=None) -> list[dict]:
         # offloading moves each model to the GPU inside the timed call: only runs alike compare
         if dense_meta and sparse_meta and _offload(dense_meta) == _offload(sparse_meta):
             row["speedup"] = dense_meta["seconds"] / sparse_meta["seconds"]
+            # the denoising loop alone: the whole call adds text encoding and VAE decoding,
+            # which DraftAttention does not change
+            steps = [sum(m.get("step_seconds") or []) for m in (dense_meta, sparse_meta)]
+            if min(steps) > 0:
+                row["step_speedup"] = steps[0] / steps[1]
         elif dense_meta and sparse_meta and name == names[0]:
             logging.getLogger(__name__).warning(
                 "no speedup: one folder ran with --cpu-offload and the other without, and "
@@ -175,10 +183,12 @@ class ContactSheet:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["psnr", "ssim"] + [c for c in ("speedup", "density") if all(c in r for r in rows)]
+    cols = ["psnr", "ssim"] + [c for c in ("speedup", "step_speedup", "density")
+                               if all(c in r for r in rows)]
     heads = {"psnr": "PSNR (dB)", "ssim": "SSIM", "speedup": "time dense/sparse",
-             "density": "mean density"}
-    fmt = {"psnr": "{:.2f}", "ssim": "{:.4f}", "speedup": "{:.2f}x", "density": "{:.3f}"}
+             "step_speedup": "denoising dense/sparse", "density": "mean density"}
+    fmt = {"psnr": "{:.2f}", "ssim": "{:.4f}", "speedup": "{:.2f}x", "step_speedup": "{:.2f}x",
+           "density": "{:.3f}"}
     lines = ["| video | " + " | ".join(heads[c] for c in cols) + " |",
              "|---|" + "---|" * len(cols)]
     for r in rows:

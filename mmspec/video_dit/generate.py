@@ -38,10 +38,14 @@ from .video_io import to_uint8, write_mp4
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-# pipeline arguments this script sets from its own options (or must set itself)
-_OWN_CALL_ARGS = {"prompt", "output_type", "generator", "num_inference_steps", "height", "width",
-                  "num_frames", "guidance_scale", "negative_prompt", "true_cfg_scale",
-                  "callback_on_step_end"}
+# pipeline arguments this script sets from its own options, and the option to use instead
+_OWN_CALL_ARGS = {"prompt": "--prompts", "num_inference_steps": "--steps", "height": "--height",
+                  "width": "--width", "num_frames": "--frames", "guidance_scale": "--guidance",
+                  "negative_prompt": "--negative-prompt", "true_cfg_scale": "--true-cfg-scale",
+                  "generator": "--seed (prompt i runs with seed + i)"}
+# ... and those it must set itself: one video per prompt, as frames, timed step by step
+_FIXED_CALL_ARGS = ("output_type", "return_dict", "num_videos_per_prompt",
+                    "callback_on_step_end")
 
 
 def _json_object(text: str) -> dict:
@@ -283,6 +287,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_images(pipe, jobs: list[dict], indices) -> None:
+    """Every prompt of `indices` has an image if the pipeline needs one, and none if it takes
+    none: named before the first video, not after hours of others."""
+    takes = inspect.signature(type(pipe).__call__).parameters
+    needs = "image" in takes and takes["image"].default is inspect.Parameter.empty
+    name = type(pipe).__name__
+    for i in indices:
+        image = jobs[i]["image"]
+        if image is None and needs:
+            raise SystemExit(f"--prompts: {name} needs an image per prompt, and prompt {i} "
+                             f"({jobs[i]['prompt'][:40]!r}) has none: give a .jsonl file, one "
+                             f"{{\"prompt\": ..., \"image\": path}} a line")
+        if image is not None and "image" not in takes:
+            raise SystemExit(f"--prompts: prompt {i} has an image but {name} takes none (an "
+                             f"image-to-video pipeline does)")
+
+
 def generate_one(pipe, prompt: str, index: int, args, state, device, image=None) -> dict:
     call = {"prompt": prompt, "output_type": "np",
             "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
@@ -318,8 +339,11 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
             call["image"] = opened.convert("RGB")
     for key, value in args.pipeline_kwargs.items():
         if key in _OWN_CALL_ARGS:
-            raise SystemExit(f"--pipeline-kwargs: {key!r} is set by this script (use its own "
-                             f"option)")
+            raise SystemExit(f"--pipeline-kwargs: {key!r} is set by this script; use "
+                             f"{_OWN_CALL_ARGS[key]}")
+        if key in _FIXED_CALL_ARGS:
+            raise SystemExit(f"--pipeline-kwargs: {key!r} is fixed by this script, which "
+                             f"writes one video per prompt (repeat a prompt for more seeds)")
         if key not in takes:
             raise SystemExit(f"--pipeline-kwargs: {type(pipe).__name__} takes no {key!r}")
         call[key] = value
@@ -330,6 +354,10 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
             (args.true_cfg_scale or 1.0) <= 1.0:  # HunyuanVideo would ignore it
         raise SystemExit(f"--negative-prompt: {type(pipe).__name__} uses it only with "
                          f"--true-cfg-scale > 1")
+    negative = args.negative_prompt is not None or "negative_prompt_embeds" in call
+    if (args.true_cfg_scale or 1.0) > 1.0 and "true_cfg_scale" in takes and not negative:
+        raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} uses it only with "
+                         f"--negative-prompt (true CFG against the negative prompt)")
     step_ends = []
 
     def on_step_end(pipeline, step, timestep, kwargs):
@@ -475,6 +503,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--model {args.model}: {message}") from None
     if args.compile is not None:
         compile_blocks(pipe, args.compile)
+    check_images(pipe, jobs, mine)  # every prompt of this run, before the first one runs
     for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
         try:
             result = generate_one(pipe, prompts[index], index, args, state, dist.device,
@@ -484,6 +513,13 @@ def main(argv=None) -> int:
                 "query_tile") else ("--tile", args.tile)
             raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
                              f"tokens of --height, --width and --frames)") from None
+        except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
+            raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
+                             f"{str(err).strip().splitlines()[0]}") from None
+        if args.frames is not None and len(result["frames"]) != args.frames:
+            tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
+                       f"frames for --frames {args.frames} (its own frame count rule; the "
+                       f"JSON records the frames written)")
         stem = args.out / f"{index:04d}"
         frames = to_uint8(result["frames"])
         write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)

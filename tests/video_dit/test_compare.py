@@ -130,3 +130,27 @@ def test_bad_folders_are_usage_errors(tmp_path, capsys):
         with pytest.raises(SystemExit) as err:
             compare.main([str(d) for d in argv])
         assert err.value.code == 2 and re.search(message, capsys.readouterr().err)
+
+
+def test_runs_from_other_images_are_refused_and_denoising_is_timed_apart(tmp_path):
+    # image-to-video: prompt 0 of two .jsonl files, one prompt text and two images; and the
+    # denoising loop's time next to the whole call's (text encoding and VAE decoding included)
+    import json
+
+    dense, sparse = tmp_path / "d", tmp_path / "s"
+    for d, image, seconds, steps in ((dense, "a.png", 10.0, [2.0, 2.0]),
+                                     (sparse, "b.png", 8.0, [1.0, 1.0])):
+        d.mkdir()
+        write_mp4(d / "0000.mp4", _video())
+        (d / "0000.json").write_text(json.dumps(
+            {"prompt": "a cat", "image": image, "seconds": seconds, "step_seconds": steps,
+             "density": None, "settings": {"seed": 42}}))
+    with pytest.raises(ValueError, match=r"0000.mp4: the dense and sparse videos come from "
+                                         r"different runs \(image 'a.png' dense, 'b.png' sparse"):
+        compare_dirs(dense, sparse)
+    meta = json.loads((sparse / "0000.json").read_text())
+    (sparse / "0000.json").write_text(json.dumps({**meta, "image": "a.png"}))
+    rows = compare_dirs(dense, sparse)
+    assert rows[0]["speedup"] == 1.25 and rows[0]["step_speedup"] == 2.0
+    assert "| time dense/sparse | denoising dense/sparse |" in table(rows)
+    assert "| 1.25x | 2.00x |" in table(rows)

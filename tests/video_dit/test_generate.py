@@ -212,7 +212,11 @@ def test_pipeline_kwargs_reach_the_call_and_the_settings(model_dir, tmp_path, ca
     with pytest.raises(SystemExit, match="made by another prompt or settings"):
         generate.main([*args, "--out", str(out), "--pipeline-kwargs",
                        '{"max_sequence_length": 6}'])
-    for kwargs, message in (('{"num_frames": 9}', "'num_frames' is set by this script"),
+    for kwargs, message in (('{"num_frames": 9}', "'num_frames' is set by this script; use "
+                                                   "--frames"),
+                            ('{"generator": 1}', "use --seed"),
+                            ('{"return_dict": false}', "'return_dict' is fixed by this script"),
+                            ('{"num_videos_per_prompt": 2}', "one video per prompt"),
                             ('{"no_such_argument": 1}',
                              "WanPipeline takes no 'no_such_argument'")):
         with pytest.raises(SystemExit, match=message):
@@ -252,6 +256,12 @@ def test_image_to_video_from_a_jsonl(tmp_path, model_dir):
     # same prompt and seed, other image: the image reached the pipeline
     a, b = (read_video(d / "0000.mp4").astype(int) for d in (out, tmp_path / "other"))
     assert np.abs(a - b).max() > 2
+    # a line without an image is named before any video is made, not after the ones before it
+    jobs.write_text('{"prompt": "a red cat", "image": "a.png"}\n{"prompt": "a dog"}\n')
+    with pytest.raises(SystemExit, match=r"needs an image per prompt, and prompt 1 \('a dog'\) "
+                                         r"has none"):
+        generate.main([*args, "--out", str(tmp_path / "missing")])
+    assert not list((tmp_path / "missing").glob("*.mp4"))
     # a text-to-video pipeline cannot take the image
     prompts = tmp_path / "t2v.jsonl"
     prompts.write_text('{"prompt": "a red cat", "image": "a.png"}\n')
@@ -343,6 +353,27 @@ def test_run_time_mistakes_are_named(model_dir, tmp_path):
         generate.main([*args, "--dense-layers", "9", "--out", str(tmp_path / "b")])
 
 
+def test_a_size_the_pipeline_refuses_is_one_line(model_dir, tmp_path):
+    # WanPipeline wants sizes in multiples of 16: its ValueError, not a traceback
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red cat\n")
+    with pytest.raises(SystemExit, match=r"prompt 0: the WanPipeline call failed: .*divisible "
+                                         r"by 16"):
+        generate.main(["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--dense",
+                       "--height", "72", "--out", str(tmp_path / "o")])
+
+
+def test_fewer_frames_than_asked_are_named(model_dir, tmp_path, capsys):
+    # Wan makes 4k + 1 frames: --frames 4 gives 1, which the user was not told
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red cat\n")
+    assert generate.main(["--model", str(model_dir), "--prompts", str(prompts), *COMMON,
+                          "--dense", "--frames", "4", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr()
+    made = json.loads((tmp_path / "o" / "0000.json").read_text())["frames"]
+    assert made != 4 and f"WanPipeline made {made} frames for --frames 4" in out.out + out.err
+
+
 def test_an_image_to_video_pipeline_without_images():
     from .tiny import tiny_wan_i2v_pipeline
 
@@ -366,6 +397,10 @@ def test_negative_prompt_and_true_cfg_reach_only_pipelines_that_use_them():
     args = generate.parse_args([*base, "--true-cfg-scale", "4"])
     with pytest.raises(SystemExit, match="--true-cfg-scale: WanPipeline has no true CFG"):
         generate.generate_one(tiny_wan_pipeline(), "a cat", 0, args, None, "cpu")
+    # ... and a true CFG scale without a negative prompt was ignored by HunyuanVideo, silently
+    with pytest.raises(SystemExit, match=r"--true-cfg-scale: HunyuanLike uses it only with "
+                                         r"--negative-prompt"):
+        generate.generate_one(HunyuanLike(), "a cat", 0, args, None, "cpu")
 
 
 def test_hunyuan_video15_its_guider_and_no_step_callback():
