@@ -168,7 +168,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         allowed: optional bool `[nQueryTiles, nTiles]` (tile order): the video blocks the
             model's own mask allows (SkyReels-V2's frame-causal diffusion forcing); the draft map
             and the selection stay inside it, and the budget and density count its blocks only.
-            `allowed_count`: its number of True entries, a host int (no device sync).
+            `allowed_count`: its number of True entries, a host int (no device sync), tiles
+            of padding only left out (`frame_causal_tiles` leaves them out).
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
