@@ -37,4 +37,12 @@ def write_card(directory: str | Path, card: dict) -> None:
 
 
 def read_card(directory: str | Path) -> dict:
-    return json.loads((Path(directory) / "card.json").read_text())
+    """The card of a zoo folder; ValueError naming the file if it is not a JSON object."""
+    path = Path(directory) / "card.json"
+    try:
+        card = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON: {err}") from None
+    if not isinstance(card, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(card).__name__}")
+    return card

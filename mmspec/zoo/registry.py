@@ -8,6 +8,7 @@ HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bou
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +47,39 @@ class ZooModel:
     path: Path = field(default=ZOO_DIR)
 
 
+def _check_config(cls, directory: Path) -> None:
+    """The folder's config.json exists and is `cls`'s: without it transformers builds the
+    class's full-size default model (a 7B-sized Qwen2 ate all 24 GiB of a CPU machine) before
+    it finds that the weights do not fit."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{directory}: no config.json (a {cls.__name__} entry needs one)")
+    try:
+        model_type = json.loads(path.read_text()).get("model_type")
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise ValueError(f"{path} is not a JSON object: {err}") from None
+    if model_type != cls.config_class.model_type:
+        raise ValueError(f"{path}: model_type {model_type!r}, but the card's kind loads a "
+                         f"{cls.__name__} ({cls.config_class.model_type!r})")
+
+
+def _weights_error(path: Path, err: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors file ({err}); re-export or "
+                      f"restore it (git checkout assets/zoo)")
+
+
 def _from_pretrained(cls, directory: Path):
     """`cls.from_pretrained` of a zoo folder that refuses weights not matching the config:
     transformers only logs missing tensors and initialises them at random."""
-    model, info = cls.from_pretrained(str(directory), dtype=torch.float32, use_safetensors=True,
-                                      local_files_only=True, output_loading_info=True)
+    from safetensors import SafetensorError
+
+    _check_config(cls, directory)
+    try:
+        model, info = cls.from_pretrained(str(directory), dtype=torch.float32,
+                                          use_safetensors=True, local_files_only=True,
+                                          output_loading_info=True)
+    except SafetensorError as err:  # cut short or empty: the header names no file
+        raise _weights_error(directory / "model.safetensors", err) from None
     tied = {"lm_head.weight"} if model.config.get_text_config().tie_word_embeddings else set()
     problems = {kind: sorted(set(info.get(kind) or ()) - tied)
                 for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
@@ -89,14 +118,16 @@ def video_parts(state: dict, transformer, text_encoder):
 
 def load_video_components(directory: Path):
     """(WanTransformer3DModel, UMT5EncoderModel, tokenizer) of a `video-dit` folder, float32, eval."""
-    import json
-
     from diffusers import WanTransformer3DModel
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
     directory = Path(directory)
-    state = load_file(str(directory / "model.safetensors"))
+    try:
+        state = load_file(str(directory / "model.safetensors"))
+    except SafetensorError as err:
+        raise _weights_error(directory / "model.safetensors", err) from None
     config = json.loads((directory / "transformer_config.json").read_text())
     config["patch_size"] = tuple(config["patch_size"])
     transformer = WanTransformer3DModel(**config)
@@ -185,21 +216,64 @@ def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
     return names
 
 
-def load(name: str, zoo_dir: str | Path = ZOO_DIR, *, target: Optional[torch.nn.Module] = None
-         ) -> ZooModel:
-    """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`.
+# card fields each kind's loader reads, beyond `kind`
+_CARD_FIELDS = {"video-dit": (("training", "shift"),), "vispec": (("target",),)}
+
+
+def _check_card(directory: Path, card: dict) -> None:
+    for fields in _CARD_FIELDS.get(card["kind"], ()):
+        value = card
+        for i, key in enumerate(fields):
+            if not isinstance(value, dict) or key not in value:
+                raise ValueError(f"{directory / 'card.json'}: a {card['kind']!r} card needs "
+                                 f"{'.'.join(fields[:i + 1])!r}")
+            value = value[key]
+
+
+def _why_not_loadable(name: str, zoo_dir: Path) -> str:
+    """Why `name` in `zoo_dir` is no loadable entry, for the error of `load`."""
+    if not zoo_dir.is_dir():
+        return f"zoo_dir {zoo_dir}: no such folder"
+    if (zoo_dir / "card.json").is_file():
+        return (f"zoo_dir {zoo_dir} is itself an entry; pass the folder of entries, "
+                f"zoo_dir={zoo_dir.parent}")
+    directory = zoo_dir / name
+    if (directory / "card.json").is_file():
+        try:
+            card = read_card(directory)
+        except (ValueError, OSError) as err:
+            return str(err)
+        kind = card.get("kind")
+        if kind is None:
+            return (f"{directory / 'card.json'} has no 'kind'; expected one of "
+                    f"{', '.join(sorted(_LOADERS))}")
+        return (f"{name!r} is a {kind!r} entry, which load() does not load (it loads "
+                f"{', '.join(sorted(_LOADERS))})")
+    names = available(zoo_dir)
+    return (f"unknown zoo model {name!r}; available: {', '.join(names) or 'none'} "
+            f"(in {zoo_dir})")
+
+
+def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
+         target: Optional[torch.nn.Module] = None) -> ZooModel:
+    """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`, or the entry folder
+    `name` itself (a path to a folder with a `card.json`; its parent is then the zoo folder).
 
     `target`: ViSpec drafters only (`vlm-vispec`, `vlm-text-drafter`): the already loaded target
     to bind the drafter to (it must be the card's target; its embedding signature is checked).
     None loads the target named in the card.
     """
     zoo_dir = Path(zoo_dir)
-    names = available(zoo_dir)
-    if name not in names:
-        raise ValueError(f"unknown zoo model {name!r}; available: {', '.join(names) or 'none'} "
-                         f"(in {zoo_dir})")
+    if (Path(name) / "card.json").is_file() and (isinstance(name, Path) or "/" in str(name)
+                                                 or Path(name).is_absolute()):
+        entry = Path(name).resolve()
+        name, zoo_dir = entry.name, entry.parent
+    name = str(name)
+    if name not in available(zoo_dir):
+        raise ValueError(_why_not_loadable(name, zoo_dir))
     directory = zoo_dir / name
     card = read_card(directory)
+    _check_card(directory, card)
     if card["kind"] == "vispec":
         return _load_vispec(name, directory, card, target)
     if target is not None:

@@ -94,3 +94,60 @@ def test_cards_are_written_whole(tmp_path, monkeypatch):
     cards.write_card(tmp_path, {"name": "x", "summary": "s", "kind": "diffusion-lm"})
     assert cards.read_card(tmp_path)["kind"] == "diffusion-lm"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "card.json"]
+
+
+def test_a_folder_that_would_build_a_default_model_is_refused(tmp_path):
+    # without config.json (or with another model's) transformers built Qwen2's full-size
+    # default, 7B-sized: all the machine's memory, before it found that the weights did not fit
+    import json
+
+    entry = _copy_entry("text-drafter", tmp_path)
+    (entry / "config.json").unlink()
+    with pytest.raises(ValueError, match=r"text-drafter: no config.json \(a Qwen2ForCausalLM "
+                                         r"entry needs one\)"):
+        mmspec.zoo.load("text-drafter", tmp_path)
+    vlm = _copy_entry("vlm-assistant", tmp_path)
+    card = json.loads((vlm / "card.json").read_text())
+    (vlm / "card.json").write_text(json.dumps({**card, "kind": "vlm"}))
+    with pytest.raises(ValueError, match=r"config.json: model_type 'llama', but the card's kind "
+                                         r"loads a LlavaForConditionalGeneration \('llava'\)"):
+        mmspec.zoo.load("vlm-assistant", tmp_path)
+
+
+def test_broken_entries_are_named(tmp_path):
+    import json
+
+    good = _copy_entry("text-drafter", tmp_path)
+    (_copy_entry("text-target", tmp_path) / "card.json").write_text("[]")  # JSON, no object
+    assert mmspec.zoo.available(tmp_path) == ["text-drafter"]  # the others still load
+    with pytest.raises(ValueError, match=r"text-target/card.json must hold a JSON object, got "
+                                         r"list"):
+        mmspec.zoo.load("text-target", tmp_path)
+    card = json.loads((good / "card.json").read_text())
+    (good / "card.json").write_text(json.dumps({k: v for k, v in card.items() if k != "kind"}))
+    with pytest.raises(ValueError, match=r"card.json has no 'kind'; expected one of causal-lm"):
+        mmspec.zoo.load("text-drafter", tmp_path)
+    (good / "card.json").write_text(json.dumps(card))
+    data = (good / "model.safetensors").read_bytes()
+    (good / "model.safetensors").write_bytes(data[: len(data) // 2])  # cut short
+    with pytest.raises(ValueError, match=r"text-drafter/model.safetensors is not a readable "
+                                         r"safetensors file"):
+        mmspec.zoo.load("text-drafter", tmp_path)
+    video = _copy_entry("video-dit", tmp_path)
+    card = json.loads((video / "card.json").read_text())
+    (video / "card.json").write_text(json.dumps({k: v for k, v in card.items()
+                                                 if k != "training"}))
+    with pytest.raises(ValueError, match=r"a 'video-dit' card needs 'training'"):
+        mmspec.zoo.load("video-dit", tmp_path)
+
+
+def test_load_by_path_and_the_folder_mistakes(tmp_path):
+    entry = _copy_entry("text-drafter", tmp_path)
+    assert mmspec.zoo.load(str(entry)).name == "text-drafter"
+    assert mmspec.zoo.load(entry).path == entry
+    for args, message in (((("text-tokenizer",)), "'text-tokenizer' is a 'tokenizer' entry, "
+                                                   "which load\\(\\) does not load"),
+                          (("text-drafter", tmp_path / "nope"), "zoo_dir .*nope: no such folder"),
+                          (("x", entry), "is itself an entry; pass the folder of entries")):
+        with pytest.raises(ValueError, match=message):
+            mmspec.zoo.load(*args)
