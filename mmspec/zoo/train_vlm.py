@@ -23,7 +23,9 @@ cache that `train` reads: the same greedy answers, an order of magnitude faster 
 
 from __future__ import annotations
 
+
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -444,6 +446,9 @@ def export_model(spec: VLMSpec, model, processor, losses, elapsed, args, n_param
     print(f"exported {out_dir}: {size_mb:.2f} MB, {results}")
 
 
+OBJECTIVE = "next-token cross-entropy on the answer tokens (prompt and image not scored)"
+
+
 def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, results,
                 size_mb, vision_pretrain) -> dict:
     with_images = spec.vision_layers > 0
@@ -465,11 +470,16 @@ def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, 
                         "inputs": "mmspec.zoo.vlm_inputs(processor, image, question)",
                         "eos_token_id": processor.tokenizer.eos_token_id,
                         "pad_token_id": processor.tokenizer.pad_token_id},
-        "objective": "next-token cross-entropy on the answer tokens (prompt and image not scored)",
+        "objective": OBJECTIVE + (f" + {spec.image_word_loss} x image-word loss "
+                                  f"(mmspec.zoo.objectives.image_word_loss)"
+                                  if spec.image_word_loss else ""),
         "data": DATA_CARD,
         "results": {
             "final_train_loss": round(sum(tail) / len(tail), 4),
-            "final_train_loss_note": "mean of the last 50 steps (nats/answer token)",
+            "final_train_loss_note": "mean of the last 50 steps of the objective (nats/answer "
+                                     "token" + (", the image-word term included: not comparable "
+                                                "with the held-out answer loss"
+                                                if spec.image_word_loss else "") + ")",
             **results,
             "heldout_slice": f"mmspec.zoo.vlm_data.heldout_seeds({HELDOUT_SCENES}); fp16 "
                              "weights as shipped",
@@ -597,6 +607,8 @@ def cmd_drafter(args) -> None:
     losses = train(drafter, target, samples, cfg, held_out=held, out_dir=out_dir,
                    resume=args.resume)
     elapsed = time.time() - t0
+    # the card's config records the steps this run trained, not the spec's default
+    spec = dataclasses.replace(spec, steps=steps)
     export_drafter(spec, drafter, target, held, losses, cfg, elapsed, answers_s, args)
 
 
