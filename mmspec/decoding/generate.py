@@ -37,6 +37,7 @@ from mmspec.kernels.hf import require_block_sparse_mask
 
 from . import kv_cache
 from .draft import Draft, DraftState, VerifyResult
+from .drafters.vocab import VocabularyMismatch  # noqa: F401 (raised here, public here)
 from .positions import prefill_position_ids
 from .sampling import RepetitionPenalty, SamplingConfig, target_probs
 from .stats import SpecStats
@@ -93,10 +94,6 @@ def _eos_ids(target, eos_token_id) -> torch.Tensor:
 # forward arguments the engine sets on every call: from the caller they would collide
 _ENGINE_KWARGS = {"past_key_values", "cache", "use_cache", "position_ids",
                   "output_hidden_states", "return_dict", "cache_position", "block_sparse_mask"}
-
-
-class VocabularyMismatch(ValueError):
-    """The drafter's output vocabulary is not the target's (nor the same one padded)."""
 
 
 def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):

@@ -37,7 +37,8 @@ from .cps import CausalProxy, CPSConfig, search
 from .lattice import Lattice, PrefixCache, build_lattice, build_lattice_cached
 from .ngram_proxy import NgramProxy
 from .path_tree import paths_to_tree
-from .vocab import check_mask_token, drafter_only_ids, logits_width, suppressed_ids, target_width
+from .vocab import (check_dlm_width, check_mask_token, drafter_only_ids, logits_width,
+                    suppressed_ids, target_width)
 
 PROPOSALS = ("point_mass", "approximate_l2r")
 
@@ -121,6 +122,7 @@ class DiffusionDrafter:
                              f"[0, {self.vocab_size}), got {bad}")
         self.eos_ids = self.default_eos_ids = [int(e) for e in eos_ids]
         width = logits_width(model)
+        check_dlm_width(width, self.vocab_size)
         check_mask_token(mask_token_id, width, self.eos_ids)
         extra = []
         if (tokenizer is None) != (target_tokenizer is None):

@@ -12,6 +12,24 @@ from __future__ import annotations
 import torch
 
 
+class VocabularyMismatch(ValueError):
+    """The drafter's output vocabulary is not the target's (nor the same one padded)."""
+
+
+def check_dlm_width(drafter_width: int, target_width: int) -> None:
+    """A diffusion drafter's logits and the target's are one vocabulary, maybe padded or with a
+    few ids of one side's own (a DLM's mask token appended; Qwen2.5's 151936 beside 152064; a
+    DLM narrower than its target reads the ids it lacks as masks): widths within 1% or 64 of
+    each other. Anything else is another vocabulary, which drafted silently at tau 1 (a
+    50257-token model for a 64-token target). Tokenizers, when given, are compared id by id
+    (`drafter_only_ids`); widths alone cannot tell two tokenizers of one size apart."""
+    if abs(drafter_width - target_width) > max(0.01 * target_width, 64):
+        raise VocabularyMismatch(
+            f"the diffusion drafter's vocabulary ({drafter_width} logits) does not match the "
+            f"target's ({target_width}); target and drafter must share a tokenizer (widths "
+            f"within 1% or 64 of each other are taken as one vocabulary, padded)")
+
+
 def logits_width(model) -> int:
     """Columns of the model's logits (the output embedding rows, else `config.vocab_size`)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -288,12 +288,25 @@ def test_the_eos_token_id_passed_to_generate_wins_over_the_drafters(target):
 
 
 def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
-    drafter = NaiveDiffusionDrafter(dlm, MASK, 72, k=4, eos_token_id=EOS)
-    assert drafter.vocab_size == 72  # the engine checks this against the target's logits
+    # one tokenizer padded to two widths (Qwen2.5's 151936 and 152064), at a tiny size
+    drafter = NaiveDiffusionDrafter(dlm, MASK, 128, k=4, eos_token_id=EOS)
+    assert drafter.vocab_size == 128  # the engine checks this against the target's logits
     config = DiffusionDrafterConfig(fixed_k=4, proposal="approximate_l2r")
-    draft = DiffusionDrafter(dlm, MASK, 72, eos_token_id=EOS, config=config).propose(
+    draft = DiffusionDrafter(dlm, MASK, 128, eos_token_id=EOS, config=config).propose(
         state(torch.randint(2, 60, (1, 6))))
-    assert draft.probs.shape[-1] == 72 and (draft.probs[..., 64:] == 0).all()
+    assert draft.probs.shape[-1] == 128 and (draft.probs[..., 64:] == 0).all()
+
+
+@pytest.mark.parametrize("target", [129, 4096, 50257])
+def test_another_vocabulary_is_refused(dlm, target):
+    # a 64-logit DLM beside a 129-, 4096- or 50257-token target: another tokenizer, which
+    # drafted silently at tau 1 (ModelDrafter refused it); 63 (a mask appended) is taken
+    from mmspec.decoding.generate import VocabularyMismatch
+
+    with pytest.raises(VocabularyMismatch, match=rf"vocabulary \(64 logits\) does not match "
+                                                 rf"the target's \({target}\)"):
+        DiffusionDrafter(dlm, MASK, target, eos_token_id=EOS)
+    assert DiffusionDrafter(dlm, MASK, 63, eos_token_id=EOS).vocab_size == 63
 
 
 def test_public_name():
