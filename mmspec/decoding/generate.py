@@ -82,13 +82,27 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _is_token_id(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _eos_ids(target, eos_token_id) -> torch.Tensor:
+    """An id, a list of ids or a tensor of them (numpy ints too, as `target.generate` takes)."""
     if eos_token_id is None:
         eos_token_id = target.generation_config.eos_token_id
     if eos_token_id is None:
         return torch.zeros(0, dtype=torch.long)
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    return torch.tensor(ids, dtype=torch.long)
+    if isinstance(eos_token_id, torch.Tensor):
+        ids = eos_token_id.flatten().tolist()
+    elif _is_token_id(eos_token_id):
+        ids = [eos_token_id]
+    elif isinstance(eos_token_id, (list, tuple)):
+        ids = list(eos_token_id)
+    else:
+        ids = None
+    if ids is None or not all(_is_token_id(i) for i in ids):
+        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    return torch.tensor([int(i) for i in ids], dtype=torch.long)
 
 
 # forward arguments the engine sets on every call: from the caller they would collide
@@ -378,6 +392,11 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         pad_token_id = target.generation_config.pad_token_id
     if pad_token_id is None and len(eos):  # target.generate's fallback
         pad_token_id = int(eos[0])
+    if isinstance(pad_token_id, torch.Tensor) and pad_token_id.numel() == 1:
+        pad_token_id = pad_token_id.item()
+    if pad_token_id is not None and not _is_token_id(pad_token_id):
+        raise ValueError(f"pad_token_id must be an int, got {pad_token_id!r}")
+    pad_token_id = None if pad_token_id is None else int(pad_token_id)
     if attention_mask is None and pad_token_id is not None and isinstance(input_ids, torch.Tensor):
         attention_mask = _mask_from_padding(input_ids, pad_token_id, eos)
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):

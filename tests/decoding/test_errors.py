@@ -251,3 +251,22 @@ def test_numpy_sampling_numbers(target):
     out = generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=3, do_sample=True,
                    temperature=np.float32(0.7), top_p=np.float32(0.9))
     assert out.sequences.shape[1] == IDS.shape[1] + 3
+
+
+def test_token_ids_as_target_generate_takes_them(target):
+    # numpy ids failed with "'numpy.int64' object is not iterable"; strings with messages that
+    # named no argument
+    np = pytest.importorskip("numpy")
+    ids = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    mask = (ids != 0).long()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                          eos_token_id=np.int64(1), pad_token_id=0)
+    out = generate(target, ModelDrafter(tiny_llama(1)), ids, attention_mask=mask,
+                   max_new_tokens=4, eos_token_id=np.int64(1), pad_token_id=np.int64(0))
+    assert torch.equal(out.sequences, ref)
+    for kwargs, message in (({"eos_token_id": "1"}, "eos_token_id must be an int or a list of "
+                                                    "ints, got '1'"),
+                            ({"eos_token_id": [1, 2.5]}, r"got \[1, 2.5\]"),
+                            ({"pad_token_id": "x"}, "pad_token_id must be an int, got 'x'")):
+        with pytest.raises(ValueError, match=message):
+            generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=3, **kwargs)
