@@ -181,6 +181,8 @@ def _load_path_target(args):
 def model_folder(flag: str, path: str) -> None:
     """Checkpoints load by path (nothing downloads): a missing folder is named as such, not as
     transformers' 'Repo id must use alphanumeric chars' of a hub lookup."""
+    if not path:  # Path("") is the current folder, which is a folder
+        raise SystemExit(f"{flag}: give the model folder after the colon, e.g. model:PATH")
     if not Path(path).is_dir():
         raise SystemExit(f"{flag}: no such model folder {path}")
 
@@ -259,7 +261,9 @@ def _path_drafter(args, target, target_tokenizer=None):
         try:  # with both tokenizers, ids are compared and DLM-only specials suppressed
             drafter = DiffusionDrafter.from_pretrained(path, target, **pair)
         except (FileNotFoundError, ValueError, NotImplementedError) as err:
-            raise SystemExit(f"--drafter {kind}: {err}") from None
+            # transformers lists every config class it knows on one line: its first sentence
+            first = str(err).strip().splitlines()[0].split(". Should be one of")[0]
+            raise SystemExit(f"--drafter {kind}: {first}") from None
         # the prefix KV cache: approximate for a bidirectional DLM, lossless all the same
         drafter.config = dataclasses.replace(drafter.config, prefix_cache=True)
         return drafter.to(args.device)

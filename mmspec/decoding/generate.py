@@ -428,12 +428,13 @@ def _refuse_past_positions(target, prompt_len: int, max_new_tokens: int, err) ->
         else target.config
     for name in ("n_positions", "max_position_embeddings"):
         limit = getattr(config, name, None)
-        if isinstance(limit, int) and prompt_len + max_new_tokens > limit:
+        # the last new token is never fed back: prompt + max_new_tokens - 1 positions are read
+        if isinstance(limit, int) and prompt_len + max_new_tokens - 1 > limit:
             raise ValueError(
-                f"max_new_tokens={max_new_tokens}: the prompt ({prompt_len} tokens) plus "
-                f"max_new_tokens is {prompt_len + max_new_tokens}, past the target's "
-                f"{name}={limit}, where its positions ran out ({err}); ask for at most "
-                f"{max(limit - prompt_len, 0)} new tokens") from err
+                f"max_new_tokens={max_new_tokens}: the prompt ({prompt_len} tokens) and the "
+                f"new tokens fed back need {prompt_len + max_new_tokens - 1} positions, past "
+                f"the target's {name}={limit}, where its positions ran out ({err}); ask for "
+                f"at most {max(limit - prompt_len + 1, 0)} new tokens") from err
 
 
 class _Slots:

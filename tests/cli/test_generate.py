@@ -214,6 +214,18 @@ def test_model_folders_that_do_not_load_are_named(tmp_path):
                                          r"vision-language model \(with --image\)"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--image",
               str(ZOO_DIR / "vlm-target" / "sample.png"), "--device", "cpu"])
+    # an empty path was the current folder, then a hub lookup's "Repo id must use ..."
+    with pytest.raises(SystemExit, match=r"--drafter model:: give the model folder after the "
+                                         r"colon"):
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter", "model:",
+              "--device", "cpu"])
+    # a LLaVA folder as a diffusion drafter: transformers' one-line list of ~250 config classes
+    with pytest.raises(SystemExit) as err:
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+              f"diffusion:{ZOO_DIR / 'vlm-target'}", "--device", "cpu", "--no-baseline"])
+    message = str(err.value)
+    assert "Unrecognized configuration class" in message and "LlavaConfig" in message
+    assert len(message) < 300 and "Should be one of" not in message
 
 
 def test_a_missing_diffusion_drafter_is_named_before_any_hub_lookup(tmp_path, monkeypatch):

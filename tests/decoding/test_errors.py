@@ -183,11 +183,17 @@ def test_running_out_of_learned_positions_names_the_limit():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=24, n_embd=32, n_layer=1,
                                       n_head=2, eos_token_id=None, bos_token_id=None)).eval()
     ids = torch.randint(2, 60, (1, 10))
-    with pytest.raises(ValueError, match=r"max_new_tokens=30: the prompt \(10 tokens\) plus "
-                                         r"max_new_tokens is 40, past the target's n_positions=24"
-                                         r".*ask for at most 14 new tokens"):
+    with pytest.raises(ValueError, match=r"max_new_tokens=30: the prompt \(10 tokens\) and the "
+                                         r"new tokens fed back need 39 positions, past the "
+                                         r"target's n_positions=24.*ask for at most 15 new tokens"):
         generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=30)
-    assert generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=14).sequences.shape[1] == 24
+    # the last new token is never fed back: 15 fit, as in gpt2.generate (the hint said 14)
+    out = generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=15).sequences
+    ref = gpt2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=15,
+                        do_sample=False)
+    assert out.shape[1] == 25 and torch.equal(out, ref)
+    with pytest.raises(ValueError, match="ask for at most 15 new tokens"):
+        generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=16)
 
 
 @pytest.mark.parametrize("make, message", [

@@ -7,6 +7,13 @@
 
 Both EMAs start at 0 and k_1 = k_max. The paper leaves the rounding of L~gen open; the default is
 floor, like the third-party reproduction.
+
+How the rule behaves (as the paper writes it, kept as is): accepted tokens never exceed generated
+ones, so after one rejection L~acc stays below L~gen until full acceptances close the gap, which
+halves per round at rho 0.5 (about 50 fully accepted rounds to reach equality in floating
+point). Without an early EOS in the raw draft, k therefore settles at round(L~gen), near k_min
+(round 1 already halves k_max), and grows by delta only where drafts keep running into EOS.
+The zoo text preset (k in [4, 10]) ran at k = 5 in every round a helper traced.
 """
 
 from __future__ import annotations
