@@ -173,6 +173,9 @@ def _load_path_target(args):
             and type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING):
         raise SystemExit(f"--target {args.target} is a vision-language model "
                          f"({type(config).__name__}): pass --image")
+    if getattr(config, "is_causal", True) is False:  # ran, then "DIFFERS from target-only"
+        raise SystemExit(f"--target {args.target}: its config says is_causal=False, a diffusion "
+                         f"LM; it drafts (--drafter diffusion:{args.target}) for a causal target")
     with load_errors("--target", args.target, "a causal LM"):
         model = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype="auto")
     return model, tok, inputs

@@ -144,6 +144,12 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
         raise ValueError(f"a batch of {input_ids.shape[0]} rows needs a padding token: pass "
                          f"pad_token_id=, set target.generation_config.pad_token_id or give "
                          f"the target an EOS id (which then pads, as in target.generate)")
+    config = getattr(target, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text_config, "is_causal", True) is False:  # ran, then differed from its generate
+        raise ValueError(f"target: its config says is_causal=False (a bidirectional diffusion "
+                         f"LM); the target must be an autoregressive causal LM (a diffusion LM "
+                         f"drafts: DiffusionDrafter)")
     check_target = getattr(drafter, "check_target", None)
     if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
         check_target(target)

@@ -214,6 +214,9 @@ def test_model_folders_that_do_not_load_are_named(tmp_path):
                                          r"vision-language model \(with --image\)"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--image",
               str(ZOO_DIR / "vlm-target" / "sample.png"), "--device", "cpu"])
+    # a diffusion LM as the target ran, then reported "DIFFERS from target-only greedy"
+    with pytest.raises(SystemExit, match=r"--target .*text-dlm: its config says is_causal=False"):
+        main(["generate", "--target", str(ZOO_DIR / "text-dlm"), "--device", "cpu"])
     # an empty path was the current folder, then a hub lookup's "Repo id must use ..."
     with pytest.raises(SystemExit, match=r"--drafter model:: give the model folder after the "
                                          r"colon"):

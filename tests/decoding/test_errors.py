@@ -276,3 +276,15 @@ def test_token_ids_as_target_generate_takes_them(target):
                             ({"pad_token_id": "x"}, "pad_token_id must be an int, got 'x'")):
         with pytest.raises(ValueError, match=message):
             generate(target, ModelDrafter(tiny_llama(1)), IDS, max_new_tokens=3, **kwargs)
+
+
+def test_a_bidirectional_target_is_refused(target):
+    # a diffusion LM's config (is_causal=False) as the target: ran, and differed from its own
+    # generate; the check reads the config, so this is the same tiny Llama marked bidirectional
+    target.config.is_causal = False
+    try:
+        with pytest.raises(ValueError, match=r"target: its config says is_causal=False"):
+            generate(target, PromptLookupDrafter(), IDS, max_new_tokens=3)
+    finally:
+        del target.config.is_causal
+    assert generate(target, PromptLookupDrafter(), IDS, max_new_tokens=3).sequences.shape[1] == 7

@@ -113,6 +113,15 @@ class DiffusionDrafter:
             raise TypeError(f"config must be a DiffusionDrafterConfig, got {type(config).__name__}")
         if not _is_id(mask_token_id):
             raise TypeError(f"mask_token_id must be an int, got {mask_token_id!r}")
+        # a learned position table (GPT-2's n_positions) ends the DLM's context: a longer
+        # prefix failed with a bare IndexError inside its embedding
+        table = getattr(getattr(model, "config", None), "n_positions", None)
+        if config.max_context is None and _is_id(table):
+            try:
+                config = dataclasses.replace(config, max_context=int(table))
+            except ValueError as err:
+                raise ValueError(f"model: its {table} learned positions ({err}); a DLM must see "
+                                 f"a block and some context") from None
         self.model, self.mask_token_id, self.config = model, int(mask_token_id), config
         self.vocab_size = target_width(target)
         eos_ids = _eos_ids(eos_token_id, target)

@@ -319,3 +319,30 @@ def test_public_name():
     from mmspec.decoding.drafters import ADLConfig
 
     assert mmspec.ADLConfig is ADLConfig
+
+
+def test_a_learned_position_table_bounds_the_context():
+    # a GPT-2-style DLM of 32 positions behind a 20-token prompt and 30 new tokens failed with a
+    # bare IndexError in its embedding: its table is now the default max_context
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from spec_helpers import tiny_llama
+
+    from mmspec import generate
+
+    target = tiny_llama(0)
+    torch.manual_seed(0)
+    dlm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1,
+                                     n_head=2, eos_token_id=None, bos_token_id=None)).eval()
+    drafter = DiffusionDrafter(dlm, MASK, target, eos_token_id=EOS,
+                               config=DiffusionDrafterConfig(adl=ADLConfig(4, 10)))
+    assert drafter.config.max_context == 32
+    ids = torch.randint(2, 60, (1, 20))
+    out = generate(target, drafter, ids, max_new_tokens=30, eos_token_id=EOS)
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                          do_sample=False, eos_token_id=EOS)
+    assert torch.equal(out.sequences, ref)
+    with pytest.raises(ValueError, match=r"model: its 32 learned positions \(max_context 32 must "
+                                         r"exceed the largest block 40\)"):
+        DiffusionDrafter(dlm, MASK, target, eos_token_id=EOS,
+                         config=DiffusionDrafterConfig(fixed_k=40))
