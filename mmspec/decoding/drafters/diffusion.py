@@ -181,6 +181,11 @@ class DiffusionDrafter:
         valid = state.attention_mask.bool()  # 0 on left padding and on the engine's holes
         self.histories = [row[m] for row, m in zip(state.input_ids, valid)]
         if state.round == 0:  # a new generate call: fresh ADL controllers, proxies and cache
+            where = next((p.device for p in self.model.parameters()), None)
+            if where is not None and where != state.input_ids.device:
+                raise ValueError(f"the diffusion drafter's model is on {where} and the inputs on "
+                                 f"{state.input_ids.device}: move it with "
+                                 f"drafter.to({str(state.input_ids.device)!r})")
             self._start(len(self.histories))
             self.prefix.reset()
             self.eos_ids = self.default_eos_ids

@@ -346,3 +346,18 @@ def test_a_learned_position_table_bounds_the_context():
                                          r"exceed the largest block 40\)"):
         DiffusionDrafter(dlm, MASK, target, eos_token_id=EOS,
                          config=DiffusionDrafterConfig(fixed_k=40))
+
+
+def test_a_model_on_another_device_is_named(dlm):
+    # the meta device stands in for a GPU here: torch's error named neither the drafter nor .to
+    import copy
+
+    from spec_helpers import tiny_llama
+
+    from mmspec import generate
+
+    drafter = DiffusionDrafter(copy.deepcopy(dlm).to("meta"), MASK, 64, eos_token_id=EOS)
+    with pytest.raises(ValueError, match=r"the diffusion drafter's model is on meta and the "
+                                         r"inputs on cpu: move it with drafter.to\('cpu'\)"):
+        generate(tiny_llama(0), drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=4,
+                 eos_token_id=EOS)
