@@ -99,6 +99,23 @@ def staged_export(out_dir: Path):
     shutil.rmtree(work)
 
 
+class RunRefused(ValueError):
+    """A recipe will not resume a checkpoint (another run's, or past --steps): its main prints
+    the message as one line."""
+
+
+class RunExists(FileExistsError):
+    """A checkpoint is in the way of a run without --resume: its main prints one line."""
+
+
+def run_refusals_as_exit(cmd, *args) -> None:
+    """`cmd(*args)`, with a refusal to resume or overwrite printed as one line (exit 1)."""
+    try:
+        cmd(*args)
+    except (RunRefused, RunExists) as err:
+        raise SystemExit(str(err)) from None
+
+
 def refuse_other_run(ckpt: dict, run: dict, ckpt_path: Path, fix: str = "") -> None:
     """ValueError when checkpoint `ckpt` was saved by a run of other settings than `run` (a
     checkpoint from before the settings were recorded passes)."""
@@ -106,7 +123,7 @@ def refuse_other_run(ckpt: dict, run: dict, ckpt_path: Path, fix: str = "") -> N
         differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
                            f"{value!r} here" for key, value in run.items()
                            if ckpt["run"].get(key) != value)
-        raise ValueError(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
+        raise RunRefused(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
                          f"would train that run and label it as this one; {fix}delete it or "
                          f"pass another --out")
 
@@ -115,7 +132,7 @@ def refuse_past_steps(done: int, steps: int, ckpt_path: Path) -> None:
     """ValueError when checkpoint `ckpt_path`, already at step `done`, is past this run's
     `--steps`: the end would save it as `steps` and ship it so."""
     if done > steps:
-        raise ValueError(f"--steps {steps}: {ckpt_path} is already at step {done}; resuming it "
+        raise RunRefused(f"--steps {steps}: {ckpt_path} is already at step {done}; resuming it "
                          f"would label weights trained {done} steps as {steps}; pass --steps "
                          f"{done} or more, or delete it or pass another --out")
 
@@ -464,7 +481,7 @@ def main(argv=None) -> None:
     if args.model == "tokenizer":
         cmd_tokenizer(args)
     else:
-        cmd_train(args)
+        run_refusals_as_exit(cmd_train, args)
 
 
 if __name__ == "__main__":

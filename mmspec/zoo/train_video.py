@@ -34,7 +34,7 @@ from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.registry import video_parts
-from mmspec.zoo.train_text import refuse_other_run, staged_export
+from mmspec.zoo.train_text import RunExists, refuse_other_run, run_refusals_as_exit, staged_export
 from mmspec.zoo.video_model import (
     VideoModelSpec,
     build_text_encoder,
@@ -135,7 +135,7 @@ def train(args) -> None:
         start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
         print(f"resumed {NAME} at step {start} ({elapsed:.0f}s trained)")
     elif ckpt_path.exists():
-        raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
+        raise RunExists(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
     n_params = sum(p.numel() for p in transformer.parameters())
     print(f"{NAME}: {n_params / 1e6:.2f}M transformer params, grid "
           f"{(spec.frames, spec.height // 2, spec.width // 2)}, batch {args.batch}")
@@ -270,7 +270,7 @@ def main(argv=None) -> None:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if not args.lr > 0 or args.warmup < 0:
         parser.error(f"--lr must be > 0 and --warmup >= 0, got {args.lr} and {args.warmup}")
-    train(args)
+    run_refusals_as_exit(train, args)
 
 
 if __name__ == "__main__":

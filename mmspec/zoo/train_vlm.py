@@ -69,7 +69,8 @@ from mmspec.zoo.scenes import (
     question_answer,
     render_scene,
 )
-from mmspec.zoo.train_text import refuse_other_run, refuse_past_steps, staged_export
+from mmspec.zoo.train_text import (RunExists, refuse_other_run, refuse_past_steps,
+                                   run_refusals_as_exit, staged_export)
 from mmspec.zoo.vlm_data import (
     answer_loss,
     heldout_seeds,
@@ -346,7 +347,7 @@ def cmd_train(args) -> None:
     with_images = spec.vision_layers > 0
     ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
     if ckpt_path.exists() and not args.resume:  # as train_video: never overwrite a run's state
-        raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
+        raise RunExists(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
     run = {"seed": args.seed}  # what a resumed checkpoint must share (--steps may grow)
     ckpt = torch.load(ckpt_path, weights_only=True) if args.resume and ckpt_path.exists() else None
     if ckpt is not None:  # refused before anything is built or trained
@@ -688,9 +689,9 @@ def main(argv=None) -> None:
     if args.model == "tokenizer":
         cmd_tokenizer(args)
     elif isinstance(SPECS[args.model], DrafterSpec):
-        cmd_drafter(args)
+        run_refusals_as_exit(cmd_drafter, args)
     else:
-        cmd_train(args)
+        run_refusals_as_exit(cmd_train, args)
 
 
 if __name__ == "__main__":

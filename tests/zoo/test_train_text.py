@@ -49,7 +49,7 @@ def test_a_checkpoint_of_another_run_is_not_resumed(tiny_zoo):
     # a rerun with other settings (the README's distillation, after a plain run finished) used
     # to resume the old checkpoint, train nothing and label the old weights with the new flags
     _run(tiny_zoo, "tiny-ar", "a")
-    with pytest.raises(ValueError, match=r"another run.s checkpoint \(--seed 0 there, 7 here; "
+    with pytest.raises(SystemExit, match=r"another run.s checkpoint \(--seed 0 there, 7 here; "
                                          r"--lr None there, 0.001 here\)"):
         train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--lr", "1e-3",
                          "--seed", "7"])
@@ -170,7 +170,7 @@ def test_a_checkpoint_past_steps_is_refused(tiny_zoo):
     # under a card saying 3 steps; a later 6-step run then trained steps 3..5 a second time
     _run(tiny_zoo, "tiny-ar", "a")
     entry = _entry_bytes(tiny_zoo / "zoo" / "tiny-ar")
-    with pytest.raises(ValueError, match=r"--steps 3: .*ckpt.pt is already at step 6; .*pass "
+    with pytest.raises(SystemExit, match=r"--steps 3: .*ckpt.pt is already at step 6; .*pass "
                                          r"--steps 6 or more"):
         train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "3"])
     assert torch.load(tiny_zoo / "a" / "tiny-ar" / "ckpt.pt", weights_only=True)["step"] == 6

@@ -187,7 +187,7 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, in
     with pytest.raises(KeyboardInterrupt):
         run("b")
     monkeypatch.setattr(train_video, "flow_matching_loss", real_loss)
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(SystemExit, match="--resume"):
         run("b")
     run("b", "--resume")
     resumed = load_file(str(tmp_path / "zoo-b" / "video-dit" / "model.safetensors"))
@@ -231,7 +231,7 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
     _micro_run(tmp_path, "--steps", "2")
     entry = tmp_path / "zoo" / "video-dit"
     before = (entry / "model.safetensors").read_bytes()
-    with pytest.raises(ValueError, match=r"another run.s checkpoint \(--seed 0 there, 1 here; "
+    with pytest.raises(SystemExit, match=r"another run.s checkpoint \(--seed 0 there, 1 here; "
                                          r"--batch 2 there, 3 here\)"):
         _micro_run(tmp_path, "--steps", "3", "--resume", "--seed", "1", "--batch", "3")
     assert (entry / "model.safetensors").read_bytes() == before

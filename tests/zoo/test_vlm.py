@@ -237,10 +237,10 @@ def test_a_checkpoint_of_another_seed_or_past_steps_is_not_resumed(tmp_path, mon
     _micro(monkeypatch)
     _run(tmp_path, "a")
     entry = _entry_bytes(tmp_path / "zoo" / "vlm-micro")
-    with pytest.raises(ValueError, match=r"--steps 2: .*ckpt.pt is already at step 4; .*pass "
+    with pytest.raises(SystemExit, match=r"--steps 2: .*ckpt.pt is already at step 4; .*pass "
                                          r"--steps 4 or more"):
         _run(tmp_path, "a", "--resume", "--steps", "2")
-    with pytest.raises(ValueError, match=r"ckpt.pt is another run.s checkpoint \(--seed 0 there, "
+    with pytest.raises(SystemExit, match=r"ckpt.pt is another run.s checkpoint \(--seed 0 there, "
                                          r"7 here\): .*resume with its settings"):
         _run(tmp_path, "a", "--resume", "--seed", "7")
     assert _entry_bytes(tmp_path / "zoo" / "vlm-micro") == entry
@@ -573,10 +573,10 @@ def test_a_drafter_checkpoint_of_another_seed_or_past_steps_is_not_resumed(tmp_p
         train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / "a"), "--zoo",
                         str(tmp_path / "zoo"), "--resume", *extra])
 
-    with pytest.raises(ValueError, match=r"vlm-micro-drafter is another run.s checkpoint "
+    with pytest.raises(SystemExit, match=r"vlm-micro-drafter is another run.s checkpoint "
                                          r"\(--seed 0 there, 3 here\)"):
         drafter("--steps", "5", "--seed", "3")
-    with pytest.raises(ValueError, match=r"--steps 2: .*checkpoint is already at step 5; "
+    with pytest.raises(SystemExit, match=r"--steps 2: .*checkpoint is already at step 5; "
                                          r"resuming it would label weights trained 5 steps as 2"):
         drafter()
     assert not (tmp_path / "zoo" / "vlm-micro-drafter").exists()
