@@ -108,11 +108,12 @@ class RunExists(FileExistsError):
     """A checkpoint is in the way of a run without --resume: its main prints one line."""
 
 
-def run_refusals_as_exit(cmd, *args) -> None:
-    """`cmd(*args)`, with a refusal to resume or overwrite printed as one line (exit 1)."""
+def run_refusals_as_exit(cmd, *args, refusals=()) -> None:
+    """`cmd(*args)`, with a refusal to resume or overwrite a run (RunRefused, RunExists and the
+    types in `refusals`) printed as one line (exit 1)."""
     try:
         cmd(*args)
-    except (RunRefused, RunExists) as err:
+    except (RunRefused, RunExists, *refusals) as err:
         raise SystemExit(str(err)) from None
 
 
@@ -120,9 +121,10 @@ def refuse_other_run(ckpt: dict, run: dict, ckpt_path: Path, fix: str = "") -> N
     """ValueError when checkpoint `ckpt` was saved by a run of other settings than `run` (a
     checkpoint from before the settings were recorded passes)."""
     if ckpt.get("run", run) != run:
+        keys = list(run) + [key for key in ckpt["run"] if key not in run]
         differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
-                           f"{value!r} here" for key, value in run.items()
-                           if ckpt["run"].get(key) != value)
+                           f"{run.get(key)!r} here" for key in keys
+                           if ckpt["run"].get(key) != run.get(key))
         raise RunRefused(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
                          f"would train that run and label it as this one; {fix}delete it or "
                          f"pass another --out")

@@ -583,6 +583,9 @@ def cmd_drafter(args) -> None:
     target, processor = target_entry.model, target_entry.tokenizer
     out_dir = Path(args.out) / spec.name
     run = {"seed": args.seed}  # what a resumed checkpoint must share (--steps may grow)
+    if args.samples is not None:  # a quick run: the target answers only these scenes
+        spec = dataclasses.replace(spec, samples=args.samples)
+        run["samples"] = args.samples
     if args.resume:  # before the answers, which can take long
         refuse_other_drafter_run(out_dir, run, steps)
     else:
@@ -684,12 +687,21 @@ def main(argv=None) -> None:
                              "--zoo folder's vlm-processor, else the shipped one)")
     parser.add_argument("--save-every-s", type=float, default=120.0)
     parser.add_argument("--eval-every", type=int, default=500, help="drafters: held-out tau")
+    parser.add_argument("--samples", type=positive_int, default=None,
+                        help="drafters: training scenes, whose answers the target computes "
+                             "first (default: the spec's, 2400 for the shipped drafters)")
     args = parser.parse_args(argv)
+    if args.samples is not None and not isinstance(SPECS.get(args.model), DrafterSpec):
+        parser.error(f"--samples: only drafters take it (their training scenes); {args.model} "
+                     f"is not a drafter")
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.model == "tokenizer":
         cmd_tokenizer(args)
     elif isinstance(SPECS[args.model], DrafterSpec):
-        run_refusals_as_exit(cmd_drafter, args)
+        # mmspec.vision.train's own refusals too: it trains the drafter
+        from mmspec.vision.train import ResumeError, RunExists as DrafterRunExists
+
+        run_refusals_as_exit(cmd_drafter, args, refusals=(ResumeError, DrafterRunExists))
     else:
         run_refusals_as_exit(cmd_train, args)
 

@@ -546,6 +546,19 @@ def test_a_drafter_spec_trains_for_its_own_target_entry(tmp_path, monkeypatch):
                     "--eval-every", "0"])
     card = json.loads((zoo_dir / "vlm-micro-drafter" / "card.json").read_text())
     assert card["target"] == "vlm-micro" and card["summary"].endswith("for vlm-micro.")
+    # --samples: a quick run answers fewer scenes, and its card says how many
+    train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / "q"), "--zoo", str(zoo_dir),
+                    "--eval-every", "0", "--samples", "1"])
+    quick = json.loads((zoo_dir / "vlm-micro-drafter" / "card.json").read_text())
+    assert quick["config"]["samples"] == 1 and "1 training scenes" in quick["data"]["prompts"]
+    assert list((tmp_path / "q").glob("vlm-drafter-answers-1x8-*.pt"))
+    with pytest.raises(SystemExit, match=r"another run.s checkpoint \(--samples 1 there, None "
+                                         r"here\)"):  # a resume without it would mix two runs
+        train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / "q"), "--zoo",
+                        str(zoo_dir), "--eval-every", "0", "--resume"])
+    with pytest.raises(SystemExit, match=r"checkpoint exists: pass --resume"):  # one line
+        train_vlm.main(["vlm-micro-drafter", "--out", str(tmp_path / "q"), "--zoo",
+                        str(zoo_dir), "--eval-every", "0", "--samples", "1"])
     assert "vlm-micro's own greedy answers" in card["data"]["prompts"]
     answers = list((tmp_path / "a").glob("vlm-drafter-answers-2x8-*.pt"))
     assert len(answers) == 1 and answers[0].name == train_vlm.answers_cache_path(
