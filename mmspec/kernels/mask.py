@@ -124,10 +124,11 @@ class BlockSparseMask:
             "full_kv_indices": (self.full_kv_indices, torch.int32, 4),
             "partial_masks": (self.partial_masks, torch.bool, 6),
         }
-        device = self.kv_num_blocks.device
-        for name, (t, dtype, ndim) in tensors.items():
+        for name, (t, dtype, ndim) in tensors.items():  # types first: .device below
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        device = self.kv_num_blocks.device
+        for name, (t, dtype, ndim) in tensors.items():
             if t.dtype != dtype:
                 raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
             if t.ndim != ndim:
@@ -285,7 +286,9 @@ class BlockSparseMask:
         kv_idx = ni[:, None, None] * bk + torch.arange(bk, device=full.device)[None, None, :]
         in_range = (q_idx < q_len) & (kv_idx < kv_len)
         elements = mask_mod(bi[:, None, None], hi[:, None, None], q_idx, kv_idx)
-        elements = torch.as_tensor(elements, device=full.device).expand(len(bi), bq, bk) & in_range
+        # a mask_mod may return ints ((q >= k).int()): as bools, as FlexAttention reads them
+        elements = torch.as_tensor(elements, device=full.device).bool().expand(
+            len(bi), bq, bk) & in_range
         all_kept = (elements | ~in_range).flatten(1).all(1) & elements.flatten(1).any(1)
         full[bi[all_kept], hi[all_kept], mi[all_kept], ni[all_kept]] = True
         partial[cand] = elements.flatten(1).any(1) & ~all_kept
@@ -402,7 +405,7 @@ class BlockSparseMask:
         """Share of (query block, key block) pairs computed, full and partial, over all B and H."""
         kept = self.kv_num_blocks.sum() + self.full_kv_num_blocks.sum()
         total = self.kv_num_blocks.numel() * self.num_kv_blocks
-        return float(kept) / total
+        return float(kept) / total if total else 0.0  # a batch or head dim of 0
 
     def to_flex(self):
         """The same layout as a `torch.nn.attention.flex_attention.BlockMask`.

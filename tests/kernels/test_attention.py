@@ -108,6 +108,31 @@ def test_transposed_inputs(run_backend, backend):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["stepped", "stored transposed", "expanded"])
+@pytest.mark.parametrize("full", [False, True])
+def test_head_dims_of_any_stride(layout, full):
+    # PyTorch's raw CPU flash op (the torch backend's small and all-full paths) assumes a unit
+    # stride along D: a stepped slice, a [.., D, N] store or an expanded D gave errors of ~1,
+    # up to reads past the tensor (DraftAttention's mean-keys fallback passes an expanded v)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for n in (24, 40, 40))
+    if layout == "stepped":
+        q = torch.randn(1, 2, 24, 16, generator=g)[..., ::2]
+    elif layout == "stored transposed":
+        q = torch.randn(1, 2, 8, 24, generator=g).transpose(2, 3)
+    else:
+        v = torch.randn(1, 2, 40, 1, generator=g).expand(1, 2, 40, 8)
+    assert q.stride(-1) != 1 or v.stride(-1) != 1
+    tokens = torch.ones(1, 1, 24, 40, dtype=torch.bool)
+    if not full:
+        tokens = torch.rand(1, 1, 24, 40, generator=g) < 0.6
+        tokens[..., 0] = True
+    mask = BlockSparseMask.from_token_mask(tokens, 16)
+    ref = block_sparse_attention(q.contiguous(), k, v.contiguous(), mask, backend="reference")
+    torch.testing.assert_close(block_sparse_attention(q, k, v, mask, backend="torch"), ref,
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_reference_matches_plain_softmax():
     q, k, v, mask = make_case(5, 1, 2, 2, 24, 40, 16, (16, 16), torch.float32)
     dense = mask.to_dense()

@@ -272,3 +272,20 @@ def test_to_takes_a_device_only():
         with pytest.raises(TypeError, match=r"BlockSparseMask.to takes a device .*, got"):
             mask.to(bad)
     assert mask.to(torch.device("cpu")).kv_indices.dtype == mask.kv_indices.dtype
+
+
+def test_edge_inputs_of_the_constructors():
+    # a list where a tensor goes was an AttributeError ('list' object has no attribute 'device');
+    # an int mask_mod an index_put dtype error; a batch of 0 a ZeroDivisionError in repr
+    parts = valid_parts()
+    parts["kv_num_blocks"] = [0]
+    with pytest.raises(TypeError, match="kv_num_blocks must be a torch.Tensor, got list"):
+        BlockSparseMask(**parts)
+    partial = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+    as_ints = BlockSparseMask.from_block_flags(
+        torch.zeros_like(partial), partial, lambda b, h, q, k: (q >= k).int(), 16, 32, 32)
+    as_bools = BlockSparseMask.from_block_flags(torch.zeros_like(partial), partial, _causal_mod,
+                                                16, 32, 32)
+    assert torch.equal(as_ints.to_dense(), as_bools.to_dense())
+    empty = BlockSparseMask.from_dense(torch.zeros(0, 1, 2, 2, dtype=torch.bool), 16, 32, 32)
+    assert empty.density() == 0.0 and "BlockSparseMask" in repr(empty)

@@ -158,9 +158,17 @@ def _expand_kv(k, v, heads):
     return (t[:, :, None].expand(b, hkv, heads // hkv, n, d).reshape(b, heads, n, d) for t in (k, v))
 
 
+def _unit_stride(*tensors):
+    """The raw aten flash op assumes a contiguous head dim (`F.scaled_dot_product_attention`
+    makes it so first): a stepped slice, a transposed [.., D, N] store or an expanded D (stride
+    0) gave wrong outputs, up to reads past the tensor."""
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
 def _dense_cpu(q, k, v, scale):
     """PyTorch's fused CPU flash attention, which also returns the lse."""
     k, v = _expand_kv(k, v, q.shape[1])
+    q, k, v = _unit_stride(q, k, v)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
     return out, lse.float()
 
@@ -176,6 +184,7 @@ def _small_dense_flash(q, k, v, scale, token_mask):
     """Small problems without soft-capping: PyTorch's fused CPU flash attention, the token mask as
     an additive bias (a third of `_small_dense`'s time at tree-verification shapes)."""
     k, v = _expand_kv(k, v, q.shape[1])
+    q, k, v = _unit_stride(q, k, v)
     bias = torch.zeros(token_mask.shape, dtype=q.dtype).masked_fill_(~token_mask, float("-inf"))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, attn_mask=bias, scale=scale)
