@@ -137,6 +137,17 @@ class ViSpecDrafter(nn.Module):
         if extra:
             raise ValueError(f"path: {path / CONFIG_NAME} has fields a ViSpec config does not: "
                              f"{extra}")
+        required = sorted(f.name for f in dataclasses.fields(ViSpecConfig)
+                          if f.default is dataclasses.MISSING
+                          and f.default_factory is dataclasses.MISSING and f.name not in fields)
+        if required:
+            raise ValueError(f"path: {path / CONFIG_NAME} lacks the fields {required}")
+        if not isinstance(fields.get("target", {}), dict):
+            raise ValueError(f"path: {path / CONFIG_NAME}: 'target' must be the target's "
+                             f"signature (a JSON object), got {fields['target']!r}")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype such as torch.float16, or None, got "
+                            f"{dtype!r}")
         config = ViSpecConfig(**{**fields, **tree})
         why = signature_mismatch(config.target, target)
         if why:
@@ -151,12 +162,18 @@ class ViSpecDrafter(nn.Module):
             state = load_file(str(weights))
         except Exception as err:  # noqa: BLE001 (safetensors raises its own error type)
             raise ValueError(f"path: {weights} is not a safetensors file ({err})") from None
-        try:
-            drafter.load_state_dict(state)
-        except RuntimeError as err:  # e.g. text_only=true over ViSpec weights
-            first = str(err).strip().splitlines()[0]
+        own = drafter.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        shapes = sorted(f"{k} {tuple(state[k].shape)} for {tuple(own[k].shape)}"
+                        for k in set(own) & set(state) if state[k].shape != own[k].shape)
+        if missing or unexpected or shapes:  # e.g. text_only=true over ViSpec weights
+            parts = [f"{what} {keys[:4]}{' ...' if len(keys) > 4 else ''}"
+                     for what, keys in (("missing", missing), ("unexpected", unexpected),
+                                        ("other shapes", shapes)) if keys]
             raise ValueError(f"path: the weights in {weights} do not fit the drafter its "
-                             f"{CONFIG_NAME} describes ({first})") from None
+                             f"{CONFIG_NAME} describes ({'; '.join(parts)})")
+        drafter.load_state_dict(state)
         weight = drafter.adapter.embed_weight
         return drafter.to(device=weight.device, dtype=weight.dtype if dtype is None else dtype)
 

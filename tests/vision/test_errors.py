@@ -85,11 +85,22 @@ def test_broken_checkpoint_files_are_named(tmp_path, llava):
                            r"has fields a ViSpec config does not: \['extra'\]"),
                           (json.dumps({**json.loads(good), "text_only": True}),
                            r"weights in .*model.safetensors do not fit the drafter its "
-                           r"vispec_config.json describes")):
+                           r"vispec_config.json describes \(unexpected \['adaptor"),
+                          # the reason was torch's header line alone, with no key
+                          (json.dumps({**json.loads(good), "num_layers": 2}),
+                           r"describes \(missing \['head.layers.1"),
+                          (json.dumps({k: v for k, v in json.loads(good).items()
+                                       if k != "head_dim"}),
+                           r"vispec_config.json lacks the fields \['head_dim'\]"),
+                          (json.dumps({**json.loads(good), "target": None}),
+                           r"'target' must be the target's signature \(a JSON object\), "
+                           r"got None")):
         config.write_text(text)
         with pytest.raises(ValueError, match=message):
             ViSpecDrafter.from_pretrained(tmp_path, llava)
     config.write_text(good)
+    with pytest.raises(TypeError, match=r"dtype must be a torch.dtype .*got 'float16'"):
+        ViSpecDrafter.from_pretrained(tmp_path, llava, dtype="float16")
     (tmp_path / "model.safetensors").write_bytes(b"junk")
     with pytest.raises(ValueError, match=r"model.safetensors is not a safetensors file"):
         ViSpecDrafter.from_pretrained(tmp_path, llava)
