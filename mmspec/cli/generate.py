@@ -156,6 +156,9 @@ def _load_path_target(args):
             processor = transformers.AutoProcessor.from_pretrained(args.target)
             model = transformers.AutoModelForImageTextToText.from_pretrained(args.target,
                                                                              dtype="auto")
+        if getattr(processor, "chat_template", None) is None:  # failed with a traceback
+            _log(f"--target {args.target}: its processor has no chat template; the prompt goes "
+                 f"in as '<image token>\\n{prompt}'")
         return model, processor.tokenizer, vlm_inputs(processor, image, prompt)
     with load_errors("--target", args.target, "a causal LM"):
         tok = transformers.AutoTokenizer.from_pretrained(args.target)

@@ -69,6 +69,10 @@ def load_processor(path) -> LlavaProcessor:
 
 
 def chat_prompt(processor, question: str) -> str:
+    """The processor's chat template around one image and `question`; a processor without one
+    (a base checkpoint) gets its image token, a newline and the question as they are."""
+    if getattr(processor, "chat_template", None) is None:
+        return f"{getattr(processor, 'image_token', '<image>')}\n{question}"
     conv = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     return processor.apply_chat_template(conv, add_generation_prompt=True)
 

@@ -291,3 +291,19 @@ def test_path_target_mistakes_found_by_a_trial(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"--target .*vlm is a vision-language model "
                                          r"\(LlavaConfig\): pass --image"):
         main(["generate", "--target", str(vlm), "--prompt", "Describe it.", "--device", "cpu"])
+
+
+def test_a_vlm_without_a_chat_template_takes_a_plain_prompt(tmp_path, capsys):
+    # a base checkpoint's processor has no chat template: apply_chat_template's traceback
+    import shutil
+
+    from mmspec.zoo.paths import ZOO_DIR
+
+    target = tmp_path / "base-vlm"
+    shutil.copytree(ZOO_DIR / "vlm-target", target)
+    (target / "chat_template.jinja").unlink()
+    assert main(["generate", "--target", str(target), "--image",
+                 str(target / "sample.png"), "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "has no chat template; the prompt goes in as '<image token>" in err
+    assert "identical to target-only greedy" in err
