@@ -532,6 +532,14 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
 
 # --- command line ---
 
+def _data_path(data: Path, image: str) -> Path:
+    """An image path of a `--data` line: absolute, or relative to the .jsonl's folder when the
+    file is there, else to the working directory."""
+    image = Path(image)
+    beside = data.parent / image
+    return beside if not image.is_absolute() and beside.exists() else image
+
+
 def _load_jsonl(path: Path, processor, suffix: str) -> list:
     from PIL import Image
 
@@ -555,7 +563,9 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
         if not isinstance(row["prompt"], str):
             raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
         try:
-            images = [Image.open(p).convert("RGB") for p in paths]
+            # relative paths: from the .jsonl's folder (a dataset folder moves as one), else
+            # from the working directory (as before)
+            images = [Image.open(_data_path(path, p)).convert("RGB") for p in paths]
         except OSError as err:  # a missing or unreadable file, or not an image
             raise ValueError(f"{where}: {err}") from None
         text = f"{row['prompt']} {suffix}".strip()
@@ -606,7 +616,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="path or hub id of the target VLM")
-    p.add_argument("--data", required=True, type=Path, help=".jsonl (image, prompt) or .pt samples")
+    p.add_argument("--data", required=True, type=Path,
+                   help=".jsonl (image, prompt; image paths relative to the .jsonl's folder) "
+                        "or .pt samples")
     p.add_argument("--out", required=True, type=Path,
                    help="folder for checkpoints, the answer cache and the drafter")
     p.add_argument("--drafter", help="start from this saved drafter: a ViSpec one as saved; a "

@@ -135,7 +135,8 @@ def test_command_line_with_images_and_prompts(tmp_path, llava, capsys):
     for i in range(3):
         Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
     rows = [{"image": str(tmp_path / "0.png"), "prompt": "w9 w10"},
-            {"image": [str(tmp_path / "1.png"), str(tmp_path / "2.png")], "prompt": "w11"},
+            # relative paths are read beside the .jsonl (they were read from the working dir)
+            {"image": ["1.png", "2.png"], "prompt": "w11"},
             {"image": str(tmp_path / "2.png"), "prompt": "w12 w13 w14"}]
     (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     main(["--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"),
