@@ -408,6 +408,9 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # a numpy int (a tensor stays refused)
     _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
+    check_model_inputs = getattr(drafter, "check_inputs", None)
+    if check_model_inputs is not None:  # a drafter that knows its target's inputs (ViSpec)
+        check_model_inputs(model_kwargs)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
     if attention_mask is None:

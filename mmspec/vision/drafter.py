@@ -237,6 +237,12 @@ class ViSpecDrafter(nn.Module):
                              f"{self.config.target.get('class')} ({why}); build it with "
                              f"ViSpecDrafter.from_target(target) or from_pretrained(path, target)")
 
+    def check_inputs(self, model_kwargs: dict) -> None:
+        """ValueError naming a processor output the target's class needs with images
+        (LLaVA-NeXT's image_sizes, Qwen2.5-VL's image_grid_thw): the target's own prefill
+        failed on it first, deep inside transformers, with a bare TypeError."""
+        self.adapter.check_inputs(model_kwargs)
+
     def propose(self, state: DraftState) -> Draft:
         if state.target_hidden is None:
             raise ValueError("state.target_hidden is None: ViSpecDrafter needs the target's last "

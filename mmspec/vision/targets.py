@@ -30,6 +30,10 @@ class TargetAdapter:
         self.text_config = target.config.get_text_config(decoder=True)
         self.image_token_id = target.config.image_token_id
 
+    def check_inputs(self, extras: dict) -> None:
+        """ValueError naming a model input the target's own prefill would fail on without a
+        word (the class's processor outputs it); `generate` asks before the prefill."""
+
     @property
     def embed_weight(self) -> torch.Tensor:
         return self.target.get_input_embeddings().weight
@@ -96,6 +100,11 @@ class TargetAdapter:
 
 
 class LlavaNextAdapter(TargetAdapter):
+    def check_inputs(self, extras: dict) -> None:
+        if extras.get("pixel_values") is not None and extras.get("image_sizes") is None:
+            raise ValueError("image_sizes: LLaVA-NeXT prompts with images need it (from the "
+                             "processor) to unpad their anyres tiles, got none")
+
     def _feature_kwargs(self, extras: dict) -> dict:
         if extras.get("image_sizes") is None:
             raise ValueError("LLaVA-NeXT prompts with images need image_sizes (from the "
@@ -112,6 +121,16 @@ class Qwen2_5_VLAdapter(TargetAdapter):
         params = getattr(self.text_config, "rope_parameters", None) or {}
         section = params.get("mrope_section")
         return theta, None if section is None else tuple(section)
+
+    def check_inputs(self, extras: dict) -> None:
+        for pixels, grid in (("pixel_values", "image_grid_thw"),
+                             ("pixel_values_videos", "video_grid_thw")):
+            if extras.get(pixels) is not None and extras.get(grid) is None:
+                raise ValueError(f"{grid}: Qwen2.5-VL prompts with {pixels} need it (from the "
+                                 f"processor), got none")
+        if extras.get("pixel_values") is not None and "mm_token_type_ids" not in extras:
+            raise ValueError("mm_token_type_ids: Qwen2.5-VL prompts with images need it (from "
+                             "the processor) to compute M-RoPE positions, got none")
 
     def _feature_kwargs(self, extras: dict) -> dict:
         return {"image_grid_thw": extras["image_grid_thw"]}

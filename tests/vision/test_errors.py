@@ -181,3 +181,24 @@ def test_llava_next_needs_image_sizes():
     drafter = ViSpecDrafter.from_target(tiny_llava_next())
     with pytest.raises(ValueError, match="LLaVA-NeXT prompts with images need image_sizes"):
         drafter.adapter.image_features({"pixel_values": torch.randn(1, 3, 3, 32, 32)})
+
+
+def test_processor_outputs_the_target_needs_are_named_before_its_prefill():
+    # LLaVA-NeXT without image_sizes, Qwen2.5-VL without image_grid_thw: the target's own prefill
+    # failed first, deep inside transformers ('NoneType' object is not iterable / has no
+    # attribute 'device'), before the adapter's clearer check could run
+    from tiny_vlms import no_eos, tiny_llava_next, tiny_qwen2_5_vl
+
+    from mmspec import generate
+
+    nxt = no_eos(tiny_llava_next())
+    ids = torch.tensor([[1, 5] + [127] * 36 + [6, 7]])
+    with pytest.raises(ValueError, match=r"^image_sizes: LLaVA-NeXT prompts with images need it"):
+        generate(nxt, ViSpecDrafter.from_target(nxt), ids, max_new_tokens=3,
+                 pixel_values=torch.randn(1, 3, 3, 32, 32))
+    qwen = no_eos(tiny_qwen2_5_vl())
+    ids = torch.tensor([[124, 127, 125, 5, 6]])
+    with pytest.raises(ValueError, match=r"^image_grid_thw: Qwen2.5-VL prompts with pixel_values "
+                                         r"need it"):
+        generate(qwen, ViSpecDrafter.from_target(qwen), ids, max_new_tokens=3,
+                 pixel_values=torch.randn(4, 96), mm_token_type_ids=(ids == 127).int())
