@@ -185,7 +185,8 @@ def test_running_out_of_learned_positions_names_the_limit():
     ids = torch.randint(2, 60, (1, 10))
     with pytest.raises(ValueError, match=r"max_new_tokens=30: the prompt \(10 tokens\) and the "
                                          r"new tokens fed back need 39 positions, past the "
-                                         r"target's n_positions=24.*ask for at most 15 new tokens"):
+                                         r"target's n_positions=24.*ask for at most 15 new "
+                                         r"tokens"):
         generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=30)
     # the last new token is never fed back: 15 fit, as in gpt2.generate (the hint said 14)
     out = generate(gpt2, PromptLookupDrafter(), ids, max_new_tokens=15).sequences
