@@ -307,3 +307,14 @@ def test_a_vlm_without_a_chat_template_takes_a_plain_prompt(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "has no chat template; the prompt goes in as '<image token>" in err
     assert "identical to target-only greedy" in err
+
+
+def test_the_drafter_is_built_once_for_the_warm_up_and_the_timed_run(capsys):
+    # a vispec:/diffusion: drafter was loaded from disk twice, its log line printed twice
+    from mmspec.zoo.paths import ZOO_DIR
+
+    assert main(["generate", "--target", str(ZOO_DIR / "text-target"), "--prompt", "Once",
+                 "--max-new-tokens", "8", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err  # the default drafter logs itself when it is made
+    assert err.count("drafter: prompt-lookup (the default") == 1
+    assert "identical to target-only greedy" in err
