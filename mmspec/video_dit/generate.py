@@ -287,21 +287,28 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _image_problem(pipe, image, index: int, prompt: str | None = None) -> str | None:
+    """Why prompt `index` cannot run on `pipe`: no image for an image-to-video pipeline, or an
+    image for one that takes none; None if it can. `prompt` is quoted when given."""
+    takes = inspect.signature(type(pipe).__call__).parameters
+    name = type(pipe).__name__
+    if image is None and "image" in takes and takes["image"].default is inspect.Parameter.empty:
+        which = "" if prompt is None else f", and prompt {index} ({prompt[:40]!r}) has none"
+        return (f"--prompts: {name} needs an image per prompt{which}: give a .jsonl file, one "
+                f"{{\"prompt\": ..., \"image\": path}} a line")
+    if image is not None and "image" not in takes:
+        return (f"--prompts: prompt {index} has an image but {name} takes none (an "
+                f"image-to-video pipeline does)")
+    return None
+
+
 def check_images(pipe, jobs: list[dict], indices) -> None:
     """Every prompt of `indices` has an image if the pipeline needs one, and none if it takes
     none: named before the first video, not after hours of others."""
-    takes = inspect.signature(type(pipe).__call__).parameters
-    needs = "image" in takes and takes["image"].default is inspect.Parameter.empty
-    name = type(pipe).__name__
     for i in indices:
-        image = jobs[i]["image"]
-        if image is None and needs:
-            raise SystemExit(f"--prompts: {name} needs an image per prompt, and prompt {i} "
-                             f"({jobs[i]['prompt'][:40]!r}) has none: give a .jsonl file, one "
-                             f"{{\"prompt\": ..., \"image\": path}} a line")
-        if image is not None and "image" not in takes:
-            raise SystemExit(f"--prompts: prompt {i} has an image but {name} takes none (an "
-                             f"image-to-video pipeline does)")
+        problem = _image_problem(pipe, jobs[i]["image"], i, jobs[i]["prompt"])
+        if problem:
+            raise SystemExit(problem)
 
 
 def generate_one(pipe, prompt: str, index: int, args, state, device, image=None) -> dict:
@@ -325,14 +332,10 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
             pipe.guider = pipe.guider.new(guidance_scale=value)
         elif key != "true_cfg_scale":  # named below, with what to use instead
             raise SystemExit(f"{option}: {type(pipe).__name__} takes no {key}")
-    needs_image = "image" in takes and takes["image"].default is inspect.Parameter.empty
-    if image is None and needs_image:
-        raise SystemExit(f"--prompts: {type(pipe).__name__} needs an image per prompt: give a "
-                         f".jsonl file, one {{\"prompt\": ..., \"image\": path}} a line")
+    problem = _image_problem(pipe, image, index)
+    if problem:
+        raise SystemExit(problem)
     if image is not None:
-        if "image" not in takes:
-            raise SystemExit(f"--prompts: prompt {index} has an image but {type(pipe).__name__} "
-                             f"takes none (an image-to-video pipeline does)")
         from PIL import Image
 
         with Image.open(image) as opened:

@@ -264,8 +264,7 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     None loads the target named in the card.
     """
     zoo_dir = Path(zoo_dir)
-    if (Path(name) / "card.json").is_file() and (isinstance(name, Path) or "/" in str(name)
-                                                 or Path(name).is_absolute()):
+    if (Path(name) / "card.json").is_file() and (isinstance(name, Path) or "/" in str(name)):
         entry = Path(name).resolve()
         name, zoo_dir = entry.name, entry.parent
     name = str(name)

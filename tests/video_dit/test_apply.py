@@ -3,7 +3,7 @@ import torch
 
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
 
-from .tiny import tiny_wan, tiny_wan_pipeline
+from .tiny import TINY_CALL, tiny_wan, tiny_wan_pipeline
 
 
 def test_unsupported_model_class():
@@ -80,9 +80,7 @@ def test_step_index_from_the_timestep_hook():
 def test_tiny_wan_pipeline_end_to_end():
     pipe = tiny_wan_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
-            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
-            "max_sequence_length": 8, "output_type": "np"}
+    call = {"prompt": "a red cat runs", **TINY_CALL}
     dense = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
                                                              dense_steps=0.3, dense_layers=1))
@@ -183,9 +181,7 @@ def test_tiny_skyreels_pipeline_end_to_end(image_to_video):
     from .tiny import tiny_skyreels_pipeline
 
     pipe = tiny_skyreels_pipeline(diffusion_forcing=False, image_to_video=image_to_video)
-    call = {"prompt": "a red cat runs", "negative_prompt": "blue", "height": 64, "width": 64,
-            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
-            "max_sequence_length": 8, "output_type": "np"}
+    call = {"prompt": "a red cat runs", **TINY_CALL}
     if image_to_video:
         import numpy as np
         import PIL.Image
@@ -468,9 +464,8 @@ def test_tiny_cogvideox_image_to_video_pipeline():
     pipe = tiny_cogvideox_pipeline(image_to_video=True)
     pipe.set_progress_bar_config(disable=True)
     pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
-    call = {"image": PIL.Image.fromarray(pixels), "prompt": "a red cat", "negative_prompt": "blue",
-            "height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 3,
-            "guidance_scale": 6.0, "max_sequence_length": 8, "output_type": "np"}
+    call = {**TINY_CALL, "image": PIL.Image.fromarray(pixels), "prompt": "a red cat",
+            "guidance_scale": 6.0}
     dense, outs, state = _dense_then_sparse(pipe, call, 0.5, tile=(2, 2),
                                             dense_steps=1, dense_layers=0)
     assert outs[0].shape == dense.shape and dense.std() > 0

@@ -122,11 +122,9 @@ def test_apply_to_a_torch_compiled_transformer(ran_before):
     # `pipe.transformer = torch.compile(pipe.transformer)` first, then DraftAttention: it was
     # refused as an unsupported class (OptimizedModule); the module inside is patched, and a
     # graph compiled before the patch is not reused
-    from .tiny import tiny_wan_pipeline
+    from .tiny import TINY_CALL, tiny_wan_pipeline
 
-    call = {"prompt": "a red cat", "negative_prompt": "blue", "height": 64, "width": 64,
-            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
-            "max_sequence_length": 8, "output_type": "np"}
+    call = {"prompt": "a red cat", **TINY_CALL}
     config = DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=0)
     runs = []
     for compiled in (False, True):

@@ -8,7 +8,7 @@ import pytest
 from mmspec.video_dit import compare, generate
 from mmspec.video_dit.video_io import read_video
 
-from .tiny import tiny_wan_pipeline
+from .tiny import TINY_CALL, tiny_wan_pipeline
 
 COMMON = ["--steps", "3", "--height", "64", "--width", "64", "--frames", "5", "--dtype",
           "float32", "--tile", "2", "2", "--guidance", "2.0"]
@@ -150,9 +150,7 @@ def test_cpu_offload_keeps_the_videos_and_draft_attention(tmp_path):
     from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
     from mmspec.video_dit.generate import place_pipeline
 
-    call = {"prompt": "a red cat", "negative_prompt": "blue", "height": 64, "width": 64,
-            "num_frames": 5, "num_inference_steps": 3, "guidance_scale": 2.0,
-            "max_sequence_length": 8, "output_type": "np"}
+    call = {"prompt": "a red cat", **TINY_CALL}
     config = DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=0)
     runs = []
     for offload, offload_first in ((False, False), (True, False), (True, True)):

@@ -88,6 +88,12 @@ def tiny_tokenizer(special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
                                    unk_token="<unk>")
 
 
+# the call of the tiny Wan-family pipelines in tests: 5 frames of 64 x 64, 3 steps, CFG 2
+TINY_CALL = {"negative_prompt": "blue", "height": 64, "width": 64, "num_frames": 5,
+             "num_inference_steps": 3, "guidance_scale": 2.0, "max_sequence_length": 8,
+             "output_type": "np"}
+
+
 def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
     torch.manual_seed(seed)
     text_encoder = UMT5EncoderModel(UMT5Config(
