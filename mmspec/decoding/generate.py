@@ -37,7 +37,7 @@ from mmspec.kernels.hf import require_block_sparse_mask
 
 from . import kv_cache
 from .draft import Draft, DraftState, VerifyResult
-from .drafters.vocab import VocabularyMismatch  # noqa: F401 (raised here, public here)
+from .drafters.vocab import VocabularyMismatch, padded_widths
 from .positions import prefill_position_ids
 from .sampling import RepetitionPenalty, SamplingConfig, target_probs
 from .stats import SpecStats
@@ -156,12 +156,8 @@ def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pa
     drafter_vocab = getattr(drafter, "vocab_size", None)
     target_vocab = vocab_size(target)
     match_width = getattr(drafter, "match_target_width", None)
-    # one tokenizer family pads its output layers differently (Qwen2.5-0.5B: 151936 rows,
-    # Qwen2.5-7B: 152064): widths within 1% of each other, both padded to multiples of 64, are
-    # padding, which a ModelDrafter cuts or fills (GPT-2's 50257 beside Pythia's 50304 is not)
     padded = (drafter_vocab is not None and match_width is not None
-              and abs(drafter_vocab - target_vocab) <= 0.01 * target_vocab
-              and drafter_vocab % 64 == 0 and target_vocab % 64 == 0)
+              and padded_widths(drafter_vocab, target_vocab))
     if padded and getattr(drafter, "top_k", 1) > target_vocab:
         raise ValueError(f"top_k ({drafter.top_k}) must be at most the target's vocabulary "
                          f"({target_vocab} tokens)")
