@@ -4,32 +4,61 @@
 # sections are written in the GPU machine's copy of the tree, so the edited file is copied to
 # $OUT too: merge its GPU sections by hand (the machine's .git is older than the session's).
 #
-#   run: bash benchmarks/gpu_session.sh            (the repo root; a venv with torch + triton)
-#   STEPS="compiled" bash benchmarks/gpu_session.sh   (some steps only, e.g. one per call when
-#                                                      all four would pass the 10-minute limit)
+#   run: bash benchmarks/gpu_session.sh            (the repo root; python3 with torch + triton)
+#   STEPS="engine" bash benchmarks/gpu_session.sh     (some steps only)
 #
-# 1. kernels and DraftAttention tests with Triton compiled, not interpreted
-# 2. compiled DraftAttention against compiled dense (never measured yet), Wan and CogVideoX sizes
-# 3. HunyuanVideo 1.5's padded-text skip on the GPU (16 heads, bf16)
-# 4. the sparse call's speed at 128-, 64- and 32-token blocks (the fidelity bar is met at 32)
+# Default steps (issues 31 and 33), about 8 minutes on an H100/H200:
+#   kernels   every kernel backend (Triton, FlexAttention) against the fastest dense attention on
+#             the machine, D 128 and 64, random and causal masks (section kernels_gpu, and the
+#             measured points as JSON for `auto`'s table)
+#   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
+#             (section engine_speed_gpu)
+#   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted
+# Earlier sessions' steps, by name only (STEPS="compiled padded_text tiles"):
+#   compiled DraftAttention against compiled dense, Wan and CogVideoX sizes; padded_text
+#   HunyuanVideo 1.5's padded-text skip; tiles the sparse call at 128-, 64- and 32-token blocks
+#   (these need diffusers: carry its wheel in .whl)
+#
+# The GPU machine reaches no package index: the pinned Hugging Face wheels travel in .whl/
+# (ignored by git; `bash benchmarks/gpu_session.sh --download` fills it here) and are installed
+# into /tmp/site there.
 set -uo pipefail
+if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
+    mkdir -p .whl
+    for spec in transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 httpx2==2.16.2 \
+                httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex; do
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
+    done
+    exit 0
+fi
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
-PY=${PY:-python}
-STEPS=${STEPS:-tests compiled padded_text tiles}
-step() {  # name, command...: run, keep the log, go on after a failure
-    local name=$1; shift
+PY=${PY:-python3}
+STEPS=${STEPS:-kernels engine tests}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || echo "wheel install failed (pip.log)"
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+step() {  # name, seconds, command...: run, keep the log, go on after a failure or a time-out
+    local name=$1 limit=$2; shift 2
     [[ " $STEPS " == *" $name "* ]] || return 0
     echo "== $name: $*"
     local start=$SECONDS
-    "$@" >"$OUT/$name.log" 2>&1
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "   rc $? in $((SECONDS - start)) s (log $OUT/$name.log)"
 }
-$PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" 2>&1 | tee "$OUT/device.txt"
-step tests $PY -m pytest -q -x tests/kernels tests/video_dit/test_sparse_attention.py \
-    tests/video_dit/test_compile.py
-step compiled $PY benchmarks/draft_attention.py --gpu-only --compile --write \
+$PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
+step kernels 240 $PY benchmarks/kernels.py --gpu-only --write --points "$OUT/kernel_points.json"
+step engine 200 $PY benchmarks/engine_speed.py --gpu --write
+step tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/kernels
+step compiled 300 $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
-step padded_text $PY benchmarks/draft_attention.py --padded-text --write
-step tiles $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8,8x8/4x8,8x16/4x8 --write
+step padded_text 120 $PY benchmarks/draft_attention.py --padded-text --write
+step tiles 200 $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8,8x8/4x8,8x16/4x8 --write
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

@@ -6,11 +6,14 @@ row). Bars: >= 8x faster than dense at density 0.1; no slower than 1.3x dense at
 A mask that keeps every block goes to PyTorch's own flash attention (the dense baseline itself),
 so the density-1.0 bar is taken on the block kernel called directly, which that row also times.
 
-GPU (when CUDA is present): the Triton kernel vs SDPA's flash backend, bf16, B=1, H=16, N=32768,
-D=128. Aims: >= 0.8x flash throughput at density 1.0, >= 8x its speed at density 0.1.
+GPU (when CUDA is present): every GPU backend (Triton, FlexAttention) against the *fastest* dense
+attention on the machine (SDPA's default selection, its cuDNN / flash / efficient backends,
+FlashAttention-2/3 where installed, compiled FlexAttention without a mask), bf16, B=1, H=16,
+N=32768, D=128 and 64, random and causal block masks at densities 1.0 to 0.05. Goals (issue 33):
+>= 0.9x the best dense call at density 1.0, >= 8x at density 0.1.
 
     python benchmarks/kernels.py [--write] [--repeats 3]
-    python benchmarks/kernels.py --gpu-only [--write]   # the GPU table alone, its own section
+    python benchmarks/kernels.py --gpu-only [--write] [--points P.json]   # GPU tables alone
 
 A full run on a GPU machine would re-measure the CPU table on that machine's CPU; `--gpu-only`
 keeps the CPU section from the CPU machine and writes the GPU table into section `kernels_gpu`.
@@ -26,9 +29,9 @@ import torch.nn.functional as F
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
 try:
-    from report import markdown_table, write_section
+    from report import markdown_table, timed, write_section
 except ImportError:  # run as a module from the repo root
-    from benchmarks.report import markdown_table, write_section
+    from benchmarks.report import markdown_table, timed, write_section
 
 
 def random_block_mask(h, n, block, density, device, seed=0):
@@ -100,21 +103,149 @@ def bench(device, dtype, b, h, n, d, block, densities, backend, repeats, dense_l
     return rows
 
 
-def gpu_table(header, repeats):
-    """Triton vs SDPA flash in bf16 at 32k tokens, with the aims of the module docstring."""
+def random_causal_mask(h, n, block, density, device, seed=0):
+    """Block-causal: every diagonal block (partial, causal inside) and a `density` share of the
+    blocks below it, chosen at random per row (at least the diagonal)."""
+    from mmspec.kernels.masks.causal import causal_predicate
+
+    g = torch.Generator().manual_seed(seed)
+    nb = n // block
+    below = torch.ones(nb, nb, dtype=torch.bool).tril(-1)
+    score = torch.rand(1, h, nb, nb, generator=g).masked_fill(~below, 2.0)
+    keep = (torch.arange(nb)[:, None] * density).round().long()  # blocks kept below row m
+    full = score.argsort(-1).argsort(-1) < keep  # the `keep` lowest scores among row m's
+    diag = torch.eye(nb, dtype=torch.bool).expand(1, h, nb, nb)
+    return BlockSparseMask.from_block_flags(full.to(device), diag.to(device),
+                                            causal_predicate(0), block, n, n)
+
+
+def dense_candidates(q, k, v, causal):
+    """The dense attention calls available here, by name: SDPA's default selection and each of
+    its GPU backends, FlashAttention-2/3 where installed, FlexAttention compiled with no mask."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    rows = bench("cuda", torch.bfloat16, 1, 16, 32768, 128, 128, (1.0, 0.5, 0.25, 0.1),
-                 "triton", max(repeats, 10), "SDPA flash",
-                 lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
-    speed = {r[0]: float(r[3][:-1]) for r in rows}
-    aims = (f"Aims: density 1.00 >= 0.8x flash (measured {speed['1.00']:.2f}x: "
-            f"{'met' if speed['1.00'] >= 0.8 else 'missed'}); density 0.10 >= 8x flash "
-            f"(measured {speed['0.10']:.2f}x: {'met' if speed['0.10'] >= 8 else 'missed'}).")
-    return (f"GPU ({torch.cuda.get_device_name()}), Triton kernel vs SDPA's flash backend: bf16, "
-            f"B=1, H=16, N=32768, D=128, 128x128 blocks, random kept blocks (same count per "
-            f"row), median of {max(repeats, 10)} after a warm-up.\n\n"
-            + markdown_table(header, rows) + "\n\n" + aims + "\n")
+    def sdpa(backend=None):
+        def call():
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return call
+
+    calls = {"SDPA default": sdpa(), "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
+             "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+             "SDPA efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # flash-attn's [B, N, H, D]
+    try:
+        from flash_attn_interface import flash_attn_func as fa3
+
+        calls["FlashAttention-3"] = lambda: fa3(qt, kt, vt, causal=causal)
+    except ImportError:
+        pass
+    try:
+        from flash_attn import flash_attn_func as fa2
+
+        calls["FlashAttention-2"] = lambda: fa2(qt, kt, vt, causal=causal)
+    except ImportError:
+        pass
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    block_mask = (create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2],
+                                    device=q.device) if causal else None)
+    calls["FlexAttention (compiled)"] = lambda: flex(q, k, v, block_mask=block_mask)
+    return calls
+
+
+def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05),
+              backends=("triton", "flex"), n=32768, h=16, block=128):
+    """Every backend at every density against the fastest dense call on this GPU (bf16), for
+    random and causal block masks; also a JSON-able list of the measured points."""
+    import json  # noqa: F401  (the caller writes the points)
+
+    repeats = max(repeats, 10)
+    sync = torch.cuda.synchronize
+    rows, points, dense_rows = [], [], []
+    for d in head_dims:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, h, n, d, generator=g).to("cuda", torch.bfloat16)
+                   for _ in range(3))
+        for kind in ("random", "causal"):
+            causal = kind == "causal"
+            dense = {}
+            for name, call in dense_candidates(q, k, v, causal).items():
+                try:
+                    dense[name] = timed(call, repeats, sync)
+                except Exception as err:  # not built for this GPU / dtype / head dim
+                    print(f"D={d} {kind}: {name} unavailable ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:100]})", flush=True)
+            best = min(dense, key=dense.get)
+            dense_rows.append([d, kind] + [f"{dense[c] * 1e3:.2f}" if c in dense else "n/a"
+                                           for c in DENSE_COLUMNS] + [best])
+            print(f"D={d} {kind}: dense " + ", ".join(f"{c} {t * 1e3:.2f} ms"
+                                                       for c, t in dense.items()), flush=True)
+            for density in densities:
+                mask = (random_causal_mask if causal else random_block_mask)(
+                    h, n, block, density, "cuda")
+                ref = None
+                times = {}
+                for backend in backends:
+                    try:
+                        out = block_sparse_attention(q, k, v, mask, backend=backend)
+                        if ref is None:
+                            ref = out
+                        elif (out - ref).abs().max().item() > 0.05:
+                            raise RuntimeError(f"differs from {backends[0]} by "
+                                               f"{(out - ref).abs().max().item():.3f}")
+                        times[backend] = timed(
+                            lambda: block_sparse_attention(q, k, v, mask, backend=backend),
+                            repeats, sync)
+                    except Exception as err:
+                        print(f"D={d} {kind} {density}: {backend} failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:120]})", flush=True)
+                kept = mask.density()
+                row = [d, kind, f"{density:g} ({kept:.3f})", f"{best} {dense[best] * 1e3:.2f}"]
+                for backend in backends:
+                    t = times.get(backend)
+                    row += ([f"{t * 1e3:.2f}", f"{dense[best] / t:.2f}x"] if t else ["failed", ""])
+                ideal = (0.5 if causal else 1.0) / kept if kept else float("inf")
+                row.append(f"{ideal:.1f}x")
+                rows.append(row)
+                points.append({"head_dim": d, "mask": kind, "density": kept,
+                               "dense": {c: t * 1e3 for c, t in dense.items()},
+                               "backends_ms": {b: t * 1e3 for b, t in times.items()}})
+                print("  " + " | ".join(str(c) for c in row), flush=True)
+        del q, k, v
+    header = ["D", "mask", "density asked (kept blocks)", "best dense (ms)"]
+    for backend in backends:
+        header += [f"{backend} (ms)", f"{backend} vs best dense"]
+    header.append("ideal (best dense x 1/density)")
+    r128 = {(r[1], r[2].split()[0]): r for r in rows if r[0] == 128}
+
+    def speed(kind, dens, col):
+        try:
+            return float(r128[(kind, dens)][col].rstrip("x"))
+        except (KeyError, ValueError):
+            return None
+
+    tri1, tri01 = speed("random", "1", 5), speed("random", "0.1", 5)
+    aims = ("Goals (issue 33, D=128, random blocks): density 1.0 >= 0.9x the best dense call "
+            f"(triton {tri1}x: {'met' if tri1 and tri1 >= 0.9 else 'missed'}); density 0.1 >= 8x "
+            f"(triton {tri01}x: {'met' if tri01 and tri01 >= 8 else 'missed'}).")
+    body = (f"GPU {torch.cuda.get_device_name()}, bf16, B=1, H={h}, N={n}, {block}x{block} "
+            f"blocks; median of {repeats} after a warm-up, device synchronised around each call. "
+            "Best dense: the fastest of the dense calls below, measured in the same run on the "
+            "same inputs (causal rows against the dense causal call; their ideal is "
+            "0.5 / kept density, the causal half being the dense call's own work). Every "
+            "backend's output is checked against the first one's.\n\n"
+            "Dense attention on this GPU (ms):\n\n"
+            + markdown_table(["D", "mask"] + list(DENSE_COLUMNS) + ["fastest"], dense_rows)
+            + "\n\n" + markdown_table(header, rows) + "\n\n" + aims + "\n")
+    return body, points
+
+
+DENSE_COLUMNS = ("SDPA default", "SDPA cuDNN", "SDPA flash", "SDPA efficient",
+                 "FlashAttention-3", "FlashAttention-2", "FlexAttention (compiled)")
 
 
 def main():
@@ -122,7 +253,10 @@ def main():
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu-only", action="store_true",
-                        help="only the GPU table (Triton vs SDPA flash), into section kernels_gpu")
+                        help="only the GPU tables (every backend vs the best dense call), into "
+                             "section kernels_gpu")
+    parser.add_argument("--points", default=None,
+                        help="also write the measured GPU points to this JSON file")
     args = parser.parse_args()
     from contextlib import nullcontext
 
@@ -130,8 +264,13 @@ def main():
     if args.gpu_only:
         if not torch.cuda.is_available():
             parser.error("--gpu-only needs a CUDA device; none is visible")
-        body = gpu_table(header, args.repeats)
+        body, points = gpu_table(args.repeats)
         print(body)
+        if args.points:
+            import json
+
+            with open(args.points, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "points": points}, f, indent=1)
         if args.write:
             write_section("kernels_gpu", "Block-sparse attention kernel on a GPU "
                           "(`benchmarks/kernels.py --gpu-only`)", body)
@@ -154,9 +293,10 @@ def main():
             + markdown_table(header, rows) + "\n\n" + verdict + "\n")
     print(verdict)
     if torch.cuda.is_available():
-        body += "\n" + gpu_table(header, args.repeats)
+        body += "\n" + gpu_table(args.repeats)[0]
     else:
-        body += "\nGPU comparison (Triton vs SDPA flash): not run, no CUDA device on this machine.\n"
+        body += ("\nGPU comparison: not run, no CUDA device on this machine (`--gpu-only` on a "
+                 "GPU machine writes section kernels_gpu).\n")
     if args.write:
         write_section("kernels", "Block-sparse attention kernel (`benchmarks/kernels.py`)", body)
 

@@ -15,8 +15,8 @@ from mmspec.kernels import BlockSparseMask, available_backends, block_sparse_att
 from mmspec.kernels.backends import torch_blocks
 
 # "torch" runs small cases as masked dense attention; "torch-fused" forces the fused CPU kernel
-# and "torch-batched" the batched-matmul path
-BACKENDS = ["torch", "torch-fused", "torch-batched", "triton"]
+# and "torch-batched" the batched-matmul path; "flex" is FlexAttention (eager on the CPU)
+BACKENDS = ["torch", "torch-fused", "torch-batched", "triton", "flex"]
 # floor for fp32, where the same-precision error is itself ~1e-7
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -49,7 +49,7 @@ def run_backend(monkeypatch):
             if backend == "torch-batched":
                 monkeypatch.setattr(torch_blocks, "_cpu_kernel", lambda: None)
             backend = "torch"
-        if backend == "triton" and torch.cuda.is_available():  # compiled, not interpreted
+        if backend in ("triton", "flex") and torch.cuda.is_available():  # compiled
             q, k, v, mask = q.cuda(), k.cuda(), v.cuda(), mask.to("cuda")
             result = block_sparse_attention(q, k, v, mask, backend=backend, **kwargs)
             return tuple(t.cpu() for t in result) if isinstance(result, tuple) else result.cpu()
@@ -327,7 +327,7 @@ def test_auto_never_picks_the_triton_interpreter_on_cpu(monkeypatch):
 
 
 def test_registry_lists_backends():
-    assert {"reference", "torch", "triton"} <= set(available_backends())
+    assert {"reference", "torch", "triton", "flex"} <= set(available_backends())
 
 
 # ------------------------------------------------------------------------------------ bad input

@@ -1,0 +1,300 @@
+"""Engine efficiency: how much of the ideal speculative speedup the engine delivers (issue 31).
+
+No trained drafter is needed. An *oracle* drafter proposes the target's own greedy continuation
+(computed once with `target.generate`), corrupted so that each round accepts a chosen number of
+tokens: round r accepts a_r = floor((r + 1)(tau - 1)) - floor(r (tau - 1)) drafted tokens, so tau
+(tokens per target forward, bonus included) is exactly the one asked for, as long as the engine's
+verification agrees with `target.generate` (bf16 near-ties can make them part; the measured tau is
+printed beside the asked one, and the output is compared with target-only greedy).
+
+Two draft shapes: a chain of 7 tokens and a 30-node tree (6 levels of 5 siblings, each level below
+the previous level's first node; the correct path runs through the first nodes).
+
+For each tau and shape, side by side in one run:
+    measured speedup = target-only greedy wall time / mmspec.generate wall time (same prompt,
+                       same number of new tokens, EOS off)
+    ideal speedup    = tau x decode-step time / verification-forward time, both from this run
+                       (the decode step from target-only greedy: its wall time / new tokens;
+                       the verification forward from `SpecStats.target_forward_time / rounds`):
+                       what a free drafter and a free engine would give
+    efficiency       = measured / ideal
+    engine overhead  = engine time (rounds minus drafter calls minus target forwards) as a % of
+                       the verification forwards
+The drafter is nearly free (it indexes a stored tensor); its time is taken out of nothing, so it
+counts against the efficiency. HF's assisted generation is compared at its own tau through prompt
+lookup (`prompt_lookup_num_tokens=7`, no model), beside mmspec's `PromptLookupDrafter(7)`.
+
+CPU: the zoo text target (fp32). GPU (`--gpu`): a Llama-7B-sized random-weight target in bf16
+(hidden 4096, 32 layers, 32 heads, FFN 11008, vocabulary 32000), built on the GPU.
+
+    python benchmarks/engine_speed.py [--write] [--threads 2] [--new-tokens 96]
+    python benchmarks/engine_speed.py --gpu [--write]        # section engine_speed_gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import machine, markdown_table, write_section  # noqa: E402
+from mmspec import Draft, PromptLookupDrafter, generate  # noqa: E402
+
+TAUS = (1.5, 2.0, 3.0, 4.0, 6.0)
+CHAIN = 7  # drafted tokens per chain round
+TREE_LEVELS, TREE_WIDTH = 6, 5  # 30 nodes
+
+
+def tree_parents(levels: int = TREE_LEVELS, width: int = TREE_WIDTH) -> torch.Tensor:
+    """Level l's `width` siblings hang below level l-1's first node (node (l-1) * width)."""
+    return torch.tensor([-1 if i < width else (i // width - 1) * width
+                         for i in range(levels * width)])
+
+
+class OracleDrafter:
+    """Drafts `reference`'s continuation of the committed tokens (batch 1), wrong at depth a_r.
+
+    reference: long `[1, P + M]`, the prompt then the target's greedy continuation.
+    shape: "chain" or "tree". A round whose committed tokens have left the reference (a near-tie
+    broke the other way) drafts the reference anyway; `diverged` counts such rounds.
+    """
+
+    def __init__(self, reference: torch.Tensor, tau: float, shape: str, vocab: int):
+        self.ref = reference[0]
+        self.step = tau - 1.0  # accepted draft tokens per round, on average
+        self.shape, self.vocab = shape, vocab
+        self.parents = (torch.arange(-1, CHAIN - 1) if shape == "chain"
+                        else tree_parents()).to(reference.device)
+        self.depth_of = (torch.arange(CHAIN) if shape == "chain"
+                         else torch.arange(TREE_LEVELS * TREE_WIDTH) // TREE_WIDTH
+                         ).to(reference.device)
+        self.first = (torch.ones(CHAIN, dtype=torch.bool) if shape == "chain"
+                      else torch.arange(TREE_LEVELS * TREE_WIDTH) % TREE_WIDTH == 0
+                      ).to(reference.device)
+        self.sibling = (torch.zeros(CHAIN, dtype=torch.long) if shape == "chain"
+                        else torch.arange(TREE_LEVELS * TREE_WIDTH) % TREE_WIDTH
+                        ).to(reference.device)
+        self.round = 0
+        self.diverged = 0
+
+    def accepted_this_round(self) -> int:
+        r = self.round
+        return int((r + 1) * self.step + 1e-9) - int(r * self.step + 1e-9)
+
+    def propose(self, state) -> Draft:
+        if state.round == 0:
+            self.round, self.diverged = 0, 0
+        n = state.input_ids.shape[1]  # batch 1, no padding: every slot is committed
+        depth = self.depth_of
+        want = self.ref[n + depth]  # the reference token at each node's depth
+        a = self.accepted_this_round()
+        # right on the first node of levels < a; wrong at level a and on every sibling
+        wrong = (depth >= a) | ~self.first
+        tokens = torch.where(wrong, (want + 1 + self.sibling) % self.vocab, want)
+        keep = depth < state.max_tokens
+        if not torch.equal(state.input_ids[0, -4:], self.ref[n - 4:n]):
+            self.diverged += 1
+        self.round += 1
+        return Draft(tokens[keep][None], self.parents[keep])
+
+    def update(self, result) -> None:
+        pass
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall(fn, device, repeats: int):
+    """Median wall seconds of `repeats` calls (after the caller's warm-up) and the last result."""
+    times, out = [], None
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def llama7b_sized(device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                      max_position_embeddings=4096, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    return model.eval(), "Llama-7B-sized random weights (6.7B parameters), bf16"
+
+
+def zoo_target():
+    from mmspec import zoo
+
+    entry = zoo.load("text-target")
+    return entry.model.eval(), "the zoo text target, fp32", entry.tokenizer
+
+
+def cpu_prompt(tokenizer, prompt_tokens: int) -> torch.Tensor:
+    from mmspec.zoo.corpus import source_files
+
+    for path in source_files("heldout"):
+        try:
+            ids = tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
+        except UnicodeDecodeError:
+            continue
+        if ids.shape[1] >= 2 * prompt_tokens:
+            start = (ids.shape[1] - prompt_tokens) // 2
+            return ids[:, start:start + prompt_tokens]
+    raise RuntimeError("no held-out file is long enough for the prompt")
+
+
+def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list, dict]:
+    vocab = target.get_output_embeddings().weight.shape[0]
+    greedy = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    target.generation_config.eos_token_id = None  # EOS off: every call makes new_tokens
+
+    def target_only(n=new_tokens):
+        return target.generate(ids, max_new_tokens=n, **greedy)
+
+    target_only(8)  # warm-up
+    reference = target.generate(ids, max_new_tokens=new_tokens + CHAIN + 2, **greedy)
+    t_base, base_out = wall(target_only, device, repeats)
+    t_step = t_base / new_tokens
+    print(f"target-only greedy: {t_base * 1e3:.0f} ms for {new_tokens} tokens "
+          f"({t_step * 1e3:.2f} ms a token)", flush=True)
+    rows, plot_rows, raw = [], [], {"t_step_ms": t_step * 1e3}
+    for shape in ("chain", "tree"):
+        for tau in TAUS:
+            drafter = OracleDrafter(reference, tau, shape, vocab)
+
+            def spec(n=new_tokens, d=drafter):
+                return generate(target, d, ids, max_new_tokens=n, eos_token_id=[],
+                                pad_token_id=0)
+
+            spec(8)  # warm-up (and the tree path's first mask)
+            t_spec, out = wall(spec, device, repeats)
+            s = out.stats
+            same = torch.equal(out.sequences, base_out)
+            fwd = s.target_forward_time / s.rounds
+            engine = s.engine_time / s.rounds
+            draft = s.draft_time / s.rounds
+            measured = t_base / t_spec
+            ideal = s.mean_accepted * t_step / fwd
+            free_round = (s.total_time - s.prefill_time - s.draft_time) / s.rounds
+            rows.append([shape, f"{tau:g}", f"{s.mean_accepted:.2f}", s.rounds,
+                         f"{t_step * 1e3:.2f}", f"{fwd * 1e3:.2f}", f"{free_round * 1e3:.2f}",
+                         f"{draft * 1e3:.2f}", f"{100 * engine / fwd:.1f}%",
+                         f"{measured:.2f}x", f"{ideal:.2f}x", f"{measured / ideal:.2f}",
+                         "yes" if same else f"no ({drafter.diverged} rounds off)"])
+            plot_rows.append((shape, tau, s.mean_accepted, measured, ideal))
+            print(f"{shape:5s} tau {tau:g} (measured {s.mean_accepted:.2f}): round "
+                  f"{free_round * 1e3:.2f} ms, verify fwd {fwd * 1e3:.2f} ms, engine "
+                  f"{100 * engine / fwd:.1f}% of it; speedup {measured:.2f}x of ideal "
+                  f"{ideal:.2f}x = efficiency {measured / ideal:.2f}; identical: {same}",
+                  flush=True)
+    # HF's assisted generation at its own tau: prompt lookup, no model, beside ours
+    calls = {"n": 0}
+    hook = target.register_forward_pre_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    try:
+        def hf_lookup(n=new_tokens):
+            return target.generate(ids, max_new_tokens=n, prompt_lookup_num_tokens=CHAIN,
+                                   **greedy)
+
+        hf_lookup(8)
+        calls["n"] = 0
+        t_hf, hf_out = wall(hf_lookup, device, repeats)
+        hf_tau = (new_tokens - 1) / max(calls["n"] / repeats - 1, 1)
+    finally:
+        hook.remove()
+    lookup = PromptLookupDrafter(CHAIN)
+
+    def ours(n=new_tokens):
+        return generate(target, lookup, ids, max_new_tokens=n, eos_token_id=[], pad_token_id=0)
+
+    ours(8)
+    t_ours, our_out = wall(ours, device, repeats)
+    lookup_rows = [
+        ["HF prompt lookup (7 tokens)", f"{hf_tau:.2f}", f"{t_hf * 1e3:.0f}",
+         f"{t_base / t_hf:.2f}x", "yes" if torch.equal(hf_out, base_out) else "no"],
+        ["mmspec PromptLookupDrafter(7)", f"{our_out.stats.mean_accepted:.2f}",
+         f"{t_ours * 1e3:.0f}", f"{t_base / t_ours:.2f}x",
+         "yes" if torch.equal(our_out.sequences, base_out) else "no"],
+    ]
+    for r in lookup_rows:
+        print(f"{r[0]}: tau {r[1]}, {r[2]} ms, {r[3]} over target-only, identical {r[4]}")
+    raw["plot"] = plot_rows
+    return rows, lookup_rows, raw
+
+
+HEADER = ["draft", "tau asked", "tau measured", "rounds", "decode step (ms)",
+          "verify forward (ms)", "round, free drafter (ms)", "drafter (ms)",
+          "engine / verify forward", "speedup", "ideal", "efficiency", "= target-only"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gpu", action="store_true", help="the 7B-sized bf16 target on CUDA")
+    p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="new tokens per call (default 96 on the CPU, 128 on the GPU)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed calls per method, median (default 1 on the CPU, 3 on the GPU)")
+    args = p.parse_args(argv)
+    if args.gpu and not torch.cuda.is_available():
+        p.error("--gpu needs a CUDA device; none is visible")
+    device = torch.device("cuda" if args.gpu else "cpu")
+    new_tokens = args.new_tokens or (128 if args.gpu else 96)
+    repeats = args.repeats or (3 if args.gpu else 1)
+    if args.gpu:
+        target, what = llama7b_sized(device)
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(3, 32000, (1, args.prompt_tokens), generator=g).to(device)
+    else:
+        torch.set_num_threads(args.threads)
+        target, what, tokenizer = zoo_target()
+        ids = cpu_prompt(tokenizer, args.prompt_tokens)
+    with torch.inference_mode():
+        rows, lookup_rows, raw = run(target, ids, new_tokens, repeats, device)
+    command = "python benchmarks/engine_speed.py" + (" --gpu" if args.gpu else
+                                                     f" --threads {args.threads}") + " --write"
+    eff = {(r[0], r[1]): float(r[11]) for r in rows}
+    chain4 = eff.get(("chain", "4"))
+    body = (
+        f"Command: `{command}`  \nMachine: {machine()}\n\n"
+        f"Target: {what}; a {ids.shape[1]}-token prompt, {new_tokens} new tokens, greedy, EOS "
+        f"off; median of {repeats} timed call(s) after a warm-up, every method in this one run. "
+        f"Oracle drafter (the target's own greedy continuation, wrong from depth a_r on), chain "
+        f"of {CHAIN} and a {TREE_LEVELS * TREE_WIDTH}-node tree. Ideal = tau x decode step / "
+        f"verify forward; efficiency = speedup / ideal; the engine's share excludes the "
+        f"drafter's calls and the target's forwards (the per-part timing syncs the device "
+        f"about seven times a round, which this figure includes).\n\n"
+        + markdown_table(HEADER, rows) + "\n\n"
+        + "HF's assisted generation at its own tau (prompt lookup, no model), beside mmspec's "
+          "prompt lookup, same prompt:\n\n"
+        + markdown_table(["method", "tau", "ms", "speedup", "= target-only"], lookup_rows)
+        + "\n")
+    if args.gpu and chain4 is not None:
+        body += (f"\nGoal (H100, 7B-sized target): efficiency >= 0.9 at tau = 4 (chain: "
+                 f"{chain4:.2f}, {'met' if chain4 >= 0.9 else 'missed'}).\n")
+    print(body)
+    if args.write:
+        name = "engine_speed_gpu" if args.gpu else "engine_speed"
+        title = ("Engine efficiency on a GPU (`benchmarks/engine_speed.py --gpu`)" if args.gpu
+                 else "Engine efficiency, CPU (`benchmarks/engine_speed.py`)")
+        write_section(name, title, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
