@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import machine, markdown_table, write_section  # noqa: E402
+from benchmarks.report import markdown_table, write_section  # noqa: E402
 from mmspec import Draft, PromptLookupDrafter, generate  # noqa: E402
 
 TAUS = (1.5, 2.0, 3.0, 4.0, 6.0)
@@ -296,12 +296,9 @@ def main(argv=None) -> int:
         ids = cpu_prompt(tokenizer, args.prompt_tokens)
     with torch.inference_mode():
         rows, lookup_rows, raw = run(target, ids, new_tokens, repeats, device)
-    command = "python benchmarks/engine_speed.py" + (" --gpu" if args.gpu else
-                                                     f" --threads {args.threads}") + " --write"
     eff = {(r[0], r[1]): float(r[11]) for r in rows}
     chain4 = eff.get(("chain", "4"))
     body = (
-        f"Command: `{command}`  \nMachine: {machine()}\n\n"
         f"Target: {what}; a {ids.shape[1]}-token prompt, {new_tokens} new tokens, greedy, EOS "
         f"off; median of {repeats} timed call(s) after a warm-up, every method in this one run. "
         f"Oracle drafter (the target's own greedy continuation, wrong from depth a_r on), chain "

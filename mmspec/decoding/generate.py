@@ -464,12 +464,20 @@ class _Slots:
         self.root_pos = self.root_pos + ((depth + 1) * live)[:, None]
 
 
-def _verify_forward(target, tree, slots, cache, need_hidden, windows):
+def _tree_mask(tree, slots, windows):
+    """The verification forward's block-sparse mask, or None where the model's own causal
+    attention is exact (a chain without windows, tree.py). Built before the forward is timed:
+    it is the engine's work, not the target's."""
+    if not tree.is_chain or windows:
+        return verify_mask(tree, slots.cache_valid, windows)
+    return None
+
+
+def _verify_forward(target, tree, slots, cache, need_hidden, mask):
     """One target forward over every row's root and tree; trees through the shared layer."""
     kwargs, audit = {}, nullcontext()
-    # a chain's mask is causal: the model's own attention does it, unless it has windows (tree.py)
-    if not tree.is_chain or windows:
-        kwargs["block_sparse_mask"] = verify_mask(tree, slots.cache_valid, windows)
+    if mask is not None:
+        kwargs["block_sparse_mask"] = mask
         audit = require_block_sparse_mask(target)  # lossless only if every layer applies it
     attn_2d = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
     with audit:
@@ -536,8 +544,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         # finished row
         remaining = max_new_tokens - rows.count - 1  # [B] draft tokens a row can still commit
         tree.valid &= (rows.live[:, None] & (tree.depth <= remaining[:, None])) | (tree.depth == 0)
+        mask = _tree_mask(tree, slots, windows)
         tc = _sync(device)
-        out = _verify_forward(target, tree, slots, cache, need_hidden, windows)
+        out = _verify_forward(target, tree, slots, cache, need_hidden, mask)
         td = _sync(device)
         logits = out.logits if penalty is None else penalty.tree(out.logits, tree.tokens, tree.anc)
         if cfg.do_sample:
