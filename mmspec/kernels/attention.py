@@ -3,7 +3,7 @@
 The public function validates its inputs once and calls the op `mmspec::block_sparse_attention`
 (registered with `torch.library`, with a fake implementation so `torch.compile` graphs pass through
 it). The op dispatches to a backend from the registry: `"triton"` (GPU kernel), `"torch"` (fast path
-on any device) or `"reference"` (dense masked attention, for tests).
+on any device), `"flex"` (FlexAttention) or `"reference"` (dense masked attention, for tests).
 """
 
 from __future__ import annotations
@@ -163,8 +163,8 @@ def block_sparse_attention(
             (Gemma 2's `attn_logit_softcapping`); None for none. Both are real numbers (Python's,
             NumPy's) or one-element tensors.
         return_lse: also return the natural-log log-sum-exp of each row, fp32 `[B, Hq, Nq]`.
-        backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"` or
-            `"reference"`.
+        backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"`, `"flex"`
+            (FlexAttention) or `"reference"`.
 
     Returns:
         `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse`.
