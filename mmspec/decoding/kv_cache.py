@@ -7,9 +7,10 @@ select per row into `[start, start + K)` and drops the rest. Rows that accepted 
 tokens leave holes there, which the engine masks out.
 
 Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` tensors (transformers'
-`DynamicCache` and its `DynamicLayer`s). Sliding-window, static and linear-attention layers are
-refused: their contents cannot be compacted this way (a model with sliding-window layers gets a
-cache of `DynamicLayer`s from the engine instead: `windows.py`).
+`DynamicCache` and its `DynamicLayer`s); the values' D may differ from the keys' (MLA models).
+Sliding-window, static and linear-attention layers are refused: their contents cannot be compacted
+this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the engine
+instead: `windows.py`).
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor) -> None:
         crop(cache, start + k)
         return
     for layer in _layers(cache):
-        h, d = layer.keys.shape[1], layer.keys.shape[3]
-        idx = keep.to(layer.keys.device)[:, None, :, None].expand(b, h, k, d)  # [B, H, K, D]
+        rows = keep.to(layer.keys.device)[:, None, :, None]  # [B, 1, K, 1]
         for name in ("keys", "values"):
+            # MLA models (DeepSeek-V2/V3, ...) cache values of another last dim than the keys
+            # (v_head_dim vs qk_head_dim, or the latent vs its rope part): an index per tensor
             full = getattr(layer, name)  # [B, H, start + N, D]
+            idx = rows.expand(b, full.shape[1], k, full.shape[3])  # [B, H, K, D]
             picked = full[:, :, start:].gather(2, idx)  # [B, H, K, D]
             full[:, :, start : start + k] = picked
             setattr(layer, name, full[:, :, : start + k])

@@ -32,6 +32,20 @@ def tiny_qwen2(seed=0, vocab=VOCAB):
     return _seeded(seed, lambda: Qwen2ForCausalLM(cfg))
 
 
+def tiny_deepseek_v3(seed=0, vocab=VOCAB):
+    """MLA attention: the cached values' last dim differs from the keys' (issue 29)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                           moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                           n_group=1, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                           q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
+                           v_head_dim=6, max_position_embeddings=512, pad_token_id=PAD,
+                           bos_token_id=BOS, eos_token_id=EOS)
+    return _seeded(seed, lambda: DeepseekV3ForCausalLM(cfg))
+
+
 LLAVA_IMAGE_TOKEN = VOCAB - 1
 
 
