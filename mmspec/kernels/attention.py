@@ -41,8 +41,9 @@ def _check_inputs(q, k, v, mask) -> None:
     if hq == 0 or d == 0:
         raise ValueError(
             f"q must have at least one head and a head dim D > 0, got shape {tuple(q.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3] or v.shape[3] == 0:
+        raise ValueError(f"k and v must have the same [B, H, N] (v's head dim may differ, as in "
+                         f"MLA models), got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(
             f"k/v must be [B={b}, Hkv, Nk, D={d}] to match q {tuple(q.shape)}, got {tuple(k.shape)}"
@@ -155,7 +156,8 @@ def block_sparse_attention(
 
     Args:
         q: `[B, Hq, Nq, D]`.
-        k, v: `[B, Hkv, Nk, D]`; grouped-query attention when `Hq % Hkv == 0`.
+        k, v: `[B, Hkv, Nk, D]`; grouped-query attention when `Hq % Hkv == 0`. v may have
+            another head dim `Dv` than q and k (MLA models): the output is then `[..., Dv]`.
         mask: a `BlockSparseMask` for `q_len=Nq`, `kv_len=Nk`; its B and H may be 1 (broadcast).
             Lengths need not be multiples of the block size.
         scale: softmax scale, default `D ** -0.5`.
@@ -188,6 +190,9 @@ def block_sparse_attention(
         if real is None or not 0 < real < math.inf:
             raise ValueError(f"softcap must be None or a positive finite number, got {softcap!r}")
         softcap = real
+    dv = v.shape[-1]
+    if dv != q.shape[-1]:  # MLA (DeepSeek-V2/V3): values of another width than queries and keys
+        q, k, v = _common_width(q, k, v)
     backend = resolve_backend(backend, q, k, v, mask).name
     out, lse = torch.ops.mmspec.block_sparse_attention(
         q, k, v,
@@ -195,4 +200,16 @@ def block_sparse_attention(
         mask.partial_masks, mask.block_size[0], mask.block_size[1], scale, softcap or 0.0,
         backend,
     )
+    out = out[..., :dv]
     return (out, lse) if return_lse else out
+
+
+def _common_width(q, k, v):
+    """Zero-pad the narrower side to one head dim: zero columns of q and k add nothing to the
+    scores (the scale is taken from the true D before), and zero columns of v give zero output
+    columns, cut off after the call. Exact, at the cost of a padded copy."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv < d:
+        return q, k, torch.nn.functional.pad(v, (0, d - dv))
+    pad = (0, dv - d)
+    return torch.nn.functional.pad(q, pad), torch.nn.functional.pad(k, pad), v

@@ -344,7 +344,7 @@ def case():
 
 def test_rejects_shape_mismatch(case):
     q, k, v, mask = case
-    with pytest.raises(ValueError, match="must have the same shape"):
+    with pytest.raises(ValueError, match="must have the same \\[B, H, N\\]"):
         block_sparse_attention(q, k, v[:, :, :-1], mask)
     with pytest.raises(ValueError, match="4-D"):
         block_sparse_attention(q[0], k, v, mask)
@@ -496,3 +496,19 @@ def test_non_contiguous_mask_tensors(run_backend, backend):
     torch.testing.assert_close(run_backend(backend, q, k, v, odd),
                                block_sparse_attention(q, k, v, mask, backend="reference"),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dv", [24, 48])
+@pytest.mark.parametrize("backend", ["torch", "reference", "flex"])
+def test_value_head_dim_differs(backend, dv):
+    """MLA models (DeepSeek-V2/V3) attend with values of another width than the keys: every
+    backend gives masked attention with the keys' scale, `[..., Dv]` out."""
+    q, k, _, mask = make_case(7, 1, 2, 2, 40, 56, 32, (16, 16), torch.float32)
+    v = torch.randn(1, 2, 56, dv, generator=torch.Generator().manual_seed(8))
+    out, lse = block_sparse_attention(q, k, v, mask, backend=backend, return_lse=True)
+    dense = mask.to_dense()
+    scores = (q @ k.transpose(-1, -2) * 32 ** -0.5).masked_fill(~dense, float("-inf"))
+    expect = torch.nan_to_num(scores.softmax(-1)) @ v
+    assert out.shape == (1, 2, 40, dv)
+    torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, scores.logsumexp(-1))
