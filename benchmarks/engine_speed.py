@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.report import markdown_table, write_section  # noqa: E402
 from mmspec import Draft, PromptLookupDrafter, generate  # noqa: E402
+from mmspec.zoo.presets import heldout_code_prompt  # noqa: E402
 
 TAUS = (1.5, 2.0, 3.0, 4.0, 6.0)
 CHAIN = 7  # drafted tokens per chain round
@@ -171,20 +172,6 @@ def zoo_target():
     return entry.model.eval(), "the zoo text target, fp32", entry.tokenizer
 
 
-def cpu_prompt(tokenizer, prompt_tokens: int) -> torch.Tensor:
-    from mmspec.zoo.corpus import source_files
-
-    for path in source_files("heldout"):
-        try:
-            ids = tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
-        except UnicodeDecodeError:
-            continue
-        if ids.shape[1] >= 2 * prompt_tokens:
-            start = (ids.shape[1] - prompt_tokens) // 2
-            return ids[:, start:start + prompt_tokens]
-    raise RuntimeError("no held-out file is long enough for the prompt")
-
-
 def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list, dict]:
     vocab = target.get_output_embeddings().weight.shape[0]
     greedy = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -293,7 +280,7 @@ def main(argv=None) -> int:
     else:
         torch.set_num_threads(args.threads)
         target, what, tokenizer = zoo_target()
-        ids = cpu_prompt(tokenizer, args.prompt_tokens)
+        ids = heldout_code_prompt(tokenizer, args.prompt_tokens)
     with torch.inference_mode():
         rows, lookup_rows, raw = run(target, ids, new_tokens, repeats, device)
     eff = {(r[0], r[1]): float(r[11]) for r in rows}

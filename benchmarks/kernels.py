@@ -161,8 +161,6 @@ def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05
               backends=("triton", "flex"), n=32768, h=16, block=128):
     """Every backend at every density against the fastest dense call on this GPU (bf16), for
     random and causal block masks; also a JSON-able list of the measured points."""
-    import json  # noqa: F401  (the caller writes the points)
-
     repeats = max(repeats, 10)
     sync = torch.cuda.synchronize
     rows, points, dense_rows = [], [], []

@@ -407,25 +407,52 @@ class BlockSparseMask:
         total = self.kv_num_blocks.numel() * self.num_kv_blocks
         return float(kept) / total if total else 0.0  # a batch or head dim of 0
 
+    def _block_states(self) -> torch.Tensor:
+        """int32 `[B, H, Mq, Nk]`: -2 for a skipped (query block, key block), -1 for a full one,
+        the partial slot (>= 0) for a partial one."""
+        b, h, mq = self.kv_num_blocks.shape
+        nk = self.num_kv_blocks
+        states = torch.full((b, h, mq, nk + 1), -2, dtype=torch.int32, device=self.device)
+        for num, idx, partial in ((self.full_kv_num_blocks, self.full_kv_indices, False),
+                                  (self.kv_num_blocks, self.kv_indices, True)):
+            width = idx.shape[-1]
+            slot = torch.arange(width, dtype=torch.int32, device=self.device)
+            used = slot < num[..., None]
+            col = torch.where(used, idx.long(), nk)  # unused entries: the spare last column
+            src = slot if partial else torch.full_like(slot, -1)
+            states.scatter_(-1, col, src.expand_as(col).contiguous())
+        return states[..., :-1].contiguous()
+
     def to_flex(self):
         """The same layout as a `torch.nn.attention.flex_attention.BlockMask`.
 
-        Partial blocks get a `mask_mod` that reads this mask's token-level view.
+        Its `mask_mod` gives the whole mask (full blocks, the partial element masks, nothing
+        elsewhere) from a map of each block's state, so no `[N, N]` token mask is built: the
+        compiled kernel calls it on partial blocks only, the eager path on every pair.
         """
         from torch.nn.attention.flex_attention import BlockMask
 
         nk = self.num_kv_blocks
+        bq, bk = self.block_size
 
         def pad(idx):  # FlexAttention reads the KV length from the index width
             out = torch.zeros(*idx.shape[:-1], nk, dtype=torch.int32, device=self.device)
             out[..., : min(idx.shape[-1], nk)] = idx[..., :nk]  # a row keeps at most nk blocks
             return out
 
-        dense = self.to_dense()
-        bb, hb = dense.shape[:2]
+        states = self._block_states()
+        elements = self.partial_masks
+        if elements.shape[3] == 0:  # no partial slot: one all-False slot to index
+            elements = elements.new_zeros(*elements.shape[:3], 1, bq, bk)
+        bb, hb = states.shape[:2]
 
         def mmspec_mask(b, h, q_idx, kv_idx):
-            return dense[b % bb if bb > 1 else 0, h % hb if hb > 1 else 0, q_idx, kv_idx]
+            bi = b if bb > 1 else 0
+            hi = h if hb > 1 else 0
+            qb, kb = q_idx // bq, kv_idx // bk
+            state = states[bi, hi, qb, kb]
+            partial = elements[bi, hi, qb, state.clamp(min=0), q_idx % bq, kv_idx % bk]
+            return (state == -1) | ((state >= 0) & partial)
 
         return BlockMask.from_kv_blocks(
             self.kv_num_blocks,

@@ -1,8 +1,7 @@
 """FlexAttention backend: PyTorch's `flex_attention` over the mask's `to_flex()` layout.
 
-Full blocks run unmasked; partial blocks read this mask's element masks through a `mask_mod`
-(a map from (query block, key block) to its state and partial slot, so no `[N, N]` token mask is
-built).
+Full blocks run unmasked; partial blocks read the mask's element masks through `to_flex()`'s
+`mask_mod` (no `[N, N]` token mask is built).
 On CUDA the call is `torch.compile`d once per process (FlexAttention's Triton kernels); on the
 CPU it runs eagerly, as a comparator in tests (the eager path materialises the scores).
 """
@@ -18,9 +17,9 @@ from ..mask import BlockSparseMask
 from .registry import register_backend
 
 try:
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 except ImportError:  # torch < 2.5
-    BlockMask = flex_attention = None
+    flex_attention = None
 
 try:
     from torch.nn.attention.flex_attention import AuxRequest
@@ -45,57 +44,6 @@ def _tile_options(bq: int, bk: int) -> list:
 
 
 _CHOSEN: dict = {}
-
-
-def _block_states(mask: BlockSparseMask) -> torch.Tensor:
-    """int32 `[B, H, Mq, Nk]`: -2 for a skipped (query block, key block), -1 for a full one, the
-    partial slot (>= 0) for a partial one."""
-    b, h, mq = mask.kv_num_blocks.shape
-    nk = mask.num_kv_blocks
-    states = torch.full((b, h, mq, nk + 1), -2, dtype=torch.int32, device=mask.device)
-    for num, idx, value in ((mask.full_kv_num_blocks, mask.full_kv_indices, None),
-                            (mask.kv_num_blocks, mask.kv_indices, "slot")):
-        width = idx.shape[-1]
-        used = torch.arange(width, device=mask.device) < num[..., None]
-        # unused entries write into the spare last column, which is dropped
-        col = torch.where(used, idx.long(), nk)
-        src = (torch.arange(width, dtype=torch.int32, device=mask.device) if value == "slot"
-               else torch.full((width,), -1, dtype=torch.int32, device=mask.device))
-        states.scatter_(-1, col, src.expand_as(col).contiguous())
-    return states[..., :-1].contiguous()
-
-
-def flex_block_mask(mask: BlockSparseMask):
-    """`mask` as a FlexAttention `BlockMask`. Its `mask_mod` gives the whole mask (full blocks,
-    partial element masks, nothing elsewhere): the compiled kernel calls it on partial blocks
-    only, while the eager CPU path applies it to every (query, key) pair."""
-    nk = mask.num_kv_blocks
-    bq, bk = mask.block_size
-
-    def pad(idx):  # FlexAttention reads the number of key blocks from the index width
-        out = torch.zeros(*idx.shape[:-1], nk, dtype=torch.int32, device=mask.device)
-        width = min(idx.shape[-1], nk)
-        out[..., :width] = idx[..., :width]
-        return out
-
-    states = _block_states(mask)
-    elements = mask.partial_masks
-    if elements.shape[3] == 0:  # no partial slot: one all-False slot to index
-        elements = elements.new_zeros(*elements.shape[:3], 1, bq, bk)
-    bb, hb = states.shape[:2]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        bi = b if bb > 1 else 0
-        hi = h if hb > 1 else 0
-        qb, kb = q_idx // bq, kv_idx // bk
-        state = states[bi, hi, qb, kb]
-        partial = elements[bi, hi, qb, state.clamp(min=0), q_idx % bq, kv_idx % bk]
-        return (state == -1) | ((state >= 0) & partial)
-
-    return BlockMask.from_kv_blocks(
-        mask.kv_num_blocks, pad(mask.kv_indices), mask.full_kv_num_blocks,
-        pad(mask.full_kv_indices), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
-        seq_lengths=(mask.q_len, mask.kv_len))
 
 
 def _available(q, k, v, mask):
@@ -133,7 +81,7 @@ def flex_backend(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 
             return softcap * torch.tanh(score / softcap)
 
     gqa = q.shape[1] != k.shape[1]
-    kwargs = dict(score_mod=score_mod, block_mask=flex_block_mask(mask), scale=scale,
+    kwargs = dict(score_mod=score_mod, block_mask=mask.to_flex(), scale=scale,
                   enable_gqa=gqa)
     if q.device.type != "cuda":
         with warnings.catch_warnings():  # the eager CPU path warns that it is unfused: we know
