@@ -11,6 +11,7 @@ __all__ = [
     "NaiveDiffusionDrafter",
     "PromptLookupDrafter",
     "SpecOutput",
+    "UnsupportedTarget",
     "ViSpecDrafter",
     "generate",
 ]

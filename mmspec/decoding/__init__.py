@@ -15,6 +15,7 @@ Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `tree.py` (
 `drafters/` (built-in drafters); the `mmspec generate` command is `mmspec/cli/generate.py`.
 """
 
+from .admission import UnsupportedTarget
 from .draft import Draft, Drafter, DraftState, VerifyResult
 from .drafters import ModelDrafter, PromptLookupDrafter
 from .generate import SpecOutput, generate
@@ -28,6 +29,7 @@ __all__ = [
     "PromptLookupDrafter",
     "SpecOutput",
     "SpecStats",
+    "UnsupportedTarget",
     "VerifyResult",
     "generate",
 ]

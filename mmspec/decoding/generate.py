@@ -29,19 +29,17 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from mmspec._cache_name import cache_kwargs, output_cache
-from mmspec.kernels import register_hf_attention
-from mmspec.kernels.hf import require_block_sparse_mask
+from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
 
-from . import kv_cache
+from . import admission, kv_cache
 from .draft import Draft, DraftState, VerifyResult
 from .drafters.vocab import VocabularyMismatch, padded_widths
 from .positions import prefill_position_ids
 from .sampling import RepetitionPenalty, SamplingConfig, target_probs
 from .stats import SpecStats
-from .tree import build_tree, verify_mask
+from .tree import build_tree, verify_mask, verify_token_mask
 from .windows import sliding_windows
 from .verify import verify_greedy, verify_sampling
 
@@ -65,15 +63,11 @@ def vocab_size(model) -> int:
 @contextmanager
 def block_sparse_attention_of(model):
     """Route the model's attention through mmspec's layer for the duration of the block."""
-    name = register_hf_attention()
-    old = model.config._attn_implementation
-    if old != name:
-        model.set_attn_implementation(name)
+    restore = use_block_sparse_attention(model)
     try:
         yield
     finally:
-        if old != name:
-            model.set_attn_implementation(old)
+        restore()
 
 
 def _sync(device: torch.device) -> float:
@@ -309,7 +303,7 @@ def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
         position_ids=position_ids,
         use_cache=True, is_first_iteration=True, **model_kwargs,
         **cache_kwargs(target.prepare_inputs_for_generation,
-                       DynamicCache() if windows else None))
+                       admission.engine_cache(target, windows)))
     out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
     hidden = _hidden(out, layers) if layers else None
     return out.logits[:, -1], output_cache(out), position_ids, hidden
@@ -412,12 +406,14 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
+    windows = sliding_windows(target)
+    probe = _admit(target, drafter, input_ids, attention_mask, windows)
     with block_sparse_attention_of(target), torch.no_grad():
         try:
             return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens,
                              cfg, eos, asked_eos, streamer,
                              0 if pad_token_id is None else pad_token_id, generator, on_round,
-                             model_kwargs)
+                             model_kwargs, windows, probe)
         except IndexError as err:  # a learned position table (GPT-2, OPT) indexed past its end
             _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
             raise
@@ -425,6 +421,36 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             end = getattr(drafter, "end", None)
             if end is not None:
                 end()
+
+
+def _admit(target, drafter, input_ids, attention_mask, windows):
+    """The target's probe (`admission.py`), and the refusals it implies for this call, before the
+    prefill: a batch whose rows would leave holes, a tree drafter (or any round through a mask,
+    with sliding windows) where no tree verification is exact."""
+    probe = admission.probe(target, input_ids, attention_mask, windows)
+    if probe is None:
+        return None
+    name = type(target).__name__
+    if input_ids.shape[0] > 1 and not probe.holes:
+        raise admission.UnsupportedTarget(
+            f"{name}: a batch of {input_ids.shape[0]} rows leaves holes where rows reject "
+            f"different numbers of tokens, and this model does not verify exactly around them "
+            f"({probe.why}; it takes its positions or biases from cache slots, not "
+            f"position_ids); pass one prompt per call")
+    if probe.tree_mode is None and (windows or getattr(drafter, "top_k", 1) > 1):
+        _refuse_trees(name, probe, windows)
+    return probe
+
+
+def _refuse_trees(name, probe, windows=()):
+    if windows:  # every round goes through a mask, chains too
+        raise admission.UnsupportedTarget(
+            f"{name}: verification through a mask (needed by its sliding windows {windows}) "
+            f"does not give this model's own logits ({probe.why}); use target.generate")
+    raise admission.UnsupportedTarget(
+        f"{name}: a draft tree verified in one forward does not give this model's own logits "
+        f"({probe.why}); draft chains with it (ModelDrafter(top_k=1), PromptLookupDrafter)"
+        f" or use target.generate")
 
 
 def _refuse_past_positions(target, prompt_len: int, max_new_tokens: int, err) -> None:
@@ -473,19 +499,32 @@ def _tree_mask(tree, slots, windows):
     return None
 
 
-def _verify_forward(target, tree, slots, cache, need_hidden, mask):
-    """One target forward over every row's root and tree; trees through the shared layer."""
+def _verify_forward(target, tree, slots, cache, need_hidden, mask, probe):
+    """One target forward over every row's root and tree; trees through the shared layer, or as
+    a dense 4-D `attention_mask` where the probe found only that exact (`admission.py`)."""
     kwargs, audit = {}, nullcontext()
-    if mask is not None:
+    attn = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
+    if mask is not None and probe is not None and probe.tree_mode is None:
+        _refuse_trees(type(target).__name__, probe)
+    if mask is not None and probe is not None and probe.tree_mode == "dense_4d":
+        dtype = next(target.parameters()).dtype
+        hidden = ~verify_token_mask(tree, slots.cache_valid)  # [B, N, C + N]
+        attn = torch.zeros((), dtype=dtype, device=hidden.device).masked_fill(
+            hidden, torch.finfo(dtype).min)[:, None]  # [B, 1, N, C + N]
+    elif mask is not None:
         kwargs["block_sparse_mask"] = mask
         audit = require_block_sparse_mask(target)  # lossless only if every layer applies it
-    attn_2d = torch.cat([slots.cache_valid, torch.ones_like(tree.valid)], 1).long()  # [B, C + N]
-    with audit:
-        return target(input_ids=tree.tokens, attention_mask=attn_2d,
-                      position_ids=slots.root_pos + tree.depth * tree.valid,  # [..., B, N]
-                      **cache_kwargs(target.forward, cache), use_cache=True,
-                      output_hidden_states=need_hidden,
-                      return_dict=True, **kwargs)
+    try:
+        with audit:
+            return target(input_ids=tree.tokens, attention_mask=attn,
+                          position_ids=slots.root_pos + tree.depth * tree.valid,  # [..., B, N]
+                          **cache_kwargs(target.forward, cache), use_cache=True,
+                          output_hidden_states=need_hidden,
+                          return_dict=True, **kwargs)
+    except NotImplementedError as err:  # the kernel layer cannot carry what a layer asked
+        if isinstance(err, admission.UnsupportedTarget):
+            raise
+        raise admission.UnsupportedTarget(f"{type(target).__name__}: {err}") from err
 
 
 def _accepted_path(tree, best):
@@ -501,7 +540,7 @@ def _accepted_path(tree, best):
 
 
 def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, asked_eos,
-              streamer, pad, generator, on_round, model_kwargs) -> SpecOutput:
+              streamer, pad, generator, on_round, model_kwargs, windows, probe) -> SpecOutput:
     device = input_ids.device
     stats = SpecStats()
     start = _sync(device)
@@ -510,9 +549,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
     need_hidden = bool(layers)
     vocab = vocab_size(target)
 
-    windows = sliding_windows(target)
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
                                                  layers, windows)
+    admission.check_cache(target, cache)  # before the first token
     penalty = None
     if cfg.repetition_penalty is not None:
         penalty = RepetitionPenalty(cfg.repetition_penalty, input_ids, logits.shape[-1])
@@ -546,7 +585,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         tree.valid &= (rows.live[:, None] & (tree.depth <= remaining[:, None])) | (tree.depth == 0)
         mask = _tree_mask(tree, slots, windows)
         tc = _sync(device)
-        out = _verify_forward(target, tree, slots, cache, need_hidden, mask)
+        out = _verify_forward(target, tree, slots, cache, need_hidden, mask, probe)
         td = _sync(device)
         logits = out.logits if penalty is None else penalty.tree(out.logits, tree.tokens, tree.anc)
         if cfg.do_sample:

@@ -16,12 +16,16 @@ instead: `windows.py`).
 from __future__ import annotations
 
 import torch
-from transformers import Cache
-from transformers.cache_utils import DynamicLayer
+from transformers import Cache, EncoderDecoderCache
+from transformers.cache_utils import DummyLayer, DynamicLayer
 
 
 def _layers(cache: Cache):
+    if isinstance(cache, EncoderDecoderCache):  # decoder-only use of a BERT-style decoder
+        cache = cache.self_attention_cache
     for layer in cache.layers:
+        if type(layer) is DummyLayer:  # holds nothing (KV-sharing consumers, MLP-only layers)
+            continue
         if type(layer) is not DynamicLayer:
             raise TypeError(
                 f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "

@@ -11,12 +11,18 @@ three M-RoPE axes (ViSpec / EAGLE-2 tree positions).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
 def prefill_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          model_kwargs: dict) -> torch.Tensor:
     """long `[B, L]` or `[A, B, L]`: what `model.generate` would use for the prompt."""
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        # `generate` then passes none (its rule), and the model counts cache slots, left padding
+        # included (Whisper's and the BART family's decoders): positions are slot indices
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     prepare = getattr(model, "_prepare_position_ids_for_generation", None)
     if prepare is None:  # transformers < 5: no hook, text models use the cumsum rule
         pos = attention_mask.long().cumsum(-1) - 1

@@ -117,6 +117,12 @@ def build_tree(roots: torch.Tensor, draft: Draft, vocab: int) -> Tree:
     )
 
 
+def verify_token_mask(tree: Tree, cache_valid: torch.Tensor) -> torch.Tensor:
+    """bool `[B, N, C + N]`: node i sees the row's valid cache slots and its ancestors."""
+    b, c = cache_valid.shape
+    return torch.cat([cache_valid[:, None, :].expand(b, tree.num_nodes, c), tree.anc], dim=-1)
+
+
 def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] = ()):
     """Mask `[B, 1, N, C + N]`: node i sees the row's valid cache slots and its ancestors.
 
@@ -124,9 +130,8 @@ def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] 
     windows: the target's sliding windows; with any, a dict of masks per window (`windows.py`),
     positions counted over valid slots.
     """
-    b, c = cache_valid.shape
-    n = tree.num_nodes
-    token = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], dim=-1)  # [B, N, C+N]
+    token = verify_token_mask(tree, cache_valid)  # [B, N, C + N]
+
     def positions():
         cached = cache_valid.long()
         q_pos = cached.sum(-1, keepdim=True) + tree.depth  # [B, N]

@@ -3,7 +3,10 @@
 `register_hf_attention()` registers the attention function `"mmspec_block_sparse"` in
 transformers' `AttentionInterface` (and SDPA's mask builder under the same name). Load or switch a
 model with `attn_implementation="mmspec_block_sparse"`, then pass `block_sparse_mask=` to its
-forward: the keyword travels through the model's `**kwargs` to every attention layer. The mask is
+forward: the keyword travels through the model's `**kwargs` to every attention layer.
+`use_block_sparse_attention(model)` switches a loaded model for a block and remembers, per module,
+the implementation it had: calls without a mask run that one (eager with its attention sinks and
+soft-capping, SDPA, ...), so the switch alone changes no output. The mask is
 for `q_len` new tokens against `kv_len = cached + new` keys, shared by all layers; a model with
 sliding-window layers (Gemma 2 and 3) takes a dict `{None: mask, window: mask within it}`, from
 which each layer picks by its `sliding_window` (`mmspec.decoding.windows`). Without a
@@ -20,6 +23,7 @@ them from a token mask that does).
 """
 
 import contextlib
+import sys
 import threading
 import weakref
 
@@ -76,6 +80,11 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     if block_sparse_mask is None:
         if _AUDIT.active:
             _AUDIT.dropped += 1
+        eager = _eager_fallback(module)
+        if eager is not None:
+            mask = _additive(attention_mask, module, kwargs, query, key.shape[2])
+            return eager(module, query, key, value, mask, scaling=scaling, dropout=dropout,
+                         **kwargs)
         if kwargs.get("softcap"):  # SDPA cannot soft-cap (Gemma 2): the same mask, through ours
             causal = kwargs.get("is_causal")
             causal = getattr(module, "is_causal", True) if causal is None else causal
@@ -113,11 +122,53 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     if attention_mask is not None:  # the block mask replaces the causal pattern, not padding
         block_sparse_mask = _hide_hidden_keys(block_sparse_mask, attention_mask, window)
     # Gemma 2 soft-caps its logits (attn_logit_softcapping; None elsewhere)
+    sinks = kwargs.get("s_aux")
     out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling,
-                                 softcap=kwargs.get("softcap") or None)
+                                 softcap=kwargs.get("softcap") or None,
+                                 return_lse=sinks is not None)
+    if sinks is not None:
+        out = _with_sinks(*out, sinks)
     if _AUDIT.active:
         _AUDIT.used += 1
     return out.transpose(1, 2).contiguous(), None
+
+
+def _with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention sinks (GPT-OSS, Granite-SWA, MiMo-V2: `s_aux`, one logit per head that joins the
+    softmax's denominator and attends to nothing): the rows computed without them, scaled by
+    `exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)`.
+    out `[B, Hq, Nq, D]`, lse fp32 `[B, Hq, Nq]`, sinks `[Hq]`."""
+    keep = torch.sigmoid(lse - sinks.float()[None, :, None])  # [B, Hq, Nq]
+    return (out.float() * keep[..., None]).to(out.dtype)
+
+
+def _eager_fallback(module):
+    """The modeling file's own `eager_attention_forward` where the module ran eager attention
+    before `use_block_sparse_attention` (GPT-OSS's and Granite-SWA's attention sinks live only
+    there); else None (SDPA)."""
+    if getattr(module, "_mmspec_former_attention", None) != "eager":
+        return None
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
+def _additive(attention_mask, module, kwargs, query, kv_len: int):
+    """transformers' eager functions add the mask to the scores: bool (SDPA's format, which this
+    attention name builds) -> 0 / dtype minimum; None where SDPA would have run `is_causal` ->
+    the causal mask spelled out (bottom-right aligned)."""
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            return attention_mask
+        return torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min)
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    q_len = query.shape[2]
+    if not causal or q_len == 1:
+        return None
+    q = torch.arange(q_len, device=query.device)[:, None] + (kv_len - q_len)
+    hidden = torch.arange(kv_len, device=query.device) > q  # [Nq, Nk]
+    return torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
+        hidden, torch.finfo(query.dtype).min)[None, None]
 
 
 def _block_mask_of(attention_mask, causal: bool, q_len: int, kv_len: int,
@@ -197,6 +248,28 @@ def _versions(mask: BlockSparseMask, attention_mask: torch.Tensor):
     if versions is None or attention_mask.is_inference():
         return None
     return versions + (attention_mask._version,)
+
+
+def use_block_sparse_attention(model):
+    """Switch `model` to this attention function; returns a function that switches it back.
+
+    Each module that has a config keeps the implementation it ran (`_mmspec_former_attention`),
+    which the function runs for calls without a `block_sparse_mask`."""
+    name = register_hf_attention()
+    former = model.config._attn_implementation
+    if former == name:
+        return lambda: None
+    for module in model.modules():
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if isinstance(implementation, str):
+            module._mmspec_former_attention = implementation
+    model.set_attn_implementation(name)
+
+    def restore():
+        if model.config._attn_implementation != former:
+            model.set_attn_implementation(former)
+
+    return restore
 
 
 def register_hf_attention() -> str:

@@ -207,3 +207,54 @@ def test_masks_edited_in_place_are_seen(llama):
                       block_sparse_mask=BlockSparseMask.from_token_mask(
                           block.to_dense().clone(), block.block_size)).logits
         torch.testing.assert_close(edited, fresh)
+
+
+def test_attention_sinks_join_the_softmax_as_the_models_eager_code_has_them():
+    """GPT-OSS passes `s_aux` (one sink logit per head) to its attention function; the block-sparse
+    path applies it from the log-sum-exp (issue 29: it was dropped, 0.1-0.4 off in the logits)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from mmspec.kernels.hf import mmspec_attention_forward
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 2, False
+    module.sinks = torch.randn(4) * 2
+    q, k, v = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    causal = torch.ones(5, 9, dtype=torch.bool).tril(4)  # bottom-right aligned
+    additive = torch.zeros(1, 1, 5, 9).masked_fill(~causal, torch.finfo(torch.float32).min)
+    want, _ = eager_attention_forward(module, q, k, v, additive, scaling=0.25, dropout=0.0,
+                                      s_aux=module.sinks)
+    got, _ = mmspec_attention_forward(module, q, k.repeat_interleave(2, 1),
+                                      v.repeat_interleave(2, 1), None, scaling=0.25,
+                                      block_sparse_mask=BlockSparseMask.from_token_mask(
+                                          causal[None, None], 16),
+                                      s_aux=module.sinks)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_calls_without_a_mask_run_the_models_former_implementation():
+    """Switched to mmspec's attention, a model that ran eager keeps its eager code for plain
+    forwards (GPT-OSS: the sinks), so the switch alone changes no output."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from mmspec.kernels.hf import use_block_sparse_attention
+
+    cfg = GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                       num_local_experts=2, num_experts_per_tok=1, sliding_window=64)
+    torch.manual_seed(0)
+    model = GptOssForCausalLM(cfg).eval()
+    for module in model.modules():
+        if hasattr(module, "sinks"):
+            torch.nn.init.normal_(module.sinks, std=3.0)
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+        restore = use_block_sparse_attention(model)
+        try:
+            got = model(ids).logits
+        finally:
+            restore()
+    assert model.config._attn_implementation == "eager"
+    torch.testing.assert_close(got, want)

@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 
 from mmspec._cache_name import cache_kwargs, output_cache
-from mmspec.kernels import register_hf_attention
+from mmspec.kernels.hf import use_block_sparse_attention
 
 from .. import kv_cache
 from ..draft import Draft, DraftState, VerifyResult
@@ -146,8 +146,7 @@ class ModelDrafter:
 
     def propose(self, state: DraftState) -> Draft:
         if self.top_k > 1 and self.restore_attn is None:  # tree levels need the shared layer
-            self.restore_attn = self.model.config._attn_implementation
-            self.model.set_attn_implementation(register_hf_attention())
+            self.restore_attn = use_block_sparse_attention(self.model)
         root_logits = self._catch_up(state)
         depth = min(self.depth, state.max_tokens)
         if self.top_k == 1:
@@ -235,6 +234,5 @@ class ModelDrafter:
         """The call is over: drop the cache and give the model back its own attention."""
         self.cache = self.fed_ids = self.fed_valid = None
         if self.restore_attn is not None:
-            if self.model.config._attn_implementation != self.restore_attn:
-                self.model.set_attn_implementation(self.restore_attn)
+            self.restore_attn()
             self.restore_attn = None

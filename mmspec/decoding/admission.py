@@ -1,0 +1,264 @@
+"""Before the first token: can this target be decoded exactly, and how are its trees verified?
+
+`generate` is lossless only where everything the engine changes about the target is invisible in
+its logits: the attention switch, the cache it substitutes, the tree (or hole) mask it passes and
+the positions it gives. Models differ in ways no flag reports (positions taken from the cache
+length instead of `position_ids` in the BART family, ALiBi counted in cache slots in MPT and
+Bloom, attention that bypasses transformers' interface, recurrent state outside the KV cache), so
+instead of trusting a list, the engine *probes* each target once (per dtype and attention
+implementation) on a few tokens of the call's own prompt:
+
+- `tree`: a prefill, then one forward of three nodes below the root (siblings x and y, z a child
+  of y) through the tree mask, against the model's own plain forwards of `prompt + x` and
+  `prompt + y + z`. Tried with `block_sparse_mask` (the shared kernel layer) and, where that is
+  not exact, with a dense 4-D `attention_mask` (models whose layers bypass the interface often
+  take one; not with sliding windows, which need a mask per layer).
+- `holes`: `prompt + x`, then `y, z` with x hidden by the 2-D `attention_mask`, as a batch row
+  that rejected x has it: needed by batches of more than one row.
+
+Trees pass with the first mode that is exact; a call that needs a mode none passed is refused with
+`UnsupportedTarget` before its first token (a single-row chain needs neither probe: its rejected
+tokens are cropped, never masked). `check_cache` refuses states the engine cannot roll back.
+Tolerance: the probe compares logits of the same computation in two layouts, so it allows
+`rtol` of the dtype's resolution on the largest logit (fp32 1e-4, half types 2e-2).
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from transformers import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+from mmspec._cache_name import cache_kwargs, output_cache
+from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
+
+from .positions import prefill_position_ids
+from .tree import BLOCK_SIZE
+from .windows import block_masks
+
+
+class UnsupportedTarget(NotImplementedError):
+    """The target cannot be decoded exactly this way; raised before the first token, naming the
+    reason and what to do instead."""
+
+
+def engine_cache(model, windows):
+    """The cache `generate` prefills: None (the model's own) without sliding windows; with them,
+    the model's own layer layout with its sliding layers replaced by full `DynamicLayer`s, which
+    keep every entry (`windows.py`) while other special layers (KV sharing) stay."""
+    if not windows:
+        return None
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
+                    for layer in cache.layers]
+    return cache
+
+
+_RECURRENT = "recurrent state (linear attention, SSM or convolution)"
+
+
+def check_cache(model, cache) -> None:
+    """After the prefill: refuse a cache holding state that the engine cannot roll back to the
+    accepted length (`kv_cache.commit_path` gathers and crops `DynamicLayer`s only)."""
+    name = type(model).__name__
+    fix = "use target.generate for this model"
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    if cache is None or not isinstance(cache, Cache):
+        kind = "no cache" if cache is None else f"a {type(cache).__name__}"
+        raise UnsupportedTarget(
+            f"{name} returns {kind} from its forward, not a transformers Cache of key/value "
+            f"layers; speculative decoding must roll rejected tokens back out of it: {fix}")
+    if type(cache) is not DynamicCache and not isinstance(cache, EncoderDecoderCache):
+        raise UnsupportedTarget(
+            f"{name} keeps state in a {type(cache).__name__} beyond its key/value layers, which "
+            f"the engine cannot roll back to the accepted tokens: {fix}")
+    for layer in cache.layers:
+        if type(layer) in (DynamicLayer, DummyLayer):
+            continue
+        kind = type(layer).__name__
+        what = _RECURRENT if "Linear" in kind else f"{kind} entries"
+        raise UnsupportedTarget(
+            f"{name}: its cache holds {what} ({kind}), which the engine cannot yet roll back to "
+            f"the accepted tokens (only key/value layers are): {fix}")
+
+
+@dataclass(frozen=True)
+class Probe:
+    tree_mode: str | None  # "block_sparse", "dense_4d", or None: no tree verification is exact
+    holes: bool  # a row whose rejected tokens stay as masked holes verifies exactly
+    why: str  # what the failed probes saw
+
+
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def probe(target, input_ids, attention_mask, windows) -> Probe | None:
+    """The target's `Probe`, measured once per (dtype, attention implementation), before the
+    engine switches its attention; None where the prompt has fewer than two text tokens to probe
+    with (trees then go through `block_sparse_mask` under the audit of
+    `require_block_sparse_mask`). Raises `UnsupportedTarget` where the switch alone changes a
+    plain forward or the model cannot verify several tokens after its cache at all."""
+    key = (next(target.parameters()).dtype, target.config._attn_implementation, windows)
+    known = _PROBES.setdefault(target, {})
+    if key not in known:
+        known[key] = _measure(target, input_ids, attention_mask, windows)
+    if isinstance(known[key], UnsupportedTarget):
+        raise known[key]
+    return known[key]
+
+
+def _probe_tokens(target, input_ids, attention_mask) -> torch.Tensor | None:
+    """Up to 12 of the first row's last real tokens and three more for x, y, z, avoiding the
+    config's special multimodal ids (an image token without its image fails the forward)."""
+    row = input_ids[0][attention_mask[0].bool()]
+    special = set()
+    for config in (target.config, target.config.get_text_config()):
+        for name, value in vars(config).items():
+            if isinstance(value, int) and any(k in name for k in ("image", "video", "audio")):
+                special.add(value)
+    if special:
+        row = row[~torch.isin(row, torch.tensor(sorted(special), device=row.device))]
+    if len(row) < 2:
+        return None
+    prompt = row[-12:]
+    extra = torch.stack([prompt[0], prompt[len(prompt) // 2], prompt[-1]])
+    return torch.cat([prompt, extra])[None]  # [1, n + 3]
+
+
+def _close(a, b) -> bool:
+    tol = 1e-4 if a.dtype == torch.float32 else 2e-2
+    scale = max(float(b.float().abs().max()), 1.0)
+    return bool(((a.float() - b.float()).abs() <= tol * scale).all())
+
+
+def _positions(target, ids):
+    return prefill_position_ids(target, ids, torch.ones_like(ids), {})  # [..., 1, L]
+
+
+def _plain(target, ids):
+    return target(input_ids=ids, position_ids=_positions(target, ids), use_cache=False,
+                  return_dict=True).logits[0]
+
+
+# what a model's forward raises on inputs it cannot take (shapes, masks, cache use)
+_FAILURES = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
+
+
+def _measure(target, input_ids, attention_mask, windows):
+    ids = _probe_tokens(target, input_ids, attention_mask)
+    if ids is None:
+        return None
+    n = ids.shape[1] - 3
+    name = type(target).__name__
+    try:
+        with torch.no_grad():
+            # the model's own forwards, in its own attention implementation
+            plain = _plain(target, ids[:, :n + 1])  # prompt + x
+            ref_yz = _plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
+            want = torch.cat([plain[-1:], ref_yz])  # [3, V]: x, y, z
+            if windows and not _close(_own_cached_step(target, ids[:, :n + 1]), plain[-1:]):
+                return UnsupportedTarget(
+                    f"{name}: its own cached decoding disagrees with its full forward past its "
+                    f"sliding window {windows} (its cache drops keys its attention mask keeps), "
+                    f"so no verification can equal its generate; use target.generate")
+            restore = use_block_sparse_attention(target)
+            try:
+                if not _close(_plain(target, ids[:, :n + 1]), plain):
+                    return UnsupportedTarget(
+                        f"{name}: switching its attention to {target.config._attn_implementation}"
+                        f" changes a plain forward on the prompt (its layers compute something "
+                        f"the kernel layer lacks); use target.generate")
+                tree_ok, why = {}, []
+                for mode in ("block_sparse", "dense_4d"):
+                    if mode == "dense_4d" and windows:
+                        break
+                    try:
+                        got = _tree_forward(target, ids, windows, mode)
+                    except _FAILURES as err:  # e.g. a layer that cannot take a 4-D mask
+                        got = f"its forward failed ({type(err).__name__})"
+                    tree_ok[mode] = isinstance(got, torch.Tensor) and _close(got, want)
+                    if tree_ok[mode]:
+                        break
+                    why.append(f"{mode}: " + (got if isinstance(got, str)
+                                              else "other logits than its own forward"))
+                mode = next((m for m, ok in tree_ok.items() if ok), None)
+                holes = (mode == "block_sparse") if windows else _close(
+                    _hole_forward(target, ids), ref_yz)
+            finally:
+                restore()
+    except _FAILURES as err:
+        line = (str(err).splitlines() or [""])[0][:200]
+        return UnsupportedTarget(
+            f"{name}: a forward of several new tokens after its cache, as verification runs it, "
+            f"failed in the engine's probe ({type(err).__name__}: {line}); use target.generate")
+    if not holes:
+        why.append("rows with holes: other logits than its own forward")
+    return Probe(mode, holes, "; ".join(why))
+
+
+def _own_cached_step(target, ids):
+    """Logits `[1, V]` of the last token fed after the others into the model's own cache."""
+    cache = DynamicCache(config=target.config)
+    kwargs = cache_kwargs(target.forward, cache)
+    target(input_ids=ids[:, :-1], position_ids=_positions(target, ids[:, :-1]), use_cache=True,
+           **kwargs)
+    pos = _positions(target, ids)[..., -1:]
+    return target(input_ids=ids[:, -1:], position_ids=pos, use_cache=True, return_dict=True,
+                  **kwargs).logits[0]
+
+
+def _prefill(target, ids, windows):
+    cache = engine_cache(target, windows)
+    out = target(input_ids=ids, position_ids=_positions(target, ids), use_cache=True,
+                 return_dict=True, **({} if cache is None else cache_kwargs(target.forward, cache)))
+    return output_cache(out)
+
+
+def _tree_forward(target, ids, windows, mode):
+    """Logits `[3, V]` of nodes x, y (siblings at the root's next position) and z (y's child),
+    verified in one forward after a prefill of the prompt; a message where a layer ignored the
+    mask."""
+    n = ids.shape[1] - 3
+    cache = _prefill(target, ids[:, :n], windows)
+    dev = ids.device
+    attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=dev)
+    attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    depth = torch.tensor([[1, 1, 2]], device=dev)
+    root = _positions(target, ids[:, :n])[..., -1:]  # [..., 1, 1]
+    kwargs = {}
+    if mode == "block_sparse":
+        k_pos = torch.cat([torch.arange(n, device=dev)[None], n - 1 + depth], 1)
+        kwargs["block_sparse_mask"] = block_masks(attends, BLOCK_SIZE, windows,
+                                                  lambda: (n - 1 + depth, k_pos))
+        mask = torch.ones(1, n + 3, dtype=torch.long, device=dev)
+    else:
+        dtype = next(target.parameters()).dtype
+        mask = torch.zeros((), dtype=dtype, device=dev).masked_fill(
+            ~attends, torch.finfo(dtype).min)[:, None]  # [1, 1, 3, n + 3]
+    audit = require_block_sparse_mask(target) if mode == "block_sparse" else nullcontext()
+    try:
+        with audit:
+            out = target(input_ids=ids[:, n:], attention_mask=mask, position_ids=root + depth,
+                         **cache_kwargs(target.forward, cache), use_cache=True,
+                         return_dict=True, **kwargs)
+    except NotImplementedError:  # the audit: some layer ran without the mask
+        return "a layer did not take the mask"
+    return out.logits[0]
+
+
+def _hole_forward(target, ids):
+    """Logits `[2, V]` of y, z fed after `prompt + x` with x hidden by the 2-D mask."""
+    n = ids.shape[1] - 3
+    cache = _prefill(target, ids[:, :n + 1], None)
+    mask = torch.ones(1, n + 3, dtype=torch.long, device=ids.device)
+    mask[0, n] = 0
+    root = _positions(target, ids[:, :n])[..., -1:]
+    out = target(input_ids=ids[:, n + 1:], attention_mask=mask,
+                 position_ids=root + torch.tensor([[1, 2]], device=ids.device),
+                 **cache_kwargs(target.forward, cache), use_cache=True, return_dict=True)
+    return out.logits[0]

@@ -1,0 +1,296 @@
+"""The architecture sweep (issue 29): every causal LM class that the installed transformers maps,
+built tiny with random weights, decoded greedily by `mmspec.generate` and compared with its own
+`generate`, for a chain, a tree, prompt lookup on a left-padded batch and a tree on that batch.
+
+Each case ends as `pass` (token-identical), `refused` (a one-line `UnsupportedTarget` or
+`ValueError` from mmspec, before the first token) or, for the test, a failure: a mismatch or a
+traceback from inside transformers or torch. An architecture whose tiny build (or its own
+`generate`) fails is `not built`, with the reason. The expected outcome of every architecture is
+the table in `docs/architectures.md`, which users read to look up their model; regenerate it with
+
+    python -m tests.decoding.arch_sweep --write
+
+Tiny configs: the class's default config with its sizes shrunk (`SIZE`), its per-layer lists cut
+to one layer of each kind, special token ids moved into the small vocabulary, a sliding window of
+8 (so the 23-token calls cross it) and a few per-model fixes (`OVERRIDES`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
+
+
+VOCAB = 256
+SIZE = {
+ "hidden_size": 64, "d_model": 64, "n_embd": 64, "dim": 64, "embed_dim": 64, "n_embed": 64,
+ "word_embed_proj_dim": 64, "embedding_size": 64, "emb_dim": 64,
+ "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
+ "encoder_layers": 2, "num_decoder_layers": 2, "num_encoder_layers": 2,
+ "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "decoder_attention_heads": 4,
+ "encoder_attention_heads": 4, "num_key_value_heads": 2, "n_kv_heads": 2, "num_kv_heads": 2,
+ "multi_query_group_num": 2, "head_dim": 16, "kv_channels": 16, "d_kv": 16,
+ "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "decoder_ffn_dim": 128,
+ "encoder_ffn_dim": 128, "ffn_hidden_size": 128, "d_ff": 128, "moe_intermediate_size": 32,
+ "shared_expert_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64,
+ "expert_intermediate_size": 32,
+ "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+ "num_experts_per_tok": 2, "moe_k": 2, "moe_topk": 2, "n_group": 1, "topk_group": 1,
+ "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+ "v_head_dim": 16,
+ "vocab_size": VOCAB, "n_words": VOCAB, "max_position_embeddings": 256, "n_positions": 256,
+ "n_ctx": 256, "pronunciation_vocab_size": 32, "shape_vocab_size": 32,
+ "state_size": 8, "mamba_d_state": 8, "ssm_state_size": 8, "conv_kernel": 4, "time_step_rank": 8,
+ "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+ "linear_value_head_dim": 16,
+ "sliding_window": 8, "sliding_window_size": 8, "local_attention_window_len": 8, "window_size": 8,
+ "vocab_size_per_layer_input": VOCAB, "unpadded_vocab_size": VOCAB, "expert_ffn_hidden_size": 32,
+ "dim_ff": 128, "encoder_hash_byte_group_vocab": 512, "hidden_size_global": 64, "rotary_dim": 8,
+ "codebook_size": 64,
+}
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
+# ids a tiny vocabulary must hold
+TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1,
+             "sep_token_id": 3, "cls_token_id": 4, "mask_token_id": 5, "unk_token_id": 6}
+
+
+def _layer_lists(d):
+    """Per-layer lists (layer_types, ...) cut to one layer of each kind (at least two layers)."""
+    n = next((d[k] for k in LAYER_COUNTS if isinstance(d.get(k), int)), None)
+    lists = {k: v for k, v in d.items() if isinstance(v, list) and n and len(v) == n and n > 2}
+    if not lists:
+        return {}
+    pick = [0, 1]
+    for v in lists.values():
+        try:
+            firsts = sorted({repr(x): i for i, x in reversed(list(enumerate(v)))}.values())
+        except TypeError:
+            continue
+        if len(firsts) > 1:
+            pick = firsts if len(firsts) > 1 else [0, 1]
+            break
+    out = {k: [v[i] for i in pick] for k, v in lists.items()}
+    for k in LAYER_COUNTS:
+        if isinstance(d.get(k), int):
+            out[k] = len(pick)
+    return out
+
+
+def _shrink(d):
+    out = {}
+    for k, v in d.items():
+        if k in SIZE and isinstance(v, int) and not isinstance(v, bool):
+            out[k] = SIZE[k]
+        elif k.endswith("_token_id") or k.endswith("_token_index"):
+            if isinstance(v, int) and v >= VOCAB - 8:
+                out[k] = TOKEN_IDS.get(k, 7)
+            elif isinstance(v, list) and any(isinstance(i, int) and i >= VOCAB - 8 for i in v):
+                out[k] = [TOKEN_IDS.get(k, 7)]
+        elif isinstance(v, dict) and (k.endswith("config") or k.endswith("_cfg") or "model_type" in v):
+            out[k] = _shrink(v)
+    out.update(_layer_lists(d))
+    if isinstance(d.get("qk_rope_head_dim"), int) and "head_dim" in d:
+        out["head_dim"] = out["qk_rope_head_dim"]
+    return out
+
+
+def tiny_config(model_type):
+    cls = CONFIG_MAPPING[model_type]
+    d = cls().to_dict()
+    kw = _shrink(d)
+    if "is_decoder" in d:
+        kw["is_decoder"] = True
+    kw.update(OVERRIDES.get(model_type, {}))
+    return cls(**kw)
+
+
+OVERRIDES = {
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_expand=2),
+    "kimi_linear": dict(layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"], linear_head_dim=16, num_key_value_heads=4),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"], lru_width=64, attention_window_size=8),
+    "mamba2": dict(num_heads=8, head_dim=16, n_groups=1),
+    "zaya": dict(num_experts_per_tok=1),
+    "dory": dict(num_hidden_layers=2, layer_types=["sliding_attention", "mlp"], n_input_layers=1, n_recurrent_layers=0, n_output_layers=1),
+    "reformer": dict(axial_pos_shape=[16, 16], axial_pos_embds_dim=[32, 32], attn_layers=["local", "lsh"], is_decoder=True, local_attn_chunk_length=8, lsh_attn_chunk_length=8),
+    "dots3_note": dict(num_key_value_heads=4), "dots3_note_text": dict(num_key_value_heads=4),
+    "hunyuan_v1_dense": dict(head_dim=16), "hunyuan_v1_moe": dict(head_dim=16), "ministral": dict(head_dim=16),
+    "nemotron": dict(num_key_value_heads=2),
+    "lfm2_moe": dict(num_dense_layers=1, layer_types=["conv", "full_attention"]),
+    "gemma4_assistant": dict(hidden_size_per_layer_input=0),
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, hidden_size_per_layer_input=16, laurel_rank=8, altup_num_inputs=2),
+    "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=1),
+    "xlstm": dict(num_blocks=2, embedding_dim=64, num_heads=4, qk_dim_factor=0.5, v_dim_factor=1.0),
+}
+_MLA = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "sarvam_mla", "youtu", "axk1", "axk2", "mimo_v2_flash")
+for _m in _MLA:
+    OVERRIDES.setdefault(_m, {})["num_key_value_heads"] = 4
+
+
+PROMPTS = torch.tensor([[9, 10, 11, 12, 13, 9, 10, 11, 14, 15, 16],
+                        [0, 0, 0, 20, 21, 22, 20, 21, 23, 24, 25]])
+MASK = torch.tensor([[1] * 11, [0, 0, 0] + [1] * 8])
+NEW_TOKENS = 12
+CASES = ("chain", "tree", "lookup batch", "tree batch")
+# generation-config settings some classes ship (Whisper, BART) that `mmspec.generate` refuses on
+# their own: the sweep is about the architecture, so it switches them off on both sides
+_SETTINGS_OFF = ("forced_eos_token_id", "forced_bos_token_id", "begin_suppress_tokens",
+                 "suppress_tokens", "no_repeat_ngram_size", "min_length", "repetition_penalty",
+                 "bad_words_ids")
+
+
+def build(model_type: str):
+    import transformers
+
+    config = tiny_config(model_type)
+    torch.manual_seed(0)
+    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(config).eval()
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id = None, 0  # EOS off: every call runs its full length
+    for name in _SETTINGS_OFF:
+        if getattr(gen, name, None) is not None:
+            setattr(gen, name, None)
+    return model
+
+
+def _drafter(case, model):
+    from mmspec.decoding import ModelDrafter, PromptLookupDrafter
+
+    if case == "chain":
+        return ModelDrafter(model, num_tokens=3)
+    if case == "lookup batch":
+        return PromptLookupDrafter(num_tokens=3)
+    return ModelDrafter(model, num_tokens=6, top_k=2, depth=3)  # the target drafts for itself
+
+
+def _one_line(err: BaseException) -> str:
+    return re.sub(r"\s+", " ", str(err)).strip()
+
+
+def sweep_one(model_type: str) -> dict:
+    """-> {"built": reason or None, case: "pass" | "refused: ..." | "MISMATCH" | "CRASH: ..."}"""
+    import mmspec
+    from mmspec.decoding.admission import UnsupportedTarget
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            model = build(model_type)
+            with torch.no_grad():
+                refs = {b: model.generate(PROMPTS[:b], attention_mask=MASK[:b],
+                                          max_new_tokens=NEW_TOKENS, do_sample=False,
+                                          pad_token_id=0) for b in (1, 2)}
+        except Exception as err:  # noqa: BLE001 - any failure of the tiny build is recorded
+            return {"built": f"{type(err).__name__}: {_one_line(err)[:160]}"}
+        result = {"built": None}
+        for case in CASES:
+            b = 2 if case.endswith("batch") else 1
+            try:
+                out = mmspec.generate(model, _drafter(case, model), PROMPTS[:b],
+                                      attention_mask=MASK[:b], max_new_tokens=NEW_TOKENS,
+                                      do_sample=False, pad_token_id=0)
+                result[case] = "pass" if torch.equal(out.sequences, refs[b]) else "MISMATCH"
+            except (UnsupportedTarget, ValueError) as err:
+                ours = "/mmspec/" in traceback.extract_tb(err.__traceback__)[-1].filename
+                result[case] = (f"refused: {_one_line(err)}" if ours and "\n" not in str(err)
+                                else f"CRASH: {type(err).__name__}: {_one_line(err)[:200]}")
+            except Exception as err:  # noqa: BLE001 - the sweep reports every other failure
+                where = Path(traceback.extract_tb(err.__traceback__)[-1].filename).name
+                result[case] = f"CRASH: {type(err).__name__} in {where}: {_one_line(err)[:200]}"
+        return result
+
+
+def outcome(result: dict) -> str:
+    if result["built"]:
+        return "not built"
+    states = {v.split(":")[0] for k, v in result.items() if k != "built"}
+    if states == {"pass"}:
+        return "pass"
+    if "MISMATCH" in states or "CRASH" in states:
+        return "FAIL"
+    return "pass, some refused" if "pass" in states else "refused"
+
+
+def read_table(path: Path = TABLE) -> dict:
+    """{model_type: {"outcome": ..., case: "pass" | "refused" | "-"}} from the docs table."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 + len(CASES) and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = {"outcome": cells[2],
+                                         **dict(zip(CASES, cells[3:3 + len(CASES)]))}
+    return rows
+
+
+def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
+    import transformers
+
+    counts = {}
+    for r in results.values():
+        counts[outcome(r)] = counts.get(outcome(r), 0) + 1
+    lines = [
+        "# Which causal LMs `mmspec.generate` decodes exactly",
+        "",
+        f"Every entry of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` in transformers "
+        f"{transformers.__version__} ({len(results)} architectures), built tiny with random "
+        f"weights and decoded greedily by `mmspec.generate` against the model's own `generate`: "
+        f"a chain (`ModelDrafter(top_k=1)`), a tree (`top_k=2`, the target drafting for itself), "
+        f"prompt lookup on a left-padded batch of two, and the tree on that batch. `pass`: the "
+        f"same tokens; `refused`: a one-line `UnsupportedTarget` before the first token (the "
+        f"reasons are below the table). `make test` runs this sweep "
+        f"(`tests/decoding/test_architectures.py`) and fails on any mismatch, crash, or "
+        f"architecture missing from this table; `python -m tests.decoding.arch_sweep --write` "
+        f"rewrites it ({seconds:.0f} s on a 2-core CPU).",
+        "",
+        "Totals: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ".",
+        "",
+        "| model type | class | outcome | " + " | ".join(CASES) + " | reason |",
+        "|---|---|---|" + "---|" * len(CASES) + "---|",
+    ]
+    reasons = []
+    for model_type, r in results.items():
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+        if r["built"]:
+            cells = ["-"] * len(CASES)
+            why = f"not built tiny here: {r['built']}"
+        else:
+            cells = [r[c].split(":")[0] for c in CASES]
+            refusals = sorted({r[c][len("refused: "):] for c in CASES
+                               if r[c].startswith("refused")})
+            why = " / ".join(refusals)
+        lines.append(f"| `{model_type}` | {cls} | {outcome(r)} | " + " | ".join(cells)
+                     + f" | {why.replace('|', '/')} |")
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    only = [a for a in argv if not a.startswith("--")]
+    torch.set_num_threads(1)
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    start, results = time.perf_counter(), {}
+    for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        if only and model_type not in only:
+            continue
+        results[model_type] = sweep_one(model_type)
+        print(f"{model_type:28s} {outcome(results[model_type])}", flush=True)
+    if "--write" in argv and not only:
+        write_table(results, time.perf_counter() - start)
+        print(f"wrote {TABLE}")
+
+
+if __name__ == "__main__":
+    main()
