@@ -255,6 +255,52 @@ def test_tree_batch_greedy_is_the_targets_output(target, tmp_path, eagle3):
     assert sizes[0] == 9  # total_tokens - 1 nodes: a tree, not a chain
 
 
+@pytest.fixture(scope="module")
+def near_bigram_target(target):
+    """The target with its layers' outputs scaled down: the next token depends mostly on the
+    current one, so a drafter close to `fc = [2I | 0]` gets many (and per row different) tokens
+    accepted, and later rounds feed several slots with holes."""
+    import copy
+
+    model = copy.deepcopy(target)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.1)
+            layer.mlp.down_proj.weight.mul_(0.1)
+    return model
+
+
+def test_batch_with_accepted_tokens_drafts_the_authors_chains(near_bigram_target, tmp_path):
+    target, state = near_bigram_target, eagle1_state()
+    state["fc.weight"] = torch.cat([2 * torch.eye(D), torch.zeros(D, D)], 1) + 0.05 * state["fc.weight"]
+    for key in ("fc.bias", "layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
+        state[key] = 0.05 * state[key]
+    drafter = EagleDrafter.from_pretrained(write(tmp_path / "ckpt", _config(False), state),
+                                           target, depth=4, top_k=1, total_tokens=6)
+    ids = torch.tensor([[PAD, PAD, PAD, 1, 40, 41, 9], [1, 17, 33, 5, 90, 64, 12]])
+    mask = (ids != PAD).long()
+    new = 24
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                          pad_token_id=PAD, eos_token_id=[])
+    seqs = [ref[b, ids.shape[1] - int(mask[b].sum()): ids.shape[1] + 1] for b in range(2)]
+    prompt = [len(s) - 1 for s in seqs]
+    rounds, accepted = [], []
+
+    def on_round(draft, result, stats):
+        for b in range(2):
+            if len(seqs[b]) - prompt[b] < new:  # a live row: its draft is meant to be used
+                rounds.append((seqs[b], draft.tokens[b].tolist()))
+            seqs[b] = torch.cat([seqs[b], result.new_tokens[b]])
+        accepted.append(result.num_accepted.tolist())
+
+    out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=new,
+                   pad_token_id=PAD, eos_token_id=[], on_round=on_round)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted >= 8 and any(a != b for a, b in accepted), accepted  # holes
+    for committed, chain in rounds:
+        assert chain == ref_chain(target, state, committed, len(chain), False), len(committed)
+
+
 # ------------------------------------------------------------------------------ bad checkpoints
 
 
