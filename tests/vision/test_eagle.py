@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec import EagleDrafter, generate
 
-D, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 32, 4, 2, 64, 128, 8
+D, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 32, 4, 2, 64, 128, 8  # FFN = 2 D in the drafters too
 DRAFT_VOCAB = 48
 PAD = 0
 
@@ -30,12 +30,12 @@ def target():
 # ----------------------------------------------------------------- checkpoints, authors' layout
 
 
-def _config(eagle3: bool, **extra) -> dict:
+def _config(eagle3: bool, d=D, **extra) -> dict:
     """config.json as the authors ship it (EAGLE-LLaMA3-Instruct-8B, traineagle3/config.json),
     scaled down."""
     cfg = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
-           "hidden_act": "silu", "hidden_size": D, "initializer_range": 0.02,
-           "intermediate_size": FFN, "max_position_embeddings": 2048, "model_type": "llama",
+           "hidden_act": "silu", "hidden_size": d, "initializer_range": 0.02,
+           "intermediate_size": 2 * d, "max_position_embeddings": 2048, "model_type": "llama",
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
            "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-05,
            "tie_word_embeddings": False, "torch_dtype": "float16",
@@ -47,30 +47,30 @@ def _config(eagle3: bool, **extra) -> dict:
     return {**cfg, **extra}
 
 
-def _layer(g, prefix, d_in, first_eagle1):
-    dh = D // HEADS
+def _layer(g, prefix, d_in, first_eagle1, d=D):
+    dh, ffn = d // HEADS, 2 * d
     w = lambda *shape: torch.randn(*shape, generator=g) * shape[-1] ** -0.5
-    norm = lambda: 1 + 0.1 * torch.randn(D, generator=g)
+    norm = lambda: 1 + 0.1 * torch.randn(d, generator=g)
     sd = {f"{prefix}self_attn.q_proj.weight": w(HEADS * dh, d_in),
           f"{prefix}self_attn.k_proj.weight": w(KV_HEADS * dh, d_in),
           f"{prefix}self_attn.v_proj.weight": w(KV_HEADS * dh, d_in),
-          f"{prefix}self_attn.o_proj.weight": w(D, HEADS * dh),
-          f"{prefix}mlp.gate_proj.weight": w(FFN, D), f"{prefix}mlp.up_proj.weight": w(FFN, D),
-          f"{prefix}mlp.down_proj.weight": w(D, FFN),
+          f"{prefix}self_attn.o_proj.weight": w(d, HEADS * dh),
+          f"{prefix}mlp.gate_proj.weight": w(ffn, d), f"{prefix}mlp.up_proj.weight": w(ffn, d),
+          f"{prefix}mlp.down_proj.weight": w(d, ffn),
           f"{prefix}post_attention_layernorm.weight": norm()}
     if not first_eagle1:
         sd[f"{prefix}input_layernorm.weight"] = norm()
     return sd
 
 
-def eagle1_state(seed=1, layers=1, embed=False):
+def eagle1_state(seed=1, layers=1, embed=False, d=D):
     g = torch.Generator().manual_seed(seed)
-    sd = {"fc.weight": torch.randn(D, 2 * D, generator=g) * (2 * D) ** -0.5,
-          "fc.bias": 0.1 * torch.randn(D, generator=g)}
+    sd = {"fc.weight": torch.randn(d, 2 * d, generator=g) * (2 * d) ** -0.5,
+          "fc.bias": 0.1 * torch.randn(d, generator=g)}
     for i in range(layers):
-        sd.update(_layer(g, f"layers.{i}.", D, first_eagle1=i == 0))
+        sd.update(_layer(g, f"layers.{i}.", d, first_eagle1=i == 0, d=d))
     if embed:
-        sd["embed_tokens.weight"] = torch.randn(VOCAB, D, generator=g)
+        sd["embed_tokens.weight"] = torch.randn(VOCAB, d, generator=g)
     return sd
 
 
@@ -299,6 +299,21 @@ def test_batch_with_accepted_tokens_drafts_the_authors_chains(near_bigram_target
     assert out.stats.accepted >= 8 and any(a != b for a, b in accepted), accepted  # holes
     for committed, chain in rounds:
         assert chain == ref_chain(target, state, committed, len(chain), False), len(committed)
+
+
+@pytest.mark.parametrize("vlm", ["llava", "qwen2_5_vl"])
+def test_vlm_target_greedy_is_the_targets_output(tmp_path, vlm):
+    import tiny_vlms
+
+    build, prompt = {"llava": (tiny_vlms.tiny_llava, tiny_vlms.llava_prompt),
+                     "qwen2_5_vl": (tiny_vlms.tiny_qwen2_5_vl, tiny_vlms.qwen_prompt)}[vlm]
+    target = tiny_vlms.no_eos(build())
+    d = target.get_input_embeddings().weight.shape[1]
+    path = write(tmp_path / "ckpt", _config(False, d=d), eagle1_state(d=d))
+    drafter = EagleDrafter.from_pretrained(path, target, depth=4, top_k=3, total_tokens=10)
+    ids, extras = prompt()
+    out = generate(target, drafter, ids, max_new_tokens=12, **extras)
+    assert torch.equal(out.sequences, tiny_vlms.reference(target, ids, extras, 12))
 
 
 # ------------------------------------------------------------------------------ bad checkpoints
