@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from transformers.activations import ACT2FN
 
 from .eagle_head import EagleConfig
 
@@ -140,6 +141,10 @@ def eagle_config(fields: dict, state: dict, target, where: Path, **tree) -> Eagl
                          f"embed_tokens.weight, and the target's embedding has {target_d} columns")
     bias = fields.get("bias", True)
     qkv_bias = fields.get("qkv_bias", False)
+    act = fields.get("hidden_act", "silu")
+    if act not in ACT2FN:
+        raise ValueError(f"path: {where / CONFIG_NAME}: hidden_act {act!r} is not an activation "
+                         f"transformers knows")
     for name, value in (("bias", bias), ("qkv_bias", qkv_bias)):
         if not isinstance(value, bool):
             raise ValueError(f"path: {where / CONFIG_NAME}: {name} must be a bool, got {value!r}")
@@ -152,7 +157,7 @@ def eagle_config(fields: dict, state: dict, target, where: Path, **tree) -> Eagl
         rms_norm_eps=float(fields.get("rms_norm_eps", 1e-6)),
         rope_theta=float(fields.get("rope_theta", 10000.0)),
         rope_linear_factor=_rope_factor(fields, where),
-        fc_bias=bias, qkv_bias=qkv_bias, hidden_act=fields.get("hidden_act", "silu"),
+        fc_bias=bias, qkv_bias=qkv_bias, hidden_act=act,
         feature_layers=eagle3_feature_layers(text.num_hidden_layers) if eagle3 else (-1,),
         **tree)
     if d % heads or heads % cfg.num_kv_heads:

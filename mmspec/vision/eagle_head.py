@@ -3,7 +3,7 @@
 EAGLE-1/2 (Li et al. 2024; SafeAILab/EAGLE `eagle/model/cnets1.py`), for entry i:
 
     x_i = fc([embed(t_{i+1}) ; f_i])           # f_i: the target's last hidden state (after its
-    h_i = layers(x_i)                           #      final norm), or the draft's own h at a tree node
+    h_i = layers(x_i)                           #  final norm), or the draft's own h at a tree node
     p   = softmax(target.lm_head(h_i))          # no final norm
 
 Layer 0 has no input RMSNorm; later layers are plain Llama decoder layers.
@@ -90,7 +90,8 @@ class EagleAttention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, dh
 
     def forward(self, x, cos, sin, past, mask):
-        """x `[B, N, in]`, mask bool `[B, N, P + N]` -> out `[B, N, d]`, new (k, v) `[B, Hkv, N, Dh]`."""
+        """x `[B, N, in]`, mask bool `[B, N, P + N]` -> out `[B, N, d]`, the new (k, v)
+        `[B, Hkv, N, Dh]`."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, H, N, Dh]
         k, v = (p(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -118,7 +119,8 @@ class EagleMLP(nn.Module):
 
 class EagleLayer(nn.Module):
     """A Llama decoder layer. EAGLE-1/2 layer 0 has no input norm; the EAGLE-3 layer norms the
-    embedding (`input_layernorm`) and the hidden state (`hidden_norm`) apart and concatenates them."""
+    embedding (`input_layernorm`) and the hidden state (`hidden_norm`) apart and concatenates
+    them."""
 
     def __init__(self, cfg: EagleConfig, index: int):
         super().__init__()

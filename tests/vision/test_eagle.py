@@ -3,6 +3,7 @@ layout (key names, shapes, config.json fields), drafted chains equal to a re-imp
 authors' forward written here from SafeAILab/EAGLE `cnets1.py` / `cnets.py` (not from mmspec), and
 greedy output equal to `target.generate`."""
 
+import copy
 import json
 
 import pytest
@@ -165,9 +166,13 @@ def target_features(target, ids, eagle3):
             return target.model(ids).last_hidden_state[0]
         taken = {}
         keep = sorted({2, LAYERS // 2, LAYERS - 3})
-        hooks = [target.model.layers[i].register_forward_pre_hook(
-            lambda m, args, kwargs, i=i: taken.__setitem__(i, kwargs.get("hidden_states", args[0] if args else None)),
-            with_kwargs=True) for i in keep]
+        def grab(i):
+            def hook(module, args, kwargs):
+                taken[i] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        hooks = [target.model.layers[i].register_forward_pre_hook(grab(i), with_kwargs=True)
+                 for i in keep]
         target.model(ids)
         for h in hooks:
             h.remove()
@@ -188,7 +193,8 @@ def ref_chain(target, sd, seq, n, eagle3, layers=1):
             pos = torch.arange(len(tokens))
             if eagle3:
                 h = ref_eagle3(sd, embed, g, tokens, pos)[-1]
-                draft_id = int((_rms(h, sd["norm.weight"], 1e-5) @ sd["lm_head.weight"].T).argmax())
+                logits = _rms(h, sd["norm.weight"], 1e-5) @ sd["lm_head.weight"].T
+                draft_id = int(logits.argmax())
                 tok = draft_id + int(sd["d2t"][draft_id])
                 g = torch.cat([g, h[None]])  # the draft's own h is fed back, no fc
             else:
@@ -260,8 +266,6 @@ def near_bigram_target(target):
     """The target with its layers' outputs scaled down: the next token depends mostly on the
     current one, so a drafter close to `fc = [2I | 0]` gets many (and per row different) tokens
     accepted, and later rounds feed several slots with holes."""
-    import copy
-
     model = copy.deepcopy(target)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -272,7 +276,8 @@ def near_bigram_target(target):
 
 def test_batch_with_accepted_tokens_drafts_the_authors_chains(near_bigram_target, tmp_path):
     target, state = near_bigram_target, eagle1_state()
-    state["fc.weight"] = torch.cat([2 * torch.eye(D), torch.zeros(D, D)], 1) + 0.05 * state["fc.weight"]
+    near_identity = torch.cat([2 * torch.eye(D), torch.zeros(D, D)], 1)
+    state["fc.weight"] = near_identity + 0.05 * state["fc.weight"]
     for key in ("fc.bias", "layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
         state[key] = 0.05 * state[key]
     drafter = EagleDrafter.from_pretrained(write(tmp_path / "ckpt", _config(False), state),
