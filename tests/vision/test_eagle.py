@@ -345,3 +345,7 @@ def test_bad_checkpoints_get_one_line(target, tmp_path):
           "needs unpickling of more than tensors", bin_=True)
     fails("missing", _config(False), {k: v for k, v in eagle1_state().items() if k != "fc.bias"},
           r"missing \['fc.bias'\]")
+    shallow = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=FFN,
+                                           num_hidden_layers=4, num_attention_heads=HEADS))
+    with pytest.raises(ValueError, match="layers 2, L//2 and L-3, three distinct layers"):
+        EagleDrafter.from_pretrained(write(tmp_path / "e3", _config(True), eagle3_state()), shallow)
