@@ -108,9 +108,9 @@ class EagleDrafter(nn.Module):
         lm_head and feature layers are that model's)."""
         if target is self.target or getattr(target, "_orig_mod", None) is self.target:
             return
-        raise ValueError(f"target: this EagleDrafter was loaded for another "
+        raise ValueError(f"target: this {type(self).__name__} was loaded for another "
                          f"{type(self.target).__name__}; load it with "
-                         f"EagleDrafter.from_pretrained(path, target) for this one")
+                         f"{type(self).__name__}.from_pretrained(path, target) for this one")
 
     def propose(self, state: DraftState) -> Draft:
         if state.target_hidden is None:
@@ -119,9 +119,11 @@ class EagleDrafter(nn.Module):
         with torch.no_grad():
             valid = state.attention_mask.bool()
             root_pos = valid.long().sum(-1) - 1  # [B] the root's position
-            tokens, features, entry_valid, positions, last = self._new_entries(state, valid)
-            embeds = self.embed_weight[tokens]
-            x = self.head.layer_input(embeds, features.to(embeds.dtype), from_target=True)
+            first = state.round == 0 or self._cache is None
+            if first:
+                empty = torch.zeros(valid.shape[0], 0, dtype=torch.bool, device=valid.device)
+                self._cache = _DraftCache([], empty, 0)
+            x, embeds, entry_valid, positions, last = self._entry_inputs(state, valid, first)
             b, n = entry_valid.shape
             eye = torch.eye(n, dtype=torch.bool, device=x.device)
             mask = (torch.ones_like(eye).tril() & entry_valid[:, None, :]) | eye
@@ -148,15 +150,28 @@ class EagleDrafter(nn.Module):
         """The `generate` call is over: drop its draft KV cache."""
         self._cache = None
 
-    def _new_entries(self, state: DraftState, valid: torch.Tensor):
+    def _entry_inputs(self, state: DraftState, valid: torch.Tensor, first: bool):
+        """The first layer's input for the entries committed since the last round (the prompt
+        when `first`): x and embeds `[B, N, d]`, valid bool `[B, N]`, positions long `[B, N]`,
+        each row's last entry `[B]`."""
+        tokens, features, entry_valid, positions, last = self._new_entries(state, valid, first)
+        embeds = self.embed_weight[tokens]
+        x = self.head.layer_input(embeds, features.to(embeds.dtype), from_target=True)
+        return x, embeds, entry_valid, positions, last
+
+    def _node_inputs(self, tokens: torch.Tensor, features: torch.Tensor):
+        """A tree level's input: tokens `[B, K]` (draft ids), features `[B, K, d]` (the parents'
+        draft outputs) -> x and embeds `[B, K, d]`."""
+        embeds = self.embed_weight[self.head.target_ids(tokens)]
+        return self.head.layer_input(embeds, features, from_target=False), embeds
+
+    def _new_entries(self, state: DraftState, valid: torch.Tensor, first: bool):
         """The entries committed since the last round: tokens long `[B, N]`, target features
         `[B, N, F]`, valid bool `[B, N]`, positions long `[B, N]`, each row's last entry `[B]`."""
         ids, hidden = state.input_ids, state.target_hidden
         b, s = ids.shape
-        if state.round == 0 or self._cache is None:
+        if first:
             # slot layout: entry i = (feature of slot i, token of slot i + 1), at slot i's position
-            empty = torch.zeros(b, 0, dtype=torch.bool, device=ids.device)
-            self._cache = _DraftCache([], empty, 0)
             positions = (valid.long().cumsum(-1) - 1).clamp_min(0)[:, :-1]
             last = torch.full((b,), s - 2, dtype=torch.long, device=ids.device)
             return ids[:, 1:], hidden, valid[:, :-1] & valid[:, 1:], positions, last
@@ -179,8 +194,7 @@ class EagleDrafter(nn.Module):
 
         def step(tokens, features, depth, ancestors):
             b, k = tokens.shape
-            embeds = self.embed_weight[self.head.target_ids(tokens)]
-            x = self.head.layer_input(embeds, features, from_target=False)
+            x, embeds = self._node_inputs(tokens, features)
             past = [(torch.cat([ck] + ([tree_kv[i][0]] if tree_kv else []), 2),
                      torch.cat([cv] + ([tree_kv[i][1]] if tree_kv else []), 2))
                     for i, (ck, cv) in enumerate(cache.kv)]
