@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from tiny_vlms import (
+from tests.vision.tiny_vlms import (
     IMAGE,
     llava_prompt,
     no_eos,
@@ -58,14 +58,15 @@ def official_config(qwen: bool, kv_heads=HEADS, **extra) -> dict:
     return {**cfg, **extra}
 
 
-def official_state(seed, qkv_bias: bool, kv_heads=HEADS, num_q=2, embed=False, d=D) -> dict:
+def official_state(seed, qkv_bias: bool, kv_heads=HEADS, num_q=2, embed=False, d=D,
+                   heads=HEADS) -> dict:
     g = torch.Generator().manual_seed(seed)
     w = lambda *shape: torch.randn(*shape, generator=g) * shape[-1] ** -0.5
     small = lambda *shape: 0.1 * torch.randn(*shape, generator=g)
-    dh = d // HEADS
+    dh = d // heads
     sd = {"fc.weight": w(d, 2 * d), "fc.bias": small(d),
           "img_fc.weight": w(d, 2 * d), "img_fc.bias": small(d),  # not [I | 0]: images matter
-          "imadpt.q": torch.randn(num_q, HEADS, dh, generator=g) * dh ** -0.5,
+          "imadpt.q": torch.randn(num_q, heads, dh, generator=g) * dh ** -0.5,
           "imadpt.k_proj.weight": w(d, d), "imadpt.v_proj.weight": w(d, d),
           "imadpt.o_proj.weight": w(d, d),
           "layers.0.self_attn.q_proj.weight": w(d, d),
