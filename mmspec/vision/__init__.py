@@ -17,6 +17,8 @@ image compression), `sequence.py` (the draft sequence: pairs, compressed images,
 `drafter.py` (the drafter contract), `losses.py` + `train.py` (online training).
 `eagle.py`, `eagle_head.py`, `eagle_checkpoint.py`: SafeAILab EAGLE-1/2 and EAGLE-3 checkpoints
 as drafters for any causal LM target (`EagleDrafter.from_pretrained(path, target)`).
+`vispec_official.py`: the ViSpec authors' checkpoints, in their semantics (`ViSpecDrafter.
+from_pretrained` returns an `OfficialViSpecDrafter` for their layout).
 """
 
 from .config import ViSpecConfig

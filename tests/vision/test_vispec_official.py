@@ -207,9 +207,20 @@ def ref_chain(target, sd, cfg, seq, prompt_len, extras, n):
 
 # -------------------------------------------------------------------------------------- tests
 
+def back_to_back_prompt():
+    """Two LLaVA images with no text between: the authors' image mask sees one run of tokens."""
+    ids, extras = llava_prompt(images=2, seed=5)
+    keep = torch.ones(ids.shape[1], dtype=torch.bool)
+    keep[20:23] = False  # the text before the second image (1, 5 6 7, 16 x image, 5 6 7, ...)
+    assert ids[0, 20:23].tolist() == [5, 6, 7]
+    return ids[:, keep], extras
+
+
 CASES = {  # (vlm, qkv_bias, kv heads, num_q, embed_tokens, .bin, prompt)
     "llava_two_images": ("llava", False, HEADS, 2, False, False,
                          lambda: llava_prompt(images=2, seed=3)),
+    "llava_back_to_back_images": ("llava", False, HEADS, 2, False, False,
+                                  lambda: back_to_back_prompt()),
     "qwen_gqa_embed_bin_num_q3": ("qwen", True, 2, 3, True, True,
                                   lambda: qwen_prompt(grids=((1, 4, 4), (1, 8, 4)), seed=3)),
 }
