@@ -136,8 +136,8 @@ class ViSpecDrafter(nn.Module):
                                  f"target's dtype, got {dtype!r}")
             return OfficialViSpecDrafter.from_pretrained(path, target, **tree)
         if not (path / CONFIG_NAME).is_file():
-            raise FileNotFoundError(f"path: no {CONFIG_NAME} (mmspec) or {OFFICIAL_CONFIG_NAME} "
-                                    f"(the ViSpec authors' layout) in {path}")
+            raise FileNotFoundError(f"path: no {CONFIG_NAME} in {path} (nor the ViSpec "
+                                    f"authors' {OFFICIAL_CONFIG_NAME})")
         try:
             fields = json.loads((path / CONFIG_NAME).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
