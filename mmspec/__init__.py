@@ -7,6 +7,7 @@ __all__ = [
     "DiffusionDrafter",
     "DiffusionDrafterConfig",
     "Draft",
+    "EagleDrafter",
     "ModelDrafter",
     "NaiveDiffusionDrafter",
     "PromptLookupDrafter",
@@ -25,10 +26,10 @@ def __getattr__(name):
         from .decoding import drafters
 
         return getattr(drafters, name)
-    if name == "ViSpecDrafter":  # issue 6, in vision/
-        from .vision import ViSpecDrafter
+    if name in ("ViSpecDrafter", "EagleDrafter"):  # issues 6 and 30, in vision/
+        from . import vision
 
-        return ViSpecDrafter
+        return getattr(vision, name)
     if name in __all__:
         from . import decoding
 

@@ -9,17 +9,19 @@
     mmspec generate --target builtin --drafter self  built-in random Llama (noise; engine check)
     mmspec generate --target PATH --drafter model:PATH --prompt "..."
     mmspec generate --target PATH --image cat.jpg --drafter vispec:PATH --prompt "Describe it."
+    mmspec generate --target PATH --drafter eagle:PATH --prompt "..."
     mmspec generate ... --sample --temperature 0.7 --top-p 0.9
 
 Drafters: zoo targets name theirs (`vlm`: vispec, text-only; `text`: diffusion, model,
 prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
-vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a saved ViSpec
-drafter for this VLM), `diffusion:PATH` (a diffusion LM with the same vocabulary, e.g. Dream,
-loaded without its remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts
-for itself: every token is accepted, a check of the engine). Under --sample, chain drafters
-(`model:`, `self`, `builtin`, the text preset's `model`) sample as the target does (its
-temperature, top-k and top-p; `self` then has every token accepted too); tree nodes are chosen,
-not sampled.
+vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a ViSpec
+drafter for this VLM, saved by mmspec or in the ViSpec authors' layout), `eagle:PATH` (a
+SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target), `diffusion:PATH` (a diffusion LM
+with the same vocabulary, e.g. Dream, loaded without its remote code; CPS + ADL with the prefix
+KV cache), `self` (the target drafts for itself: every token is accepted, a check of the
+engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text preset's `model`)
+sample as the target does (its temperature, top-k and top-p; `self` then has every token accepted
+too); tree nodes are chosen, not sampled.
 """
 
 from __future__ import annotations
@@ -236,7 +238,7 @@ def _path_drafter(args, target, target_tokenizer=None):
     kind = args.drafter or ("builtin" if args.target == "builtin" else "prompt-lookup")
     if args.drafter is None:
         _log(f"drafter: {kind} (the default for --target {args.target}; see --drafter)")
-    if kind.startswith(("vispec:", "diffusion:")):
+    if kind.startswith(("vispec:", "eagle:", "diffusion:")):
         _refuse_draft_shape(args, f"--drafter {kind.split(':')[0]}:PATH")
     num_tokens = 5 if args.num_draft_tokens is None else args.num_draft_tokens
     if kind == "prompt-lookup":
@@ -247,11 +249,13 @@ def _path_drafter(args, target, target_tokenizer=None):
                              f"tokens (--num-draft-tokens sets its length); trees are for "
                              f"model:PATH, self and builtin drafters")
         return PromptLookupDrafter(num_tokens=num_tokens)
-    if kind.startswith("vispec:"):
-        from mmspec.vision import ViSpecDrafter
+    if kind.startswith(("vispec:", "eagle:")):
+        from mmspec.vision import EagleDrafter, ViSpecDrafter
 
+        name, path = kind.split(":", 1)
+        loader = ViSpecDrafter if name == "vispec" else EagleDrafter
         try:
-            drafter = ViSpecDrafter.from_pretrained(kind[len("vispec:"):], target)
+            drafter = loader.from_pretrained(path, target)
         except (FileNotFoundError, ValueError, TypeError) as err:
             raise SystemExit(f"--drafter {kind}: {err}") from None
         return drafter.to(args.device)
@@ -289,8 +293,8 @@ def _path_drafter(args, target, target_tokenizer=None):
             model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     else:
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
-                         f"diffusion:PATH, self or builtin for --target {args.target}, "
-                         f"got {kind!r}")
+                         f"eagle:PATH, diffusion:PATH, self or builtin for --target "
+                         f"{args.target}, got {kind!r}")
     top_k = 1 if args.tree_top_k is None else args.tree_top_k
     if args.sample and top_k > 1:
         _log("--sample with a tree: its nodes are chosen, not sampled "
@@ -316,8 +320,9 @@ def _refuse_draft_shape(args, who: str) -> None:
                                       ("--tree-depth", args.tree_depth)) if value is not None]
     if given:
         raise SystemExit(f"{', '.join(given)}: {who} drafts with its own settings (zoo presets: "
-                         f"mmspec.zoo.presets; ViSpec: its saved tree; DiffuSpec: ADL); these "
-                         f"flags apply to prompt-lookup, model:PATH, self and builtin drafters")
+                         f"mmspec.zoo.presets; ViSpec: its saved tree; the ViSpec authors' and "
+                         f"EAGLE drafters: their own defaults; DiffuSpec: ADL); these flags "
+                         f"apply to prompt-lookup, model:PATH, self and builtin drafters")
 
 
 def _setup(args):

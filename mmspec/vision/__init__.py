@@ -15,9 +15,14 @@ Files: `config.py` (ViSpecConfig), `targets.py` (per-class adapters), `adaptor.p
 image compression), `sequence.py` (the draft sequence: pairs, compressed images, global vectors),
 `head.py` (EAGLE draft head), `rope.py` (1-D / M-RoPE), `tree.py` (EAGLE-2 dynamic tree),
 `drafter.py` (the drafter contract), `losses.py` + `train.py` (online training).
+`eagle.py`, `eagle_head.py`, `eagle_checkpoint.py`: SafeAILab EAGLE-1/2 and EAGLE-3 checkpoints
+as drafters for any causal LM target (`EagleDrafter.from_pretrained(path, target)`).
+`vispec_official.py`: the ViSpec authors' checkpoints, in their semantics (`ViSpecDrafter.
+from_pretrained` returns an `OfficialViSpecDrafter` for their layout).
 """
 
 from .config import ViSpecConfig
 from .drafter import ViSpecDrafter
+from .eagle import EagleDrafter
 
-__all__ = ["ViSpecConfig", "ViSpecDrafter"]
+__all__ = ["EagleDrafter", "ViSpecConfig", "ViSpecDrafter"]

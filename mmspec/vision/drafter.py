@@ -37,9 +37,11 @@ from .head import DraftHead
 from .sequence import Entries, decode_entries, prompt_entries
 from .targets import adapter_for, signature_mismatch, target_signature
 from .tree import dynamic_tree
+from .vispec_official import OfficialViSpecDrafter
 
 CONFIG_NAME = "vispec_config.json"
 WEIGHTS_NAME = "model.safetensors"
+OFFICIAL_CONFIG_NAME = "config.json"  # the ViSpec authors' layout (vispec_official.py)
 
 
 @dataclass
@@ -110,8 +112,12 @@ class ViSpecDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, target, *, dtype: torch.dtype | None = None,
-                        **tree) -> ViSpecDrafter:
+                        **tree) -> ViSpecDrafter | OfficialViSpecDrafter:
         """Load a drafter saved by `save_pretrained`; `target` must be the one it was built for.
+
+        A folder in the ViSpec authors' layout (their config.json and weights, no
+        vispec_config.json) loads as an `OfficialViSpecDrafter` that follows their forward
+        (`vispec_official.py`), in the target's dtype.
 
         dtype: of the loaded drafter; None means the target's (training keeps fp32 master
         weights whatever the target's dtype, so it passes `torch.float32`).
@@ -121,11 +127,17 @@ class ViSpecDrafter(nn.Module):
         default (30 tokens) can be faster overall.
         """
         path = Path(path)
-        if not (path / CONFIG_NAME).is_file():
-            raise FileNotFoundError(f"path: no {CONFIG_NAME} in {path}")
         unknown = set(tree) - {"depth", "top_k", "total_tokens"}
         if unknown:
             raise TypeError(f"tree overrides are depth, top_k and total_tokens, got {sorted(unknown)}")
+        if not (path / CONFIG_NAME).is_file() and (path / OFFICIAL_CONFIG_NAME).is_file():
+            if dtype is not None:
+                raise ValueError(f"dtype: the ViSpec authors' drafter in {path} runs in its "
+                                 f"target's dtype, got {dtype!r}")
+            return OfficialViSpecDrafter.from_pretrained(path, target, **tree)
+        if not (path / CONFIG_NAME).is_file():
+            raise FileNotFoundError(f"path: no {CONFIG_NAME} in {path} (nor the ViSpec "
+                                    f"authors' {OFFICIAL_CONFIG_NAME})")
         try:
             fields = json.loads((path / CONFIG_NAME).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:

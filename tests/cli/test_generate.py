@@ -318,3 +318,29 @@ def test_the_drafter_is_built_once_for_the_warm_up_and_the_timed_run(capsys):
     err = capsys.readouterr().err  # the default drafter logs itself when it is made
     assert err.count("drafter: prompt-lookup (the default") == 1
     assert "identical to target-only greedy" in err
+
+
+def test_eagle_and_official_vispec_checkpoints_run_lossless(tmp_path, capsys):
+    """eagle:PATH (SafeAILab layout) on the zoo text target, vispec:PATH in the ViSpec authors'
+    layout on the zoo VLM: random weights, so only losslessness is asserted."""
+    from tests.vision.test_eagle import _config, eagle1_state
+    from tests.vision.test_eagle import write as write_eagle
+    from tests.vision.test_vispec_official import official_config, official_state
+    from tests.vision.test_vispec_official import write as write_vispec
+
+    from mmspec.zoo.paths import ZOO_DIR
+
+    eagle = write_eagle(tmp_path / "eagle", _config(False, d=320, vocab_size=4096),
+                        eagle1_state(d=320))
+    assert main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+                 f"eagle:{eagle}", "--prompt", "def f(x):", "--max-new-tokens", "6",
+                 "--device", "cpu"]) == 0
+    assert "identical to target-only greedy" in capsys.readouterr().err
+    vispec = write_vispec(tmp_path / "vispec",
+                          official_config(False, kv_heads=3, num_attention_heads=3,
+                                          hidden_size=192, intermediate_size=384, vocab_size=511),
+                          official_state(1, qkv_bias=False, kv_heads=3, d=192, heads=3))
+    assert main(["generate", "--target", str(ZOO_DIR / "vlm-target"), "--image",
+                 str(ZOO_DIR / "vlm-target" / "sample.png"), "--drafter", f"vispec:{vispec}",
+                 "--max-new-tokens", "6", "--device", "cpu"]) == 0
+    assert "identical to target-only greedy" in capsys.readouterr().err
