@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from mmspec.atomic import write_text_atomic
+from mmspec.interrupt import Interrupted, run_command
 from mmspec.zoo.paths import positive_int
 
 from .apply import apply_draft_attention
@@ -507,46 +508,51 @@ def main(argv=None) -> int:
     if args.compile is not None:
         compile_blocks(pipe, args.compile)
     check_images(pipe, jobs, mine)  # every prompt of this run, before the first one runs
-    for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
-        try:
-            result = generate_one(pipe, prompts[index], index, args, state, dist.device,
-                                  jobs[index]["image"])
-        except TileTooLarge as err:  # the grid is checked at the first forward
-            flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
-                "query_tile") else ("--tile", args.tile)
-            raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
-                             f"tokens of --height, --width and --frames)") from None
-        except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
-            raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
-                             f"{str(err).strip().splitlines()[0]}") from None
-        if args.frames is not None and len(result["frames"]) != args.frames:
-            tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
-                       f"frames for --frames {args.frames} (its own frame count rule; the "
-                       f"JSON records the frames written)")
-        stem = args.out / f"{index:04d}"
-        frames = to_uint8(result["frames"])
-        write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
-        Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
-        record = {
-            "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
-            "settings": settings,
-            "seed": args.seed + index,
-            "model": settings["model"], "attention": "dense" if config is None else "draft",
-            "config": _config_settings(config),
-            # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
-            "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
-            "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
-            "density": result["density"], "frames": int(frames.shape[0]),
-            "height": int(frames.shape[1]), "width": int(frames.shape[2]),
-            "device": str(dist.device), "process": dist.process_index,
-            "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
-            "compile": args.compile,  # the first prompt compiled in its first steps
-            "cpu_offload": args.cpu_offload,
-        }
-        # last, and atomically: a JSON marks the prompt finished
-        write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+    try:
+        for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
+            try:
+                result = generate_one(pipe, prompts[index], index, args, state, dist.device,
+                                      jobs[index]["image"])
+            except TileTooLarge as err:  # the grid is checked at the first forward
+                flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
+                    "query_tile") else ("--tile", args.tile)
+                raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
+                                 f"tokens of --height, --width and --frames)") from None
+            except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
+                raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
+                                 f"{str(err).strip().splitlines()[0]}") from None
+            if args.frames is not None and len(result["frames"]) != args.frames:
+                tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
+                           f"frames for --frames {args.frames} (its own frame count rule; the "
+                           f"JSON records the frames written)")
+            stem = args.out / f"{index:04d}"
+            frames = to_uint8(result["frames"])
+            write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
+            Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
+            record = {
+                "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
+                "settings": settings,
+                "seed": args.seed + index,
+                "model": settings["model"], "attention": "dense" if config is None else "draft",
+                "config": _config_settings(config),
+                # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
+                "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
+                "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
+                "density": result["density"], "frames": int(frames.shape[0]),
+                "height": int(frames.shape[1]), "width": int(frames.shape[2]),
+                "device": str(dist.device), "process": dist.process_index,
+                "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
+                "compile": args.compile,  # the first prompt compiled in its first steps
+                "cpu_offload": args.cpu_offload,
+            }
+            # last, and atomically: a JSON marks the prompt finished
+            write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+    except KeyboardInterrupt:  # a prompt's JSON is written last: the finished ones are whole
+        done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
+        raise Interrupted(f"{done} of {len(prompts)} videos in {args.out}; rerun the same "
+                          f"command to resume") from None
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

@@ -509,3 +509,20 @@ def test_query_tiles_run_record_and_resume(model_dir, tmp_path, capsys):
     plain = tmp_path / "plain"
     assert generate.main([*args[:-1], str(plain)]) == 0
     assert "query_tile" not in json.loads((plain / "0000.json").read_text())["config"]
+
+
+def test_ctrl_c_says_how_many_videos_are_done_and_the_rerun_finishes(model_dir, tmp_path,
+                                                                     capsys, interrupt_on_call,
+                                                                     monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\na dog\na bird\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--steps", "1",
+            "--dense", "--out", str(tmp_path / "out")]
+    real = interrupt_on_call(generate, "generate_one", 2)  # Ctrl-C during the second video
+    assert generate.run_command(generate.main, args) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: 1 of 3 videos in {tmp_path / 'out'}; rerun the same command to resume")
+    monkeypatch.setattr(generate, "generate_one", real)
+    assert generate.main(args) == 0
+    assert "resuming: 1 of 3" in capsys.readouterr().out
+    assert len(list((tmp_path / "out").glob("*.json"))) == 3
