@@ -29,7 +29,7 @@ import torch
 
 from mmspec.atomic import write_text_atomic
 from mmspec.interrupt import Interrupted, run_command
-from mmspec.zoo.paths import positive_int
+from mmspec.zoo.paths import model_path, positive_int, zoo_kind
 
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
@@ -62,9 +62,9 @@ def _json_object(text: str) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True,
-                   help="diffusers pipeline directory, or a zoo video entry such as "
-                        "assets/zoo/video-dit (loaded by path)")
+    p.add_argument("--model", required=True, type=model_path,
+                   help="diffusers pipeline directory, or a zoo video entry: its name "
+                        "(video-dit) or folder (assets/zoo/video-dit)")
     p.add_argument("--prompts", required=True, type=Path,
                    help="text file, one prompt per line; or .jsonl, one {\"prompt\": ..., "
                         "\"image\": path} per line for image-to-video pipelines")
@@ -228,7 +228,11 @@ def load_pipeline(model: str, dtype: torch.dtype):
     """A diffusers pipeline directory, or a zoo video entry (a folder with a `card.json`, e.g.
     `assets/zoo/video-dit`, loaded by `mmspec.zoo.load`; its pipeline class is not in diffusers)."""
     path = Path(model)
-    if (path / "card.json").is_file():
+    kind = zoo_kind(path)
+    if kind not in (None, "video-dit"):  # a text model or VLM ended in an AttributeError
+        raise SystemExit(f"--model {model}: a zoo {kind!r} entry, not a video model; give a "
+                         f"diffusers pipeline folder or a video zoo entry (video-dit)")
+    if kind is not None:
         from mmspec.zoo.registry import load
         from mmspec.zoo.video_pipeline import cast_keeping_fp32
 

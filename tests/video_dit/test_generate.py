@@ -526,3 +526,17 @@ def test_ctrl_c_says_how_many_videos_are_done_and_the_rerun_finishes(model_dir, 
     assert generate.main(args) == 0
     assert "resuming: 1 of 3" in capsys.readouterr().out
     assert len(list((tmp_path / "out").glob("*.json"))) == 3
+
+
+def test_model_takes_a_zoo_name_and_names_a_text_model_given_instead(tmp_path):
+    from mmspec.zoo.paths import ZOO_DIR
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    args = ["--prompts", str(prompts), "--out", str(tmp_path / "out"), "--dense"]
+    assert generate.parse_args(["--model", "video-dit", *args]).model == str(ZOO_DIR / "video-dit")
+    # a text model's zoo folder ended in "AttributeError: ... no attribute 'transformer'"
+    with pytest.raises(SystemExit, match=r"^--model .*text-target: a zoo 'causal-lm' entry, not a "
+                                         r"video model; give a diffusers pipeline folder or a "
+                                         r"video zoo entry \(video-dit\)$"):
+        generate.main(["--model", "text-target", *args])
