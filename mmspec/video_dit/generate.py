@@ -414,7 +414,9 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
     steps = [b - a for a, b in zip([loop_start, *step_ends[:-1]], step_ends)]
     density = None
     if state is not None:
-        density = {"mean": state.mean_density(),
+        # "mean": the whole run, dense warm-up steps and layers included; "sparse": the
+        # sparse calls only, what --sparsity sets
+        density = {"mean": state.mean_density(), "sparse": state.sparse_density(),
                    "by_step": {str(k): v for k, v in state.density_by_step().items()}}
     return {"frames": frames, "seconds": seconds, "step_seconds": steps, "density": density,
             "setup_seconds": loop_start - start,

@@ -69,6 +69,12 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     assert [r["video"] for r in rows] == ["0000.mp4", "0001.mp4"]
     assert all(np.isfinite(r["psnr"]) and 0 < r["ssim"] < 1 for r in rows)
     assert "| **mean** |" in (sparse / "compare.md").read_text()
+    # one "mean density" mixed the dense warm-up step and layer in: --sparsity 0.5 read ~0.8
+    meta = json.loads((sparse / "0001.json").read_text())["density"]
+    assert meta["sparse"] < meta["mean"] < 1.0 and rows[1]["sparse_density"] == meta["sparse"]
+    head = (sparse / "compare.md").read_text().splitlines()[0]
+    assert ("| density of the sparse steps | density of the whole run (dense warm-up included) |"
+            in head)
     # the frames side by side: dense | sparse | difference, one row of 3 panels per video
     from PIL import Image
 
