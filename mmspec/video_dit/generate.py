@@ -557,6 +557,10 @@ def main(argv=None) -> int:
         done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
         raise Interrupted(f"{done} of {len(prompts)} videos in {args.out}; rerun the same "
                           f"command to resume") from None
+    if dist.is_main_process:  # the last line says where the videos went
+        done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
+        print(f"{done} of {len(prompts)} videos in {args.out} (NNNN.mp4, first frame NNNN.png, "
+              f"settings and timings NNNN.json)", flush=True)
     return 0
 
 

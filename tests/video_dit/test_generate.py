@@ -530,7 +530,9 @@ def test_ctrl_c_says_how_many_videos_are_done_and_the_rerun_finishes(model_dir, 
         f"interrupted: 1 of 3 videos in {tmp_path / 'out'}; rerun the same command to resume")
     monkeypatch.setattr(generate, "generate_one", real)
     assert generate.main(args) == 0
-    assert "resuming: 1 of 3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resuming: 1 of 3" in out
+    assert out.splitlines()[-1].startswith(f"3 of 3 videos in {tmp_path / 'out'} (NNNN.mp4")
     assert len(list((tmp_path / "out").glob("*.json"))) == 3
 
 
