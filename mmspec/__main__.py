@@ -24,7 +24,12 @@ def main(argv=None) -> int:
         return 0
     import importlib
 
-    return importlib.import_module(commands[argv[0]]).main(argv[1:]) or 0
+    from mmspec.interrupt import run_command
+
+    # `generate` and `demo` keep no state: rerunning is all there is to do
+    return run_command(importlib.import_module(commands[argv[0]]).main, argv[1:],
+                       default=f"mmspec {argv[0]} stopped; it saves nothing, so rerun it to "
+                               f"start again")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def sparse_vs_dense(n: int, density: float):
     order = torch.rand(1, 4, nb, nb, generator=g).argsort(-1)[..., :keep]
     blocks = torch.zeros(1, 4, nb, nb, dtype=torch.bool).scatter_(-1, order, True)
     mask = BlockSparseMask.from_dense(blocks, 128, n, n)
-    block_sparse_attention(q, k, v, mask)  # warm-up (builds the CPU kernel once per machine)
+    block_sparse_attention(q, k, v, mask)  # warm-up (builds the CPU kernel once per environment)
     start = time.perf_counter()
     dense = F.scaled_dot_product_attention(q, k, v)
     t_dense = time.perf_counter() - start

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mmspec.interrupt import Interrupted
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = ("kernels", "draft_attention", "engine_overhead", "text", "vlm", "video")
 
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
                          f"'all', got {unknown or 'none'}")
     if not BENCHMARKS.is_dir():
         raise SystemExit(f"mmspec bench needs a source checkout: {BENCHMARKS} does not exist")
-    for name in names:
+    for done, name in enumerate(names):
         script = BENCHMARKS / f"{name}.py"
         if not script.is_file():
             raise SystemExit(f"mmspec bench: {script} does not exist in this checkout")
@@ -70,7 +72,14 @@ def main(argv=None) -> int:
         print(f"[mmspec bench] {name}: python {script.relative_to(BENCHMARKS.parent)} "
               f"{' '.join(args)}" + (f"  (not options of {name}.py: {' '.join(left_out)})"
                                      if left_out else ""), flush=True)
-        rc = subprocess.call([sys.executable, str(script), *args], cwd=BENCHMARKS.parent)
+        try:  # its own session: Ctrl-C reaches this process only, which then kills it
+            rc = subprocess.call([sys.executable, str(script), *args], cwd=BENCHMARKS.parent,
+                                 start_new_session=True)
+        except KeyboardInterrupt:
+            finished = ", ".join(names[:done]) or "none"
+            rest = " ".join([*names[done:], *argv])
+            raise Interrupted(f"{name} stopped (nothing of it written); finished before it: "
+                              f"{finished}; `mmspec bench {rest}` runs the rest") from None
         if rc:
             return rc
     return 0

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import torch
 
+from mmspec.zoo.cards import read_card
+from mmspec.zoo.paths import model_path, zoo_kind
+
 ZOO_TARGETS = ("vlm", "text")
 
 
@@ -75,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmspec generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="vlm",
-                   help="vlm | text (zoo models, default vlm) | builtin | a Hugging Face path")
+                   help="vlm | text (zoo models, default vlm) | builtin | a Hugging Face path "
+                        "or zoo entry name (text-target)")
     p.add_argument("--drafter", default=None, help="see above (default: the target's own)")
     p.add_argument("--image", help="an image file, for a vision-language target")
     p.add_argument("--prompt", default=None, help="default: the zoo target's sample input")
@@ -150,6 +154,7 @@ def _load_path_target(args):
     default = "Hello" if args.image is None else "Describe the image."
     prompt = default if args.prompt is None else args.prompt
     model_folder("--target", args.target)
+    _refuse_zoo_drafter_as_target(args.target)
     if args.image is not None:
         from mmspec.zoo.vlm_processor import vlm_inputs
 
@@ -195,13 +200,33 @@ def model_folder(flag: str, path: str) -> None:
         raise SystemExit(f"{flag}: no such model folder {path}")
 
 
+# zoo entries that are no target, and what to do with them instead
+_NOT_TARGETS = {"vispec": "a ViSpec drafter: pass it as --drafter vispec:PATH with --target "
+                          "{target}",
+                "video-dit": "a video DiT: python -m mmspec.video_dit.generate --model PATH "
+                             "makes videos with it"}
+
+
+def _refuse_zoo_drafter_as_target(path: str) -> None:
+    """A zoo drafter or video entry as --target failed deep in transformers (a tokenizer message
+    cut off after "one of: "): named here, with where it goes instead."""
+    kind = zoo_kind(path)
+    if kind in _NOT_TARGETS:
+        target = read_card(path).get("target", "its target")
+        raise SystemExit(f"--target {path} is {_NOT_TARGETS[kind].format(target=target)}")
+
+
 @contextmanager
 def load_errors(flag: str, path: str, what: str):
     try:
         yield
     except (OSError, ValueError, KeyError) as err:  # no config/weights, an unknown class
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SystemExit(f"{flag} {path}: cannot load it as {what}: {first}") from None
+        # whole, on one line (its first line was "...from one of: "), but not the list of
+        # every config class transformers knows
+        text = " ".join(str(err).split()).split(" Should be one of")[0].split(
+            " Model type should be one of")[0]
+        raise SystemExit(f"{flag} {path}: cannot load it as {what}: "
+                         f"{text or type(err).__name__}") from None
 
 
 def _folder_tokenizer(path: str):
@@ -348,6 +373,11 @@ def _setup(args):
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.target not in (*ZOO_TARGETS, "builtin"):  # zoo entry names wherever a path goes
+        args.target = model_path(args.target)
+    if args.drafter and ":" in args.drafter:
+        kind, _, path = args.drafter.partition(":")
+        args.drafter = f"{kind}:{model_path(path)}"
     given = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_k", "top_p")
              if getattr(args, n) is not None]
     if given and not args.sample:  # greedy would ignore them without a word

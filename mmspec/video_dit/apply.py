@@ -130,6 +130,7 @@ class DensityRecord:
     # attention the blocks include the text's dense rows and columns (on a tiny model with long
     # text, as CogVideoX's 226 tokens, these dominate), minus text blocks of padding only
     density: float
+    sparse: bool = True  # False: a dense warm-up step or dense layer (density 1.0)
 
 
 class _DensityReport:
@@ -144,6 +145,12 @@ class _DensityReport:
         for r in self.records:
             sums.setdefault(r.step, []).append(r.density)
         return {s: sum(v) / len(v) for s, v in sums.items()}
+
+    def sparse_density(self) -> float | None:
+        """Mean density of the sparse calls only (dense warm-up steps and dense layers left
+        out): what `sparsity` sets; None before any sparse call."""
+        sparse = [r.density for r in self.records if r.sparse]
+        return sum(sparse) / len(sparse) if sparse else None
 
     def mean_density(self) -> float:
         """Share of dense attention blocks computed over the whole run (1.0 = dense): the mean
@@ -265,7 +272,8 @@ class DraftAttentionState(_DensityReport):
     @property
     def records(self) -> list[DensityRecord]:
         """Every self-attention call so far, in order: (step, layer, density)."""
-        return [DensityRecord(s, l, 1.0 if d is None else float(d)) for s, l, d in self._pending]
+        return [DensityRecord(s, l, 1.0 if d is None else float(d), d is not None)
+                for s, l, d in self._pending]
 
     def reset(self) -> None:
         """Forget the records and the step counter (call between generations if you like)."""

@@ -141,6 +141,8 @@ def compare_dirs(dense_dir: Path, sparse_dir: Path, on_pair=None) -> list[dict]:
                 "offloading's transfers are part of the timed call")
         if sparse_meta and sparse_meta.get("density"):
             row["density"] = sparse_meta["density"]["mean"]
+            if sparse_meta["density"].get("sparse") is not None:  # older JSONs lack it
+                row["sparse_density"] = sparse_meta["density"]["sparse"]
         if on_pair is not None:
             on_pair(row, a, b)
         rows.append(row)
@@ -183,12 +185,15 @@ class ContactSheet:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["psnr", "ssim"] + [c for c in ("speedup", "step_speedup", "density")
+    cols = ["psnr", "ssim"] + [c for c in ("speedup", "step_speedup", "sparse_density",
+                                           "density")
                                if all(c in r for r in rows)]
     heads = {"psnr": "PSNR (dB)", "ssim": "SSIM", "speedup": "time dense/sparse",
-             "step_speedup": "denoising dense/sparse", "density": "mean density"}
+             "step_speedup": "denoising dense/sparse",
+             "sparse_density": "density of the sparse steps",
+             "density": "density of the whole run (dense warm-up included)"}
     fmt = {"psnr": "{:.2f}", "ssim": "{:.4f}", "speedup": "{:.2f}x", "step_speedup": "{:.2f}x",
-           "density": "{:.3f}"}
+           "density": "{:.3f}", "sparse_density": "{:.3f}"}
     lines = ["| video | " + " | ".join(heads[c] for c in cols) + " |",
              "|---|" + "---|" * len(cols)]
     for r in rows:

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from mmspec.atomic import write_text_atomic
-from mmspec.zoo.paths import positive_int
+from mmspec.interrupt import Interrupted, run_command
+from mmspec.zoo.paths import model_path, positive_int, zoo_kind
 
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
@@ -61,9 +62,9 @@ def _json_object(text: str) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True,
-                   help="diffusers pipeline directory, or a zoo video entry such as "
-                        "assets/zoo/video-dit (loaded by path)")
+    p.add_argument("--model", required=True, type=model_path,
+                   help="diffusers pipeline directory, or a zoo video entry: its name "
+                        "(video-dit) or folder (assets/zoo/video-dit)")
     p.add_argument("--prompts", required=True, type=Path,
                    help="text file, one prompt per line; or .jsonl, one {\"prompt\": ..., "
                         "\"image\": path} per line for image-to-video pipelines")
@@ -227,7 +228,11 @@ def load_pipeline(model: str, dtype: torch.dtype):
     """A diffusers pipeline directory, or a zoo video entry (a folder with a `card.json`, e.g.
     `assets/zoo/video-dit`, loaded by `mmspec.zoo.load`; its pipeline class is not in diffusers)."""
     path = Path(model)
-    if (path / "card.json").is_file():
+    kind = zoo_kind(path)
+    if kind not in (None, "video-dit"):  # a text model or VLM ended in an AttributeError
+        raise SystemExit(f"--model {model}: a zoo {kind!r} entry, not a video model; give a "
+                         f"diffusers pipeline folder or a video zoo entry (video-dit)")
+    if kind is not None:
         from mmspec.zoo.registry import load
         from mmspec.zoo.video_pipeline import cast_keeping_fp32
 
@@ -409,7 +414,9 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
     steps = [b - a for a, b in zip([loop_start, *step_ends[:-1]], step_ends)]
     density = None
     if state is not None:
-        density = {"mean": state.mean_density(),
+        # "mean": the whole run, dense warm-up steps and layers included; "sparse": the
+        # sparse calls only, what --sparsity sets
+        density = {"mean": state.mean_density(), "sparse": state.sparse_density(),
                    "by_step": {str(k): v for k, v in state.density_by_step().items()}}
     return {"frames": frames, "seconds": seconds, "step_seconds": steps, "density": density,
             "setup_seconds": loop_start - start,
@@ -507,46 +514,55 @@ def main(argv=None) -> int:
     if args.compile is not None:
         compile_blocks(pipe, args.compile)
     check_images(pipe, jobs, mine)  # every prompt of this run, before the first one runs
-    for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
-        try:
-            result = generate_one(pipe, prompts[index], index, args, state, dist.device,
-                                  jobs[index]["image"])
-        except TileTooLarge as err:  # the grid is checked at the first forward
-            flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
-                "query_tile") else ("--tile", args.tile)
-            raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
-                             f"tokens of --height, --width and --frames)") from None
-        except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
-            raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
-                             f"{str(err).strip().splitlines()[0]}") from None
-        if args.frames is not None and len(result["frames"]) != args.frames:
-            tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
-                       f"frames for --frames {args.frames} (its own frame count rule; the "
-                       f"JSON records the frames written)")
-        stem = args.out / f"{index:04d}"
-        frames = to_uint8(result["frames"])
-        write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
-        Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
-        record = {
-            "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
-            "settings": settings,
-            "seed": args.seed + index,
-            "model": settings["model"], "attention": "dense" if config is None else "draft",
-            "config": _config_settings(config),
-            # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
-            "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
-            "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
-            "density": result["density"], "frames": int(frames.shape[0]),
-            "height": int(frames.shape[1]), "width": int(frames.shape[2]),
-            "device": str(dist.device), "process": dist.process_index,
-            "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
-            "compile": args.compile,  # the first prompt compiled in its first steps
-            "cpu_offload": args.cpu_offload,
-        }
-        # last, and atomically: a JSON marks the prompt finished
-        write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+    try:
+        for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
+            try:
+                result = generate_one(pipe, prompts[index], index, args, state, dist.device,
+                                      jobs[index]["image"])
+            except TileTooLarge as err:  # the grid is checked at the first forward
+                flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
+                    "query_tile") else ("--tile", args.tile)
+                raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
+                                 f"tokens of --height, --width and --frames)") from None
+            except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
+                raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
+                                 f"{str(err).strip().splitlines()[0]}") from None
+            if args.frames is not None and len(result["frames"]) != args.frames:
+                tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
+                           f"frames for --frames {args.frames} (its own frame count rule; the "
+                           f"JSON records the frames written)")
+            stem = args.out / f"{index:04d}"
+            frames = to_uint8(result["frames"])
+            write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
+            Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
+            record = {
+                "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
+                "settings": settings,
+                "seed": args.seed + index,
+                "model": settings["model"], "attention": "dense" if config is None else "draft",
+                "config": _config_settings(config),
+                # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
+                "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
+                "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
+                "density": result["density"], "frames": int(frames.shape[0]),
+                "height": int(frames.shape[1]), "width": int(frames.shape[2]),
+                "device": str(dist.device), "process": dist.process_index,
+                "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
+                "compile": args.compile,  # the first prompt compiled in its first steps
+                "cpu_offload": args.cpu_offload,
+            }
+            # last, and atomically: a JSON marks the prompt finished
+            write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+    except KeyboardInterrupt:  # a prompt's JSON is written last: the finished ones are whole
+        done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
+        raise Interrupted(f"{done} of {len(prompts)} videos in {args.out}; rerun the same "
+                          f"command to resume") from None
+    if dist.is_main_process:  # the last line says where the videos went
+        done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
+        print(f"{done} of {len(prompts)} videos in {args.out} (NNNN.mp4, first frame NNNN.png, "
+              f"settings and timings NNNN.json)", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

@@ -34,6 +34,7 @@ import math
 import random
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from tqdm.auto import tqdm
 from mmspec.atomic import save_atomic
 from mmspec.decoding import generate
 from mmspec.decoding.generate import sampling_config
+from mmspec.interrupt import Interrupted, run_command
 
 from .drafter import ViSpecDrafter
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
@@ -419,38 +421,46 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                disable=rank != 0)
     drafter.train()
     per_step = cfg.batch_size * world
-    for step in bar:
-        picks = [rng.randrange(len(samples)) for _ in range(per_step)]
-        opt.zero_grad()
-        total = torch.zeros((), dtype=torch.float64, device=params[0].device)  # NCCL: on GPU
-        for slot in range(rank * cfg.batch_size, (rank + 1) * cfg.batch_size):
-            i = picks[slot]
-            loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg,
-                                  _noise_generator(cfg.seed, step, slot))
-            (loss / per_step).backward()  # the mean over the step's global batch
-            total += float(loss.detach())
-        _zero_missing_grads(params)
-        if world > 1:
-            _all_reduce_grads(params)
-            dist.all_reduce(total)
-        torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
-        losses.append(float(total) / per_step)
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        done = step + 1
-        if held_out and cfg.eval_every and done % cfg.eval_every == 0:
-            drafter.eval()  # each process its share: none waits on another's eval (NCCL timeout)
-            counts = torch.tensor(_held_out_counts(drafter, target, held_out[rank::world],
-                                                   cfg.eval_new_tokens), device=total.device)
+    try:
+        for step in bar:
+            picks = [rng.randrange(len(samples)) for _ in range(per_step)]
+            opt.zero_grad()
+            total = torch.zeros((), dtype=torch.float64, device=params[0].device)  # NCCL: on GPU
+            for slot in range(rank * cfg.batch_size, (rank + 1) * cfg.batch_size):
+                i = picks[slot]
+                loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg,
+                                      _noise_generator(cfg.seed, step, slot))
+                (loss / per_step).backward()  # the mean over the step's global batch
+                total += float(loss.detach())
+            _zero_missing_grads(params)
             if world > 1:
-                dist.all_reduce(counts)
-            drafter.train()
-            if rank == 0:
-                tau = int(counts[0]) / max(int(counts[1]), 1)
-                bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
-        if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
-            _save_checkpoint(drafter, opt, sched, rng, done, out_dir)
+                _all_reduce_grads(params)
+                dist.all_reduce(total)
+            torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
+            opt.step()
+            sched.step()
+            losses.append(float(total) / per_step)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            done = step + 1
+            if held_out and cfg.eval_every and done % cfg.eval_every == 0:
+                # each process its share: none waits on another's eval (NCCL timeout)
+                drafter.eval()
+                counts = torch.tensor(_held_out_counts(drafter, target, held_out[rank::world],
+                                                       cfg.eval_new_tokens), device=total.device)
+                if world > 1:
+                    dist.all_reduce(counts)
+                drafter.train()
+                if rank == 0:
+                    tau = int(counts[0]) / max(int(counts[1]), 1)
+                    bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
+            if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
+                _save_checkpoint(drafter, opt, sched, rng, done, out_dir)
+    except KeyboardInterrupt:
+        if out_dir is None:
+            raise
+        raise Interrupted(f"{_last_checkpoint(out_dir)} of {cfg.steps} (every "
+                          f"{cfg.checkpoint_every} steps); rerun with --resume to continue from "
+                          f"it") from None
     drafter.eval()
     if out_dir and rank == 0:
         _save_checkpoint(drafter, opt, sched, rng, cfg.steps, out_dir)
@@ -468,6 +478,16 @@ def refuse_to_overwrite(out_dir: Path) -> None:
         if path.exists():
             raise RunExists(f"{path} exists: pass --resume (resume=True) to continue it, "
                                   "or delete it")
+
+
+def _last_checkpoint(out_dir: Path) -> str:
+    """Where the run in `out_dir` would resume, in words."""
+    ckpt, _, previous = _checkpoint_dirs(out_dir)  # previous: a save killed mid-swap
+    for folder in (ckpt, previous):
+        if (folder / "trainer.pt").is_file():
+            step = torch.load(folder / "trainer.pt", weights_only=True)["step"]
+            return f"the checkpoint in {out_dir} is at step {step}"
+    return f"no checkpoint in {out_dir} yet: a rerun with --resume starts at step 0"
 
 
 def _checkpoint_dirs(out_dir: Path) -> tuple[Path, Path, Path]:
@@ -706,4 +726,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

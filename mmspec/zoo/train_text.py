@@ -33,6 +33,7 @@ from tqdm import tqdm
 from transformers import Qwen2ForCausalLM
 
 from mmspec.atomic import save_atomic
+from mmspec.interrupt import Interrupted, run_command, uninterrupted
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
@@ -316,26 +317,35 @@ def cmd_train(args) -> None:
     t0, last_save = time.time(), time.time()
     bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
                mininterval=5, file=sys.stdout)
-    for step in bar:
-        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(spec, step)
-        if distill is None:
-            tokens = random_windows(train, spec.batch_size, spec.seq_len, gen)
-            loss = training_loss(spec, model, tokens, mask_id, gen)
-        else:
-            rows = torch.randint(0, len(distill), (spec.batch_size,), generator=gen)
-            loss = continuation_loss(spec.objective, model, distill[rows], args.distill_prefix,
-                                     mask_id, gen, args.distill_block_share)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
-        if time.time() - last_save > args.save_every_s:
-            save(step + 1)
-            last_save = time.time()
+    done = start  # steps whose update is in the weights
+    try:
+        for step in bar:
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(spec, step)
+            if distill is None:
+                tokens = random_windows(train, spec.batch_size, spec.seq_len, gen)
+                loss = training_loss(spec, model, tokens, mask_id, gen)
+            else:
+                rows = torch.randint(0, len(distill), (spec.batch_size,), generator=gen)
+                loss = continuation_loss(spec.objective, model, distill[rows],
+                                         args.distill_prefix, mask_id, gen,
+                                         args.distill_block_share)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with uninterrupted():
+                opt.step()
+                losses.append(loss.item())
+                done = step + 1
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
+            if time.time() - last_save > args.save_every_s:
+                save(done)
+                last_save = time.time()
+    except KeyboardInterrupt:
+        save(done)  # nothing trained is lost
+        raise Interrupted(f"{spec.name} saved at step {done} of {spec.steps} in {ckpt_path}; "
+                          f"rerun the same command to resume") from None
     save(spec.steps)
     elapsed += time.time() - t0
     export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id, held_continuations)
@@ -487,4 +497,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -43,6 +43,7 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic, write_text_atomic
 from mmspec.decoding.generate import _eos_ids
+from mmspec.interrupt import Interrupted, run_command, uninterrupted
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
     AnswerCache,
@@ -398,25 +399,34 @@ def cmd_train(args) -> None:
     t0 = last_save = time.time()
     bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
                mininterval=10, file=sys.stdout)
-    for step in bar:
-        batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
-                            spec.describe_share, spec.colour_share,
-                            patch=spec.patch_size if aux else None)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(spec, step) * group["lr_mult"]
-        loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
-        if aux:
-            loss = loss + spec.image_word_loss * image_word_loss(
-                model.lm_head, aux.pop("features"), batch, aux["colours"], aux["kinds"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
-        if time.time() - last_save > args.save_every_s:
-            save(step + 1)
-            last_save = time.time()
+    done = start  # steps whose update is in the weights
+    try:
+        for step in bar:
+            batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
+                                spec.describe_share, spec.colour_share,
+                                patch=spec.patch_size if aux else None)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(spec, step) * group["lr_mult"]
+            loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
+            if aux:
+                loss = loss + spec.image_word_loss * image_word_loss(
+                    model.lm_head, aux.pop("features"), batch, aux["colours"], aux["kinds"])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with uninterrupted():
+                opt.step()
+                losses.append(loss.item())
+                done = step + 1
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
+            if time.time() - last_save > args.save_every_s:
+                save(done)
+                last_save = time.time()
+    except KeyboardInterrupt:
+        save(done)  # nothing trained is lost
+        again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
+        raise Interrupted(f"{spec.name} saved at step {done} of {spec.steps} in {ckpt_path}; "
+                          f"resume: {_command(again)}") from None
     save(spec.steps)
     elapsed += time.time() - t0
     export_model(spec, model, processor, losses, elapsed, args, n_params, vision_pretrain)
@@ -707,4 +717,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

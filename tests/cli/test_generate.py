@@ -344,3 +344,20 @@ def test_eagle_and_official_vispec_checkpoints_run_lossless(tmp_path, capsys):
                  str(ZOO_DIR / "vlm-target" / "sample.png"), "--drafter", f"vispec:{vispec}",
                  "--max-new-tokens", "6", "--device", "cpu"]) == 0
     assert "identical to target-only greedy" in capsys.readouterr().err
+
+
+def test_a_drafter_folder_as_the_target_is_named_in_full(tmp_path):
+    import shutil
+
+    from mmspec.zoo.paths import ZOO_DIR
+
+    # a zoo name is taken wherever a model path is, and a drafter entry says where it goes
+    with pytest.raises(SystemExit, match=r"^--target .*vlm-vispec is a ViSpec drafter: pass it "
+                                         r"as --drafter vispec:PATH with --target vlm-target$"):
+        main(["generate", "--target", "vlm-vispec", "--device", "cpu"])
+    # without its card: transformers' multi-line message was cut after "... from one of: "
+    bare = tmp_path / "drafter"
+    shutil.copytree(ZOO_DIR / "vlm-vispec", bare, ignore=shutil.ignore_patterns("card.json"))
+    with pytest.raises(SystemExit) as err:
+        main(["generate", "--target", str(bare), "--device", "cpu"])
+    assert "\n" not in str(err.value) and "from one of: (1)" in str(err.value)

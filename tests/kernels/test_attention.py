@@ -281,6 +281,16 @@ def test_fused_cpu_kernel_builds_here():
     assert torch_blocks._cpu_kernel() is not None
 
 
+def test_each_environment_builds_the_cpu_kernel_in_its_own_folder(monkeypatch):
+    # two virtual environments shared one folder (keyed by the kernel source only) and rebuilt
+    # it for each other in turn, silently: torch's ninja file records its include paths
+    name, _, build_dir = torch_blocks._kernel_build_paths()
+    monkeypatch.setattr(sys, "prefix", "/elsewhere/.venv")
+    other_name, _, other_dir = torch_blocks._kernel_build_paths()
+    assert other_name != name and other_dir != build_dir
+    assert other_name.split("_")[:-1] == name.split("_")[:-1]  # the same kernel source
+
+
 _LOAD = ("from mmspec.kernels.backends.torch_blocks import _cpu_kernel; "
          "assert _cpu_kernel() is not None; print('loaded')")
 

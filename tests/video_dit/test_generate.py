@@ -69,6 +69,12 @@ def test_generate_resume_and_compare(model_dir, tmp_path, capsys):
     assert [r["video"] for r in rows] == ["0000.mp4", "0001.mp4"]
     assert all(np.isfinite(r["psnr"]) and 0 < r["ssim"] < 1 for r in rows)
     assert "| **mean** |" in (sparse / "compare.md").read_text()
+    # one "mean density" mixed the dense warm-up step and layer in: --sparsity 0.5 read ~0.8
+    meta = json.loads((sparse / "0001.json").read_text())["density"]
+    assert meta["sparse"] < meta["mean"] < 1.0 and rows[1]["sparse_density"] == meta["sparse"]
+    head = (sparse / "compare.md").read_text().splitlines()[0]
+    assert ("| density of the sparse steps | density of the whole run (dense warm-up included) |"
+            in head)
     # the frames side by side: dense | sparse | difference, one row of 3 panels per video
     from PIL import Image
 
@@ -509,3 +515,36 @@ def test_query_tiles_run_record_and_resume(model_dir, tmp_path, capsys):
     plain = tmp_path / "plain"
     assert generate.main([*args[:-1], str(plain)]) == 0
     assert "query_tile" not in json.loads((plain / "0000.json").read_text())["config"]
+
+
+def test_ctrl_c_says_how_many_videos_are_done_and_the_rerun_finishes(model_dir, tmp_path,
+                                                                     capsys, interrupt_on_call,
+                                                                     monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\na dog\na bird\n")
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--steps", "1",
+            "--dense", "--out", str(tmp_path / "out")]
+    real = interrupt_on_call(generate, "generate_one", 2)  # Ctrl-C during the second video
+    assert generate.run_command(generate.main, args) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: 1 of 3 videos in {tmp_path / 'out'}; rerun the same command to resume")
+    monkeypatch.setattr(generate, "generate_one", real)
+    assert generate.main(args) == 0
+    out = capsys.readouterr().out
+    assert "resuming: 1 of 3" in out
+    assert out.splitlines()[-1].startswith(f"3 of 3 videos in {tmp_path / 'out'} (NNNN.mp4")
+    assert len(list((tmp_path / "out").glob("*.json"))) == 3
+
+
+def test_model_takes_a_zoo_name_and_names_a_text_model_given_instead(tmp_path):
+    from mmspec.zoo.paths import ZOO_DIR
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    args = ["--prompts", str(prompts), "--out", str(tmp_path / "out"), "--dense"]
+    assert generate.parse_args(["--model", "video-dit", *args]).model == str(ZOO_DIR / "video-dit")
+    # a text model's zoo folder ended in "AttributeError: ... no attribute 'transformer'"
+    with pytest.raises(SystemExit, match=r"^--model .*text-target: a zoo 'causal-lm' entry, not a "
+                                         r"video model; give a diffusers pipeline folder or a "
+                                         r"video zoo entry \(video-dit\)$"):
+        generate.main(["--model", "text-target", *args])

@@ -76,7 +76,8 @@ def test_resume_continues_exactly(tmp_path, llava, samples, monkeypatch, interru
     train(full, llava, samples, cfg, out_dir=tmp_path / "full")
 
     original = interrupt_on_call(train_mod, "sample_loss", 5)  # crashes on step 5
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=r"^the checkpoint in .*cut is at step 3 of 6 "
+                                                r"\(every 3 steps\); rerun with --resume"):
         train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path / "cut")
     monkeypatch.setattr(train_mod, "sample_loss", original)
     resumed = _fresh(llava)

@@ -1,3 +1,8 @@
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 import mmspec.zoo
@@ -10,14 +15,46 @@ def test_text_entries_are_listed():
     assert set(TEXT) <= set(mmspec.zoo.available())
 
 
-@pytest.mark.parametrize("name", mmspec.zoo.available())
-def test_every_entry_loads_offline(name, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+# run before anything else in a fresh interpreter: no socket connects, whatever the library
+_NO_NETWORK = """
+import socket
+def refuse(self, address, *args):
+    raise OSError(f"test: network blocked, connect to {address}")
+socket.socket.connect = socket.socket.connect_ex = refuse
+"""
+
+
+def test_every_entry_loads_offline(tmp_path):
+    # huggingface_hub reads HF_HUB_OFFLINE when imported: set in this process's environment it
+    # came too late, so the loads run in a fresh interpreter that has it from the start, with
+    # sockets refused, proxies pointing nowhere and an empty Hugging Face cache
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "HTTP_PROXY": "http://192.0.2.1:9",
+           "HTTPS_PROXY": "http://192.0.2.1:9", "PYTHONPATH": str(ZOO_DIR.parents[1])}
+    script = _NO_NETWORK + """
+import json, mmspec.zoo
+loaded = {}
+for name in mmspec.zoo.available():
     entry = mmspec.zoo.load(name)
-    assert entry.name == name and not entry.model.training
-    assert entry.card["name"] == name
-    assert (ZOO_DIR / name / "model.safetensors").is_file()
-    assert not list((ZOO_DIR / name).glob("*.bin"))  # safetensors only
+    loaded[name] = [entry.name, entry.card["name"], entry.model.training]
+print(json.dumps(loaded))
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(loaded) == mmspec.zoo.available()
+    assert all(row == [name, name, False] for name, row in loaded.items())
+    for name in loaded:
+        assert (ZOO_DIR / name / "model.safetensors").is_file()
+        assert not list((ZOO_DIR / name).glob("*.bin"))  # safetensors only
+
+
+def test_the_offline_check_would_see_a_connect():
+    script = _NO_NETWORK + "import socket; socket.create_connection(('192.0.2.1', 80), 1)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and "network blocked" in done.stderr
 
 
 def test_target_names_its_drafters():

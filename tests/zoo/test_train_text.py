@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 import mmspec.zoo
+from mmspec.interrupt import run_command
 from mmspec.zoo import train_text
 from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import load_tokenizer
@@ -33,13 +34,19 @@ def _run(tmp_path, name, out):
     return load_file(str(tmp_path / "zoo" / name / "model.safetensors"))
 
 
-def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch, interrupt_on_call):
+def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch, interrupt_on_call,
+                                                  capsys):
     straight = _run(tiny_zoo, "tiny-ar", "a")
 
-    real_loss = interrupt_on_call(train_text, "training_loss", 4)  # dies at step 4
-    with pytest.raises(KeyboardInterrupt):
-        _run(tiny_zoo, "tiny-ar", "b")
-    assert torch.load(tiny_zoo / "b" / "tiny-ar" / "ckpt.pt", weights_only=False)["step"] == 3
+    real_loss = interrupt_on_call(train_text, "training_loss", 4)  # Ctrl-C at step 4
+    # no timed save comes first: the interrupt itself saves the 3 steps done
+    out = tiny_zoo / "b"
+    assert run_command(train_text.main, ["tiny-ar", "--out", str(out), "--save-every-s",
+                                         "1e9"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: tiny-ar saved at step 3 of 6 in {out / 'tiny-ar' / 'ckpt.pt'}; rerun the "
+        f"same command to resume")
+    assert torch.load(out / "tiny-ar" / "ckpt.pt", weights_only=False)["step"] == 3
     monkeypatch.setattr(train_text, "training_loss", real_loss)
     resumed = _run(tiny_zoo, "tiny-ar", "b")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

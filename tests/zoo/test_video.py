@@ -1,6 +1,7 @@
 """The video zoo entry: clips, the shipped Wan DiT, DraftAttention on it, and its training script."""
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from diffusers import WanTransformer3DModel
 from safetensors.torch import load_file
 
 import mmspec.zoo
+from mmspec.interrupt import run_command
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
 from mmspec.zoo import train_video
 from mmspec.zoo.clips import COLOURS, clip_batch, make_clip
@@ -175,7 +177,8 @@ def test_draft_attention_at_90_percent_changes_less_than_the_seed(entry):
     assert np.mean((sparse - dense) ** 2) < 0.25 * np.mean((other_seed - dense) ** 2)
 
 
-def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, interrupt_on_call):
+def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, interrupt_on_call,
+                                                       capsys):
     def run(out, *extra):
         train_video.main(["--micro", "--steps", "3", "--batch", "2", "--save-every-s", "0",
                           "--out", str(tmp_path / out), "--assets", str(tmp_path / f"zoo-{out}"),
@@ -183,9 +186,15 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, in
         return load_file(str(tmp_path / f"zoo-{out}" / "video-dit" / "model.safetensors"))
 
     straight = run("a")
-    real_loss = interrupt_on_call(train_video, "flow_matching_loss", 3)  # dies on its third call
-    with pytest.raises(KeyboardInterrupt):
-        run("b")
+    real_loss = interrupt_on_call(train_video, "flow_matching_loss", 3)  # Ctrl-C on its 3rd call
+    argv = ["--micro", "--steps", "3", "--batch", "2", "--save-every-s", "1e9", "--out",
+            str(tmp_path / "b"), "--assets", str(tmp_path / "zoo-b")]
+    assert run_command(train_video.main, argv) == 130  # no timed save: the interrupt saves
+    ckpt = tmp_path / "b" / "video-dit" / "ckpt.pt"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: video-dit saved at step 2 of 3 in {ckpt}; resume: python -m "
+        f"mmspec.zoo.train_video {shlex.join(argv)} --resume")
+    assert torch.load(ckpt, weights_only=True)["step"] == 2
     monkeypatch.setattr(train_video, "flow_matching_loss", real_loss)
     with pytest.raises(SystemExit, match="--resume"):
         run("b")

@@ -2,6 +2,7 @@
 ViSpec is lossless on it, scenes are deterministic, and the training script resumes."""
 
 import json
+import shlex
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration, LlavaP
 
 import mmspec
 import mmspec.zoo
+from mmspec.interrupt import run_command
 from mmspec.vision import ViSpecDrafter
 from mmspec.zoo import train_vlm
 from mmspec.zoo.paths import ZOO_DIR
@@ -200,17 +202,22 @@ def _run(tmp_path, out, *extra):
 
 
 def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch,
-                                                         interrupt_on_call):
+                                                         interrupt_on_call, capsys):
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
     monkeypatch.setattr(train_vlm, "COLOUR_SCENES", 1)
     monkeypatch.setattr(train_vlm, "ONE_SHAPE_SCENES", 1)
     straight = _run(tmp_path, "a")
 
-    real_loss = interrupt_on_call(train_vlm, "answer_loss", 3)  # dies at step 3
-    with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path, "b")
-    assert torch.load(tmp_path / "b" / "vlm-micro" / "ckpt.pt", weights_only=False)["step"] == 2
+    real_loss = interrupt_on_call(train_vlm, "answer_loss", 3)  # Ctrl-C at step 3
+    argv = ["vlm-micro", "--out", str(tmp_path / "b"), "--zoo", str(tmp_path / "zoo"),
+            "--save-every-s", "1e9"]
+    assert run_command(train_vlm.main, argv) == 130  # no timed save: the interrupt saves
+    ckpt = tmp_path / "b" / "vlm-micro" / "ckpt.pt"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: vlm-micro saved at step 2 of 4 in {ckpt}; resume: python -m "
+        f"mmspec.zoo.train_vlm {shlex.join(argv)} --resume")
+    assert torch.load(ckpt, weights_only=False)["step"] == 2
     monkeypatch.setattr(train_vlm, "answer_loss", real_loss)
     resumed = _run(tmp_path, "b", "--resume")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -82,7 +83,11 @@ def _kernel_build_paths() -> tuple[str, Path, Path]:
     from torch.utils import cpp_extension
 
     code = (Path(__file__).parent / "csrc" / "block_sparse_cpu.cpp").read_bytes()
-    name = f"mmspec_block_sparse_cpu_{hashlib.sha1(code).hexdigest()[:12]}"
+    # keyed by the environment too: torch's ninja file records its include paths, so two
+    # virtual environments sharing one build folder rebuilt it for each other, silently
+    env = f"{sys.prefix}\0{torch.__file__}\0{torch.__version__}".encode()
+    name = (f"mmspec_block_sparse_cpu_{hashlib.sha1(code).hexdigest()[:12]}_"
+            f"{hashlib.sha1(env).hexdigest()[:8]}")
     root = Path(cpp_extension.get_default_build_root())
     if hasattr(cpp_extension, "_get_build_directory"):  # where `load` builds (py311_cpu/NAME)
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
@@ -121,8 +126,9 @@ def _cpu_kernel():
             _log.warning("mmspec: removing a kernel build lock left by a killed build: %s", stale)
             stale.unlink(missing_ok=True)
         if next(build_dir.glob("*.so"), None) is None:
-            _log.warning("mmspec: building the fused CPU attention kernel "
-                         "(once per machine, ~30 s)")
+            _log.warning("mmspec: building the fused CPU attention kernel for the environment "
+                         "%s in %s (once per environment and kernel version, ~30 s)",
+                         sys.prefix, build_dir)
         try:
             load(name=name, sources=[str(source)], is_python_module=False,
                  extra_cflags=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2",
