@@ -25,7 +25,7 @@ run: install
 	$(PY) -m mmspec generate
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 # the demos (demos/*.py) driven in Debian's Chromium by Playwright; screenshots in tests/browser/out/
 test-browser: install
