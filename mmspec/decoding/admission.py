@@ -31,7 +31,13 @@ from dataclasses import dataclass
 
 import torch
 from transformers import Cache, DynamicCache, EncoderDecoderCache
-from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+)
 
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
@@ -61,9 +67,10 @@ def engine_cache(model, windows):
 _RECURRENT = "recurrent state (linear attention, SSM or convolution)"
 
 
-def check_cache(model, cache) -> None:
+def check_cache(model, cache, batch: int) -> bool:
     """After the prefill: refuse a cache holding state that the engine cannot roll back to the
-    accepted length (`kv_cache.commit_path` gathers and crops `DynamicLayer`s only)."""
+    accepted length (`kv_cache.commit_path` gathers and crops `DynamicLayer`s; `recurrent.py`
+    replays linear-attention layers, for one row). Returns whether it holds recurrent state."""
     name = type(model).__name__
     fix = "use target.generate for this model"
     if isinstance(cache, EncoderDecoderCache):
@@ -77,14 +84,25 @@ def check_cache(model, cache) -> None:
         raise UnsupportedTarget(
             f"{name} keeps state in a {type(cache).__name__} beyond its key/value layers, which "
             f"the engine cannot roll back to the accepted tokens: {fix}")
+    recurrent = False
     for layer in cache.layers:
         if type(layer) in (DynamicLayer, DummyLayer):
             continue
         kind = type(layer).__name__
+        if type(layer) in (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer):
+            recurrent = True
+            continue
         what = _RECURRENT if "Linear" in kind else f"{kind} entries"
         raise UnsupportedTarget(
             f"{name}: its cache holds {what} ({kind}), which the engine cannot yet roll back to "
-            f"the accepted tokens (only key/value layers are): {fix}")
+            f"the accepted tokens (only key/value layers, and linear-attention layers beside "
+            f"full attention, are): {fix}")
+    if recurrent and batch > 1:
+        raise UnsupportedTarget(
+            f"{name}: its cache holds {_RECURRENT}, which the engine rolls back by replaying one "
+            f"row's accepted tokens; a batch of {batch} rows would accept different numbers: "
+            f"pass one prompt per call")
+    return recurrent
 
 
 @dataclass(frozen=True)
@@ -187,8 +205,11 @@ def _measure(target, input_ids, attention_mask, windows):
                     why.append(f"{mode}: " + (got if isinstance(got, str)
                                               else "other logits than its own forward"))
                 mode = next((m for m, ok in tree_ok.items() if ok), None)
-                holes = (mode == "block_sparse") if windows else _close(
-                    _hole_forward(target, ids), ref_yz)
+                try:
+                    holes = (mode == "block_sparse") if windows else _close(
+                        _hole_forward(target, ids), ref_yz)
+                except _FAILURES:  # a recurrent layer's state cannot take the hole
+                    holes = False
             finally:
                 restore()
     except _FAILURES as err:

@@ -34,6 +34,7 @@ from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
 
 from . import admission, kv_cache
+from . import recurrent as rec
 from .draft import Draft, DraftState, VerifyResult
 from .drafters.vocab import VocabularyMismatch, padded_widths
 from .positions import prefill_position_ids
@@ -551,7 +552,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
 
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
                                                  layers, windows)
-    admission.check_cache(target, cache)  # before the first token
+    recurrent = admission.check_cache(target, cache, input_ids.shape[0])  # before a token
+    state_layers = rec.recurrent_layers(cache) if recurrent else []
     penalty = None
     if cfg.repetition_penalty is not None:
         penalty = RepetitionPenalty(cfg.repetition_penalty, input_ids, logits.shape[-1])
@@ -584,6 +586,12 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
         remaining = max_new_tokens - rows.count - 1  # [B] draft tokens a row can still commit
         tree.valid &= (rows.live[:, None] & (tree.depth <= remaining[:, None])) | (tree.depth == 0)
         mask = _tree_mask(tree, slots, windows)
+        if recurrent and mask is not None:
+            raise admission.UnsupportedTarget(
+                f"{type(target).__name__}: its cache holds recurrent state (linear attention "
+                f"or SSM), through which a draft tree's branches would mix; draft chains "
+                f"(ModelDrafter(top_k=1), PromptLookupDrafter)")
+        saved = rec.snapshot(state_layers) if recurrent else None
         tc = _sync(device)
         out = _verify_forward(target, tree, slots, cache, need_hidden, mask, probe)
         td = _sync(device)
@@ -595,7 +603,23 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
 
         # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
         depth, keep, keep_valid = _accepted_path(tree, best)
-        kv_cache.commit_path(cache, slots.ids.shape[1] - 1, keep)
+        start = slots.ids.shape[1] - 1
+        if recurrent:  # one row, a chain: replay the committed tokens where one was rejected
+            k = int(depth[0]) + 1
+            if k < tree.tokens.shape[1]:
+                rec.crop_attention(cache, start)
+                rec.restore(state_layers, saved)
+                tr = _sync(device)
+                rec.replay(target, tree.tokens[:, :k],
+                           slots.root_pos + torch.arange(k, device=device),
+                           torch.cat([slots.cache_valid, tree.valid[:, :k]], 1).long(),
+                           cache_kwargs(target.forward, cache))
+                stats.target_forward_time += _sync(device) - tr  # a target forward too
+                stats.replays += 1
+            else:
+                rec.crop_attention(cache, start + k)
+        else:
+            kv_cache.commit_path(cache, start, keep)
         path_tokens = tree.tokens.gather(1, keep)[:, 1:]  # [B, K-1]
         new = torch.cat([path_tokens, bonus[:, None]], dim=1)  # [B, K]
         new[torch.arange(len(depth)), depth] = bonus  # right after each row's accepted tokens

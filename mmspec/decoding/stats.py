@@ -22,6 +22,7 @@ class SpecStats:
     verify_time: float = 0.0  # the rest of the rounds: target forwards plus the engine's own work
     target_forward_time: float = 0.0  # seconds in the target's verification forwards alone
     prefill_time: float = 0.0
+    replays: int = 0  # rounds that fed the committed tokens again (recurrent targets, recurrent.py)
     total_time: float = 0.0
 
     @property

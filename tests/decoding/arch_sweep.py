@@ -1,6 +1,6 @@
 """The architecture sweep (issue 29): every causal LM class that the installed transformers maps,
 built tiny with random weights, decoded greedily by `mmspec.generate` and compared with its own
-`generate`, for a chain, a tree, prompt lookup on a left-padded batch and a tree on that batch.
+`generate`, for a chain (an oracle of its own tokens with rejections), a tree, prompt lookup on a left-padded batch and a tree on that batch.
 
 Each case ends as `pass` (token-identical), `refused` (a one-line `UnsupportedTarget` or
 `ValueError` from mmspec, before the first token) or, for the test, a failure: a mismatch or a
@@ -163,11 +163,36 @@ def build(model_type: str):
     return model
 
 
-def _drafter(case, model):
+class OracleChain:
+    """Chains of 3 of the model's own next tokens (from its `generate`), the last one wrong in
+    every other round: high acceptance, and rejections to roll back."""
+
+    def __init__(self, ref, prompt_mask):
+        self.ref, self.real = ref, prompt_mask.sum(-1)  # ref [B, L + new]
+        self.rounds = 0
+
+    def propose(self, state):
+        from mmspec.decoding import Draft
+
+        n = min(3, state.max_tokens)
+        done = state.attention_mask.sum(-1) - self.real  # committed tokens, the root included
+        at = self.ref.shape[1] - NEW_TOKENS + done  # [B]
+        idx = (at[:, None] + torch.arange(n)).clamp(max=self.ref.shape[1] - 1)
+        truth = self.ref.gather(1, idx)
+        if self.rounds % 2:
+            truth[:, -1] = (truth[:, -1] + 1) % VOCAB
+        self.rounds += 1
+        return Draft.chain(truth)
+
+    def update(self, result):
+        pass
+
+
+def _drafter(case, model, ref, mask):
     from mmspec.decoding import ModelDrafter, PromptLookupDrafter
 
     if case == "chain":
-        return ModelDrafter(model, num_tokens=3)
+        return OracleChain(ref, mask)
     if case == "lookup batch":
         return PromptLookupDrafter(num_tokens=3)
     return ModelDrafter(model, num_tokens=6, top_k=2, depth=3)  # the target drafts for itself
@@ -196,7 +221,8 @@ def sweep_one(model_type: str) -> dict:
         for case in CASES:
             b = 2 if case.endswith("batch") else 1
             try:
-                out = mmspec.generate(model, _drafter(case, model), PROMPTS[:b],
+                out = mmspec.generate(model, _drafter(case, model, refs[b], MASK[:b]),
+                                      PROMPTS[:b],
                                       attention_mask=MASK[:b], max_new_tokens=NEW_TOKENS,
                                       do_sample=False, pad_token_id=0)
                 result[case] = "pass" if torch.equal(out.sequences, refs[b]) else "MISMATCH"
@@ -244,7 +270,7 @@ def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
         f"Every entry of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` in transformers "
         f"{transformers.__version__} ({len(results)} architectures), built tiny with random "
         f"weights and decoded greedily by `mmspec.generate` against the model's own `generate`: "
-        f"a chain (`ModelDrafter(top_k=1)`), a tree (`top_k=2`, the target drafting for itself), "
+        f"a chain (the model's own next tokens, the last of three wrong every other round), a tree (`top_k=2`, the target drafting for itself), "
         f"prompt lookup on a left-padded batch of two, and the tree on that batch. `pass`: the "
         f"same tokens; `refused`: a one-line `UnsupportedTarget` before the first token (the "
         f"reasons are below the table). `make test` runs this sweep "

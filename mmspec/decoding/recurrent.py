@@ -1,0 +1,62 @@
+"""Hybrid linear-attention targets (Qwen3-Next, Jamba, Granite-4 hybrids, Nemotron-H, Zamba 2,
+...): roll the recurrent state back to the accepted tokens.
+
+A linear-attention, SSM or short-convolution layer folds every token it is fed into one state;
+transformers' `LinearAttentionLayer` keeps that state (`conv_states`, `recurrent_states`) in place
+and can crop only its convolution window (`crop`, for layers without a recurrent state). After a
+verification forward of `K` chain tokens of which `d + 1 < K` are committed (the root and `d`
+accepted drafts), the state holds rejected tokens and no cache slot can hide them. So, as in
+assisted generation's fallback for such models, the engine snapshots the states before the
+verification forward and, when the round rejects a token, restores them, crops the attention
+layers back to the round's start and feeds the committed tokens again: one more forward of
+`d + 1` tokens in the rounds that reject one (its cost is in BENCHMARKS.md, `hybrid_rollback`).
+
+Only chains on one row: a tree's siblings or a batch's holes cannot pass through a recurrence
+without mixing into its state (the admission probe finds both inexact and refuses them).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+
+def recurrent_layers(cache) -> list:
+    return [layer for layer in getattr(cache, "layers", ())
+            if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+
+def snapshot(layers) -> list:
+    """Copies of every layer's conv and recurrent states (and whether it has seen a token)."""
+    saved = []
+    for layer in layers:
+        saved.append(({i: s.clone() for i, s in layer.conv_states.items() if s is not None},
+                      {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None},
+                      dict(layer.has_previous_state)))
+    return saved
+
+
+def restore(layers, saved) -> None:
+    """Put the states back in place (their tensors keep their addresses)."""
+    for layer, (conv, rec, seen) in zip(layers, saved):
+        for i, state in conv.items():
+            layer.conv_states[i].copy_(state)
+        for i, state in rec.items():
+            layer.recurrent_states[i].copy_(state)
+        layer.has_previous_state.update(seen)
+
+
+def crop_attention(cache, start: int) -> None:
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None \
+                and layer.keys.numel():
+            layer.keys = layer.keys[:, :, :start]
+            layer.values = layer.values[:, :, :start]
+
+
+def replay(target, tokens: torch.Tensor, positions: torch.Tensor, attn_2d: torch.Tensor,
+           cache_arg: dict) -> None:
+    """Feed the committed tokens `[1, d + 1]` again after a restore: states and keys as if the
+    rejected drafts had never been fed."""
+    target(input_ids=tokens, attention_mask=attn_2d, position_ids=positions, use_cache=True,
+           return_dict=True, **cache_arg)
