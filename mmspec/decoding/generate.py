@@ -614,7 +614,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
                            slots.root_pos + torch.arange(k, device=device),
                            torch.cat([slots.cache_valid, tree.valid[:, :k]], 1).long(),
                            cache_kwargs(target.forward, cache))
-                stats.target_forward_time += _sync(device) - tr  # a target forward too
+                tr = _sync(device) - tr
+                stats.target_forward_time += tr  # a target forward too
+                stats.replay_time += tr
                 stats.replays += 1
             else:
                 rec.crop_attention(cache, start + k)

@@ -23,6 +23,7 @@ class SpecStats:
     target_forward_time: float = 0.0  # seconds in the target's verification forwards alone
     prefill_time: float = 0.0
     replays: int = 0  # rounds that fed the committed tokens again (recurrent targets, recurrent.py)
+    replay_time: float = 0.0  # seconds in those replays (part of target_forward_time)
     total_time: float = 0.0
 
     @property
