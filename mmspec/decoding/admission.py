@@ -33,6 +33,7 @@ import torch
 from transformers import Cache, DynamicCache, EncoderDecoderCache
 from transformers.cache_utils import (
     DummyLayer,
+    DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
@@ -64,6 +65,22 @@ def engine_cache(model, windows):
     return cache
 
 
+def check_length(model, length: int) -> None:
+    """DSA models (DeepSeek-V3.2, GLM-MoE-DSA: `index_topk`) attend to the top-k keys their
+    indexer picks; past `index_topk` tokens, transformers' forward over several new tokens picks
+    other keys than its one-token decode step (seen in the architecture sweep with a small
+    `index_topk`), so a verification forward cannot equal `generate` there."""
+    config = model.config.get_text_config()
+    topk = getattr(config, "index_topk", None)
+    if isinstance(topk, int) and length > topk:
+        raise UnsupportedTarget(
+            f"{type(model).__name__}: its sparse attention keeps the top {topk} keys "
+            f"(index_topk), and past {topk} tokens its forward over several new tokens selects "
+            f"other keys than its one-token decode step, so verification cannot equal its "
+            f"generate; this call reaches {length} tokens: keep the prompt plus max_new_tokens "
+            f"within {topk} or use target.generate")
+
+
 _RECURRENT = "recurrent state (linear attention, SSM or convolution)"
 
 
@@ -86,7 +103,7 @@ def check_cache(model, cache, batch: int) -> bool:
             f"the engine cannot roll back to the accepted tokens: {fix}")
     recurrent = False
     for layer in cache.layers:
-        if type(layer) in (DynamicLayer, DummyLayer):
+        if type(layer) in (DynamicLayer, DynamicIndexedLayer, DummyLayer):
             continue
         kind = type(layer).__name__
         if type(layer) in (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer):
@@ -184,6 +201,12 @@ def _measure(target, input_ids, attention_mask, windows):
                     f"{name}: its own cached decoding disagrees with its full forward past its "
                     f"sliding window {windows} (its cache drops keys its attention mask keeps), "
                     f"so no verification can equal its generate; use target.generate")
+            steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
+            if not _close(steps[0], steps[1]):
+                return UnsupportedTarget(
+                    f"{name}: its own forward over several new tokens after its cache gives "
+                    f"other logits than its one-token steps (which its generate runs), so no "
+                    f"verification forward can equal its generate; use target.generate")
             restore = use_block_sparse_attention(target)
             try:
                 if not _close(_plain(target, ids[:, :n + 1]), plain):
@@ -220,6 +243,23 @@ def _measure(target, input_ids, attention_mask, windows):
     if not holes:
         why.append("rows with holes: other logits than its own forward")
     return Probe(mode, holes, "; ".join(why))
+
+
+def _own_steps(target, ids):
+    """The model's own cache and attention: logits of x, y, z fed at once after the prompt, and
+    fed one at a time; `[2, 3, V]`."""
+    n = ids.shape[1] - 3
+    out = []
+    for chunks in ((slice(n, n + 3),), (slice(n, n + 1), slice(n + 1, n + 2), slice(n + 2, n + 3))):
+        cache = DynamicCache(config=target.config)
+        kwargs = cache_kwargs(target.forward, cache)
+        target(input_ids=ids[:, :n], position_ids=_positions(target, ids[:, :n]),
+               use_cache=True, **kwargs)
+        pos = _positions(target, ids)
+        out.append(torch.cat([target(input_ids=ids[:, c], position_ids=pos[..., c],
+                                     use_cache=True, return_dict=True, **kwargs).logits[0]
+                              for c in chunks]))
+    return torch.stack(out)
 
 
 def _own_cached_step(target, ids):

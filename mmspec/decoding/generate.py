@@ -408,7 +408,7 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         attention_mask = torch.ones_like(input_ids)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
     windows = sliding_windows(target)
-    probe = _admit(target, drafter, input_ids, attention_mask, windows)
+    probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
     with block_sparse_attention_of(target), torch.no_grad():
         try:
             return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens,
@@ -424,10 +424,11 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
                 end()
 
 
-def _admit(target, drafter, input_ids, attention_mask, windows):
+def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens):
     """The target's probe (`admission.py`), and the refusals it implies for this call, before the
     prefill: a batch whose rows would leave holes, a tree drafter (or any round through a mask,
     with sliding windows) where no tree verification is exact."""
+    admission.check_length(target, input_ids.shape[1] + max_new_tokens)
     probe = admission.probe(target, input_ids, attention_mask, windows)
     if probe is None:
         return None

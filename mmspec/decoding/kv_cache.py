@@ -7,7 +7,8 @@ select per row into `[start, start + K)` and drops the rest. Rows that accepted 
 tokens leave holes there, which the engine masks out.
 
 Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` tensors (transformers'
-`DynamicCache` and its `DynamicLayer`s); the values' D may differ from the keys' (MLA models).
+`DynamicCache` and its `DynamicLayer`s); the values' D may differ from the keys' (MLA models);
+`DynamicIndexedLayer`s (DSA models: GLM-MoE-DSA, DeepSeek-V3.2) also keep their indexer's keys.
 Sliding-window, static and linear-attention layers are refused: their contents cannot be compacted
 this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the engine
 instead: `windows.py`).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from transformers import Cache, EncoderDecoderCache
-from transformers.cache_utils import DummyLayer, DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer
 
 
 def _layers(cache: Cache):
@@ -26,7 +27,7 @@ def _layers(cache: Cache):
     for layer in cache.layers:
         if type(layer) is DummyLayer:  # holds nothing (KV-sharing consumers, MLP-only layers)
             continue
-        if type(layer) is not DynamicLayer:
+        if type(layer) not in (DynamicLayer, DynamicIndexedLayer):
             raise TypeError(
                 f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "
                 f"needs DynamicLayer (full attention) layers"
@@ -57,6 +58,16 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor) -> None:
             picked = full[:, :, start:].gather(2, idx)  # [B, H, K, D]
             full[:, :, start : start + k] = picked
             setattr(layer, name, full[:, :, : start + k])
+        if getattr(layer, "is_indexer_initialized", False):  # DSA: the indexer's keys too
+            keys = layer.indexer_keys  # [B, start + N, D]
+            idx = keep.to(keys.device)[..., None].expand(b, k, keys.shape[2])
+            keys[:, start : start + k] = keys[:, start:].gather(1, idx)
+            layer.indexer_keys = keys[:, : start + k]
+            pos = layer.indexer_position_ids  # [P, B, start + N] or None
+            if pos is not None:
+                idx = keep.to(pos.device)[None].expand(pos.shape[0], b, k)
+                pos[..., start : start + k] = pos[..., start:].gather(2, idx)
+                layer.indexer_position_ids = pos[..., : start + k]
 
 
 def crop(cache: Cache, length: int) -> None:
@@ -64,3 +75,7 @@ def crop(cache: Cache, length: int) -> None:
     for layer in _layers(cache):
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]
+        if getattr(layer, "is_indexer_initialized", False):
+            layer.indexer_keys = layer.indexer_keys[:, :length]
+            if layer.indexer_position_ids is not None:
+                layer.indexer_position_ids = layer.indexer_position_ids[..., :length]

@@ -77,6 +77,17 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
 
     Returns `(attn_output [B, N, Hq, D], None)`, the contract of transformers' attention functions.
     """
+    indices = kwargs.pop("indices", None)  # DSA's top-k keys per query (GLM-MoE-DSA, DeepSeek-V3.2)
+    if indices is not None:
+        selected = torch.zeros(*indices.shape[:2], key.shape[2], dtype=torch.bool,
+                               device=key.device).scatter(-1, indices.long(), True)[:, None]
+        if block_sparse_mask is None:
+            attention_mask = _select(attention_mask, selected, module, kwargs, query, key)
+        elif _AUDIT.active:  # the layer chose its keys without the tree mask: not exact
+            _AUDIT.dropped += 1
+            block_sparse_mask = _select_blocks(block_sparse_mask, selected, kwargs)
+        else:
+            block_sparse_mask = _select_blocks(block_sparse_mask, selected, kwargs)
     if block_sparse_mask is None:
         if _AUDIT.active:
             _AUDIT.dropped += 1
@@ -131,6 +142,30 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     if _AUDIT.active:
         _AUDIT.used += 1
     return out.transpose(1, 2).contiguous(), None
+
+
+def _select(attention_mask, selected, module, kwargs, query, key):
+    """The layer's mask, limited to the keys DSA selected (`selected` bool `[B, 1, Nq, Nk]`), in
+    the mask's own format: what the model does itself under eager and SDPA."""
+    if attention_mask is None:
+        attention_mask = _additive(None, module, kwargs, query, key.shape[2])
+    if attention_mask is None:
+        return selected
+    if attention_mask.dtype == torch.bool:
+        return attention_mask[..., :key.shape[2]] & selected
+    return attention_mask[..., :key.shape[2]].masked_fill(~selected,
+                                                          torch.finfo(query.dtype).min)
+
+
+def _select_blocks(block_sparse_mask, selected, kwargs):
+    """`block_sparse_mask` (or this layer's mask of a window dict) limited to the selected keys."""
+    if isinstance(block_sparse_mask, dict):
+        window = kwargs.get("sliding_window")
+        block_sparse_mask = {**block_sparse_mask, window: _select_blocks(
+            block_sparse_mask[window], selected, {})}
+        return block_sparse_mask
+    dense = block_sparse_mask.to_dense()  # [B, H, Nq, Nk]
+    return BlockSparseMask.from_token_mask(dense & selected, block_sparse_mask.block_size)
 
 
 def _with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,7 @@ SIZE = {
  "sliding_window": 8, "sliding_window_size": 8, "local_attention_window_len": 8, "window_size": 8,
  "vocab_size_per_layer_input": VOCAB, "unpadded_vocab_size": VOCAB, "expert_ffn_hidden_size": 32,
  "dim_ff": 128, "encoder_hash_byte_group_vocab": 512, "hidden_size_global": 64, "rotary_dim": 8,
- "codebook_size": 64,
+ "codebook_size": 64, "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2,
 }
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
 # ids a tiny vocabulary must hold
