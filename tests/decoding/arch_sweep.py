@@ -56,7 +56,8 @@ SIZE = {
  "sliding_window": 8, "sliding_window_size": 8, "local_attention_window_len": 8, "window_size": 8,
  "vocab_size_per_layer_input": VOCAB, "unpadded_vocab_size": VOCAB, "expert_ffn_hidden_size": 32,
  "dim_ff": 128, "encoder_hash_byte_group_vocab": 512, "hidden_size_global": 64, "rotary_dim": 8,
- "codebook_size": 64, "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2,
+ "codebook_size": 64, "num_experts_per_token": 2, "num_expert_group": 1, "linear_num_heads": 4,
+ "linear_head_dim": 16, "layer_group_size": 2, "num_shared_experts": 1, "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2,
 }
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
 # ids a tiny vocabulary must hold
@@ -86,10 +87,17 @@ def _layer_lists(d):
     return out
 
 
+# sizes some configs leave at None (and then fail without): filled in
+_FILL_NONE = {"num_experts_per_tok", "n_routed_experts", "n_shared_experts", "num_experts_per_token",
+              "num_local_experts", "moe_intermediate_size",
+              "linear_head_dim", "linear_num_heads"}
+
+
 def _shrink(d):
     out = {}
     for k, v in d.items():
-        if k in SIZE and isinstance(v, int) and not isinstance(v, bool):
+        if k in SIZE and (isinstance(v, int) and not isinstance(v, bool)
+                          or v is None and k in _FILL_NONE):
             out[k] = SIZE[k]
         elif k.endswith("_token_id") or k.endswith("_token_index"):
             if isinstance(v, int) and v >= VOCAB - 8:
@@ -101,6 +109,8 @@ def _shrink(d):
     out.update(_layer_lists(d))
     if isinstance(d.get("qk_rope_head_dim"), int) and "head_dim" in d:
         out["head_dim"] = out["qk_rope_head_dim"]
+    if isinstance(d.get("kv_lora_rank"), int) and "num_key_value_heads" in d:  # MLA: all heads
+        out["num_key_value_heads"] = out.get("num_attention_heads", 4)
     return out
 
 
@@ -130,9 +140,14 @@ OVERRIDES = {
     "gemma4_assistant": dict(hidden_size_per_layer_input=0),
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, hidden_size_per_layer_input=16, laurel_rank=8, altup_num_inputs=2),
     "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=1),
+    "dots1": dict(n_shared_experts=1, moe_intermediate_size=32),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8),
+    "mimo_v2_flash": dict(num_key_value_heads=2, layer_types=["full_attention", "sliding_attention"]),
+    "cohere_compass_text": dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16),
     "xlstm": dict(num_blocks=2, embedding_dim=64, num_heads=4, qk_dim_factor=0.5, v_dim_factor=1.0),
 }
-_MLA = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "sarvam_mla", "youtu", "axk1", "axk2", "mimo_v2_flash")
+_MLA = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "sarvam_mla", "youtu", "axk1", "axk2")
 for _m in _MLA:
     OVERRIDES.setdefault(_m, {})["num_key_value_heads"] = 4
 
@@ -154,7 +169,7 @@ def build(model_type: str):
 
     config = tiny_config(model_type)
     torch.manual_seed(0)
-    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id = None, 0  # EOS off: every call runs its full length
     for name in _SETTINGS_OFF:
