@@ -26,9 +26,14 @@ from pathlib import Path
 
 import torch
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+)
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
+MAPPINGS = {"causal": MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            "vlm": MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES}
 
 
 VOCAB = 256
@@ -106,6 +111,9 @@ def _shrink(d):
                 out[k] = [TOKEN_IDS.get(k, 7)]
         elif isinstance(v, dict) and (k.endswith("config") or k.endswith("_cfg") or "model_type" in v):
             out[k] = _shrink(v)
+        elif isinstance(v, dict) and isinstance(v.get("mrope_section"), list):
+            # M-RoPE splits the rotary half of the head (16 // 2 here) over its 3 axes
+            out[k] = {**v, "mrope_section": [2, 3, 3][:len(v["mrope_section"])]}
     out.update(_layer_lists(d))
     if isinstance(d.get("qk_rope_head_dim"), int) and "head_dim" in d:
         out["head_dim"] = out["qk_rope_head_dim"]
@@ -121,7 +129,15 @@ def tiny_config(model_type):
     if "is_decoder" in d:
         kw["is_decoder"] = True
     kw.update(OVERRIDES.get(model_type, {}))
-    return cls(**kw)
+    config = cls(**kw)
+    if model_type in _MROPE:  # their default M-RoPE split is for a 128-wide head
+        text = config.get_text_config()
+        text.rope_parameters = {**(text.rope_parameters or {}), "mrope_section": [2, 3, 3]}
+    return config
+
+
+_MROPE = ("qwen2_vl", "qwen2_5_vl", "glm4v", "glm4v_moe", "glm46v", "glm_ocr", "glmga",
+          "paddleocr_vl")
 
 
 OVERRIDES = {
@@ -164,12 +180,14 @@ _SETTINGS_OFF = ("forced_eos_token_id", "forced_bos_token_id", "begin_suppress_t
                  "bad_words_ids")
 
 
-def build(model_type: str):
+def build(model_type: str, kind: str = "causal"):
     import transformers
 
     config = tiny_config(model_type)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    auto = (transformers.AutoModelForCausalLM if kind == "causal"
+            else transformers.AutoModelForImageTextToText)
+    model = auto.from_config(config).eval()
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id = None, 0  # EOS off: every call runs its full length
     for name in _SETTINGS_OFF:
@@ -217,15 +235,17 @@ def _one_line(err: BaseException) -> str:
     return re.sub(r"\s+", " ", str(err)).strip()
 
 
-def sweep_one(model_type: str) -> dict:
-    """-> {"built": reason or None, case: "pass" | "refused: ..." | "MISMATCH" | "CRASH: ..."}"""
+def sweep_one(model_type: str, kind: str = "causal") -> dict:
+    """-> {"built": reason or None, case: "pass" | "refused: ..." | "MISMATCH" | "CRASH: ..."}
+    kind: "causal" (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`) or "vlm"
+    (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, text-only prompts)."""
     import mmspec
     from mmspec.decoding.admission import UnsupportedTarget
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            model = build(model_type)
+            model = build(model_type, kind)
             with torch.no_grad():
                 refs = {b: model.generate(PROMPTS[:b], attention_mask=MASK[:b],
                                           max_new_tokens=NEW_TOKENS, do_sample=False,
@@ -263,44 +283,30 @@ def outcome(result: dict) -> str:
 
 
 def read_table(path: Path = TABLE) -> dict:
-    """{model_type: {"outcome": ..., case: "pass" | "refused" | "-"}} from the docs table."""
-    rows = {}
+    """{kind: {model_type: {"outcome": ..., case: "pass" | "refused" | "-"}}} from the docs."""
+    rows, kind = {"causal": {}, "vlm": {}}, "causal"
     for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            kind = "vlm" if "image" in line.lower() else "causal"
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 + len(CASES) and cells[0].startswith("`"):
-            rows[cells[0].strip("`")] = {"outcome": cells[2],
-                                         **dict(zip(CASES, cells[3:3 + len(CASES)]))}
+            rows[kind][cells[0].strip("`")] = {"outcome": cells[2],
+                                               **dict(zip(CASES, cells[3:3 + len(CASES)]))}
     return rows
 
 
-def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
-    import transformers
-
+def _section(kind: str, results: dict) -> list:
+    mapping = MAPPINGS[kind]
     counts = {}
     for r in results.values():
         counts[outcome(r)] = counts.get(outcome(r), 0) + 1
     lines = [
-        "# Which causal LMs `mmspec.generate` decodes exactly",
-        "",
-        f"Every entry of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` in transformers "
-        f"{transformers.__version__} ({len(results)} architectures), built tiny with random "
-        f"weights and decoded greedily by `mmspec.generate` against the model's own `generate`: "
-        f"a chain (the model's own next tokens, the last of three wrong every other round), a tree (`top_k=2`, the target drafting for itself), "
-        f"prompt lookup on a left-padded batch of two, and the tree on that batch. `pass`: the "
-        f"same tokens; `refused`: a one-line `UnsupportedTarget` before the first token (the "
-        f"reasons are below the table). `make test` runs this sweep "
-        f"(`tests/decoding/test_architectures.py`) and fails on any mismatch, crash, or "
-        f"architecture missing from this table; `python -m tests.decoding.arch_sweep --write` "
-        f"rewrites it ({seconds:.0f} s on a 2-core CPU).",
-        "",
         "Totals: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ".",
         "",
         "| model type | class | outcome | " + " | ".join(CASES) + " | reason |",
         "|---|---|---|" + "---|" * len(CASES) + "---|",
     ]
-    reasons = []
     for model_type, r in results.items():
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
         if r["built"]:
             cells = ["-"] * len(CASES)
             why = f"not built tiny here: {r['built']}"
@@ -309,8 +315,43 @@ def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
             refusals = sorted({r[c][len("refused: "):] for c in CASES
                                if r[c].startswith("refused")})
             why = " / ".join(refusals)
-        lines.append(f"| `{model_type}` | {cls} | {outcome(r)} | " + " | ".join(cells)
-                     + f" | {why.replace('|', '/')} |")
+        lines.append(f"| `{model_type}` | {mapping[model_type]} | {outcome(r)} | "
+                     + " | ".join(cells) + f" | {why.replace('|', '/')} |")
+    return lines
+
+
+def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
+    import transformers
+
+    lines = [
+        "# Which models `mmspec.generate` decodes exactly",
+        "",
+        f"Every entry of transformers {transformers.__version__}'s "
+        f"`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` and `MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, "
+        f"built tiny with random weights and decoded greedily by `mmspec.generate` against the "
+        f"model's own `generate`: a chain (the model's own next tokens, the last of three wrong "
+        f"every other round), a tree (`ModelDrafter(top_k=2)`, the target drafting for itself), "
+        f"prompt lookup on a left-padded batch of two, and the tree on that batch. `pass`: the "
+        f"same tokens; `refused`: a one-line `UnsupportedTarget` (or `ValueError`) before the "
+        f"first token, its reason in the last column. `make test` runs this sweep "
+        f"(`tests/decoding/test_architectures.py`) and fails on any mismatch, crash, or "
+        f"architecture missing from these tables; `python -m tests.decoding.arch_sweep --write` "
+        f"rewrites them ({seconds:.0f} s on a 2-core CPU). `not built`: the sweep's tiny config "
+        f"of that class fails in transformers itself (or needs a package not installed here); "
+        f"those classes are untested, not refused.",
+        "",
+        f"## Causal LMs ({len(results['causal'])} classes)",
+        "",
+        *_section("causal", results["causal"]),
+        "",
+        f"## Image-text-to-text models ({len(results['vlm'])} classes), text-only prompts",
+        "",
+        "The text path of each VLM class (no image in the prompt); prompts with images are "
+        "tested for the families mmspec's VLM adapters cover (LLaVA, Qwen2.5-VL: "
+        "`tests/vision`, `tests/decoding`).",
+        "",
+        *_section("vlm", results["vlm"]),
+    ]
     path.parent.mkdir(exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 
@@ -322,12 +363,14 @@ def main(argv=None) -> None:
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    start, results = time.perf_counter(), {}
-    for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        if only and model_type not in only:
-            continue
-        results[model_type] = sweep_one(model_type)
-        print(f"{model_type:28s} {outcome(results[model_type])}", flush=True)
+    start, results = time.perf_counter(), {"causal": {}, "vlm": {}}
+    for kind, mapping in MAPPINGS.items():
+        for model_type in mapping:
+            if only and model_type not in only:
+                continue
+            results[kind][model_type] = sweep_one(model_type, kind)
+            print(f"{kind:6s} {model_type:28s} {outcome(results[kind][model_type])}",
+                  flush=True)
     if "--write" in argv and not only:
         write_table(results, time.perf_counter() - start)
         print(f"wrote {TABLE}")

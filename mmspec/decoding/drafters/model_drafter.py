@@ -36,6 +36,7 @@ from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import use_block_sparse_attention
 
 from .. import kv_cache
+from ..admission import UnsupportedTarget
 from ..draft import Draft, DraftState, VerifyResult
 from ..sampling import target_probs
 from ..tree import BLOCK_SIZE
@@ -108,9 +109,14 @@ class ModelDrafter:
 
     def _forward(self, ids, attention_mask, position_ids, mask=None):
         kwargs = {} if mask is None else {"block_sparse_mask": mask}
-        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                         **cache_kwargs(self.model.forward, self.cache), use_cache=True,
-                         return_dict=True, **kwargs)
+        try:
+            out = self.model(input_ids=ids, attention_mask=attention_mask,
+                             position_ids=position_ids,
+                             **cache_kwargs(self.model.forward, self.cache), use_cache=True,
+                             return_dict=True, **kwargs)
+        except NotImplementedError as err:  # the kernel layer cannot carry what a layer asked
+            raise UnsupportedTarget(f"ModelDrafter: its model {type(self.model).__name__} "
+                                    f"cannot draft trees: {err}; use top_k=1") from err
         self.cache = output_cache(out)
         logits = out.logits.float()
         width = self.target_width
