@@ -30,7 +30,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers import Cache, DynamicCache, EncoderDecoderCache
+from transformers import Cache, DynamicCache, EncoderDecoderCache, GenerationConfig
 from transformers.cache_utils import (
     DummyLayer,
     DynamicIndexedLayer,
@@ -201,6 +201,12 @@ def _measure(target, input_ids, attention_mask, windows):
                     f"{name}: its own cached decoding disagrees with its full forward past its "
                     f"sliding window {windows} (its cache drops keys its attention mask keeps), "
                     f"so no verification can equal its generate; use target.generate")
+            if not _generate_agrees(target, ids[:, :n], plain):
+                return UnsupportedTarget(
+                    f"{name}: its own generate picks other tokens than its forward's argmax on "
+                    f"the same sequence (its generation does something its forward does not), "
+                    f"so verification by forward cannot equal its generate; use "
+                    f"target.generate")
             steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
             if not _close(steps[0], steps[1]):
                 return UnsupportedTarget(
@@ -243,6 +249,25 @@ def _measure(target, input_ids, attention_mask, windows):
     if not holes:
         why.append("rows with holes: other logits than its own forward")
     return Probe(mode, holes, "; ".join(why))
+
+
+def _generate_agrees(target, prompt, plain) -> bool:
+    """The model's own greedy `generate` (2 tokens, EOS off) against the argmax of its plain
+    forward over the result, up to the tolerance of `_close` (a near-tie may go either way)."""
+    try:
+        plain_greedy = GenerationConfig(max_new_tokens=2, do_sample=False, pad_token_id=0)
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt),
+                              generation_config=plain_greedy)  # no processors: the argmax
+    except _FAILURES:  # a generate that needs more than token ids: no claim either way
+        return True
+    n = prompt.shape[1]
+    if out.shape[1] < n + 2:  # stopped at an EOS: compare what was made
+        return True
+    logits = _plain(target, out[:, :n + 1])[n - 1:n + 1]  # [2, V]: what picked each token
+    picked = logits.gather(-1, out[0, n:n + 2, None].to(logits.device))[:, 0]
+    best = logits.max(-1).values
+    tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
+    return bool((best - picked <= tol * max(float(best.abs().max()), 1.0)).all())
 
 
 def _own_steps(target, ids):
