@@ -30,7 +30,12 @@ BLOCK_SIZE = 16
 
 @dataclass
 class Tree:
-    """tokens, parents, depth, valid: `[B, N]` (N = 1 + T); anc: bool `[B, N, N]`; probs `[B, T, V]`."""
+    """tokens, parents, depth, valid: `[B, N]` (N = 1 + T); anc: bool `[B, N, N]`; probs `[B, T, V]`.
+
+    The shape also lives on the host: `host_parents` long `[N]` or `[B, N]` and `host_depth` (CPU
+    tensors, read by the engine without a device sync); `checks`: long `[4]` on the device, the
+    draft's deferred value checks (`build_tree(defer_checks=True)`), else None.
+    """
 
     tokens: torch.Tensor
     parents: torch.Tensor
@@ -38,16 +43,23 @@ class Tree:
     depth: torch.Tensor
     valid: torch.Tensor
     probs: torch.Tensor | None
+    host_parents: torch.Tensor | None = None
+    host_depth: torch.Tensor | None = None
+    checks: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
     @property
+    def max_depth(self) -> int:
+        return int(self.host_depth.max()) if self.host_depth.numel() else 0
+
+    @property
     def is_chain(self) -> bool:
         """Every node's parent is the node before it: the tree mask is plain causal."""
         n = self.num_nodes
-        return bool((self.parents[:, 1:] == torch.arange(n - 1, device=self.parents.device)).all())
+        return bool((self.host_parents[..., 1:] == torch.arange(n - 1)).all())
 
 
 def _full_ancestors(parents: torch.Tensor) -> torch.Tensor:
@@ -56,8 +68,11 @@ def _full_ancestors(parents: torch.Tensor) -> torch.Tensor:
     return tree_ancestors(full)
 
 
-def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
-    tokens, parents = draft.tokens, draft.parents
+def _check_draft(draft: Draft, parents: torch.Tensor, batch: int, vocab: int):
+    """Shape checks, and the parents' values on the host (`parents`: a CPU copy). Returns the
+    value checks of the tokens and `num_tokens`, long `[4]` on the device: (any token out of
+    range, min token, max token, any num_tokens out of range)."""
+    tokens = draft.tokens
     if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype != torch.long:
         raise ValueError(f"Draft.tokens must be long [B={batch}, T], got {tokens.dtype} "
                          f"{tuple(tokens.shape)}")
@@ -74,46 +89,67 @@ def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
     if draft.probs is not None and draft.probs.shape != (batch, t, vocab):
         raise ValueError(f"Draft.probs must be [B={batch}, T={t}, V={vocab}], got "
                          f"{tuple(draft.probs.shape)}")
-    # the value checks in one host sync (a round's draft is checked every round)
-    bad = [((parents < -1) | (parents >= torch.arange(t, device=parents.device))).any()]
-    if t:
-        bad.append(((tokens < 0) | (tokens >= vocab)).any().to(parents.device))
-    if n is not None:
-        bad.append(((n < 0) | (n > t)).any().to(parents.device))
-    bad = torch.stack(bad).tolist()
-    if bad[0]:
+    if bool(((parents < -1) | (parents >= torch.arange(t))).any()):
         raise ValueError(f"Draft.parents[..., i] must be -1 or an earlier node in [0, i), got "
                          f"{parents.tolist()}")
-    if t and bad[1]:
+    zero = torch.zeros((), dtype=torch.long, device=tokens.device)
+    if t:
+        checks = [((tokens < 0) | (tokens >= vocab)).any().long(), tokens.min(), tokens.max()]
+    else:
+        checks = [zero, zero, zero]
+    checks.append(zero if n is None else ((n < 0) | (n > t)).any().long().to(tokens.device))
+    return torch.stack(checks)
+
+
+def raise_draft_errors(checks: list[int], draft: Draft, vocab: int) -> None:
+    """The ValueError of a failed deferred check (`checks`: `Tree.checks` read to the host)."""
+    bad_tokens, low, high, bad_num = checks
+    if bad_tokens:
         raise ValueError(f"Draft.tokens must lie in [0, {vocab}) (the target's vocabulary), got "
-                         f"range [{int(tokens.min())}, {int(tokens.max())}]")
-    if n is not None and bad[-1]:
-        raise ValueError(f"Draft.num_tokens must lie in [0, T={t}], got {n.tolist()}")
+                         f"range [{low}, {high}]")
+    if bad_num:
+        raise ValueError(f"Draft.num_tokens must lie in [0, T={draft.tokens.shape[1]}], got "
+                         f"{draft.num_tokens.tolist()}")
 
 
-def build_tree(roots: torch.Tensor, draft: Draft, vocab: int) -> Tree:
-    """roots: long `[B]` last committed tokens. Returns the `Tree` of `1 + T` nodes per row."""
+def build_tree(roots: torch.Tensor, draft: Draft, vocab: int, defer_checks: bool = False) -> Tree:
+    """roots: long `[B]` last committed tokens. Returns the `Tree` of `1 + T` nodes per row.
+
+    The tree's shape is worked out on the host from `draft.parents` (free when the drafter builds
+    them on the CPU, as `Draft.chain` does; one read otherwise). `defer_checks`: the token and
+    `num_tokens` value checks stay on the device in `Tree.checks` (out-of-range tokens clamped)
+    for the caller to read with its own (`raise_draft_errors`); else they raise here.
+    """
     b = roots.shape[0]
-    _check_draft(draft, b, vocab)
+    host = draft.parents.cpu()
+    checks = _check_draft(draft, host, b, vocab)
+    if not defer_checks:
+        raise_draft_errors(checks.tolist(), draft, vocab)
     t = draft.tokens.shape[1]
-    parents = draft.parents.to(roots.device)
-    if parents.ndim == 1:
-        anc = _full_ancestors(parents).expand(b, t + 1, t + 1)
+    if host.ndim == 1:
+        anc = _full_ancestors(host).expand(b, t + 1, t + 1)
     else:  # rows often share a tree shape: one ancestor matrix per distinct shape
-        shapes, which = torch.unique(parents, dim=0, return_inverse=True)
+        shapes, which = torch.unique(host, dim=0, return_inverse=True)
         anc = torch.stack([_full_ancestors(p) for p in shapes])[which]
-    full_parents = torch.cat([parents.new_full((*parents.shape[:-1], 1), -1),
-                              torch.where(parents < 0, 0, parents + 1)], dim=-1)
+    full_parents = torch.cat([host.new_full((*host.shape[:-1], 1), -1),
+                              torch.where(host < 0, 0, host + 1)], dim=-1)
+    host_depth = anc.sum(-1) - 1  # [B, N]
     valid = torch.ones(b, t + 1, dtype=torch.bool, device=roots.device)
     if draft.num_tokens is not None:
         valid[:, 1:] = torch.arange(t, device=roots.device) < draft.num_tokens.to(roots.device)[:, None]
+    tokens = draft.tokens.to(roots.device)
+    if defer_checks and t:
+        tokens = tokens.clamp(0, vocab - 1)  # never index the embedding out of range
     return Tree(
-        tokens=torch.cat([roots[:, None], draft.tokens.to(roots.device)], dim=1),
-        parents=full_parents.expand(b, t + 1),
-        anc=anc,
-        depth=anc.sum(-1) - 1,
+        tokens=torch.cat([roots[:, None], tokens], dim=1),
+        parents=full_parents.expand(b, t + 1).to(roots.device),
+        anc=anc.to(roots.device),
+        depth=host_depth.to(roots.device),
         valid=valid,
         probs=None if draft.probs is None else draft.probs.to(roots.device),
+        host_parents=full_parents,
+        host_depth=host_depth,
+        checks=checks if defer_checks else None,
     )
 
 

@@ -43,37 +43,41 @@ def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _children(tree: Tree) -> torch.Tensor:
-    """long `[B, N, R]`: the valid children of each node in node order, -1 padded."""
-    b, n = tree.tokens.shape
-    par = torch.where(tree.valid, tree.parents, -1)  # [B, N]; the root and invalid nodes: -1
+    """long `[B or 1, N, R]`: the children of each node in node order, -1 padded, from the host
+    shape (no device sync). Invalid nodes stay listed: the verifier skips them in order, which
+    leaves the order of the valid ones as it is."""
+    par = tree.host_parents.clone()  # [N] or [B, N]
+    par = par[None] if par.ndim == 1 else par
+    b, n = par.shape
     par[:, 0] = -1
-    earlier = torch.ones(n, n, dtype=torch.bool, device=par.device).tril(-1)  # j < i
+    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)  # j < i
     same = (par[:, :, None] == par[:, None, :]) & earlier  # [B, N, N]
     rank = same.sum(-1)  # [B, N] position among its siblings
     r = int(rank.max()) + 1 if n > 1 else 1
-    children = torch.full((b, n + 1, r), -1, dtype=torch.long, device=par.device)
-    slot = torch.where(par >= 0, par, n)  # orphans go to a spare row n
-    node = torch.arange(n, device=par.device).expand(b, n)
+    children = torch.full((b, n + 1, r), -1, dtype=torch.long)
+    slot = torch.where(par >= 0, par, n)  # the root goes to a spare row n
+    node = torch.arange(n).expand(b, n)
     children[torch.arange(b)[:, None], slot, rank] = node
-    return children[:, :n]
+    return children[:, :n].to(tree.tokens.device)
 
 
 def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
-    """probs `[B, N, V]` target distributions at each node -> (best `[B]`, bonus `[B]`)."""
+    """probs `[B, N, V]` target distributions at each node -> (best `[B]`, bonus `[B]`).
+
+    A fixed number of steps (the tree's depth times its widest fan-out, from the host shape): no
+    step waits on the device to learn whether a row is still moving."""
     b, _n, v = probs.shape
     rows = torch.arange(b, device=probs.device)
-    children = _children(tree)  # [B, N, R]
+    children = _children(tree).expand(b, -1, -1)  # [B, N, R]
     cur = torch.zeros(b, dtype=torch.long, device=probs.device)
     p = probs[:, 0].clone()  # [B, V] distribution at the current node
     live = torch.ones(b, dtype=torch.bool, device=probs.device)
-    for _ in range(int(tree.depth.max())):
+    for _ in range(tree.max_depth):
         moved = torch.zeros_like(live)
         for r in range(children.shape[2]):
             child = children[rows, cur, r]  # [B]
-            active = live & ~moved & (child >= 0)
-            if not active.any():
-                continue
             c = child.clamp_min(0)
+            active = live & ~moved & (child >= 0) & tree.valid[rows, c]
             x = tree.tokens[rows, c]  # [B]
             if tree.probs is None:
                 q = torch.nn.functional.one_hot(x, v).to(p.dtype)  # [B, V]
@@ -88,7 +92,5 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
             cur = torch.where(accept, c, cur)
             moved |= accept
         live &= moved
-        if not live.any():
-            break
     bonus = torch.multinomial(p, 1, generator=generator)[:, 0]
     return cur, bonus
