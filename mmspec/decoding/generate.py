@@ -320,14 +320,14 @@ def sampling_processors(cfg: SamplingConfig) -> NodeProcessors:
     penalty, then temperature, top-k, top-p), for the engine's `NodeProcessors`."""
     procs = []
     if cfg.repetition_penalty is not None:
-        procs.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+        procs.append(RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty)))
     if cfg.do_sample:
         if cfg.temperature != 1.0:
-            procs.append(TemperatureLogitsWarper(cfg.temperature))
+            procs.append(TemperatureLogitsWarper(float(cfg.temperature)))
         if cfg.top_k is not None:
-            procs.append(TopKLogitsWarper(cfg.top_k))
+            procs.append(TopKLogitsWarper(int(cfg.top_k)))
         if cfg.top_p is not None and cfg.top_p < 1.0:
-            procs.append(TopPLogitsWarper(cfg.top_p))
+            procs.append(TopPLogitsWarper(float(cfg.top_p)))
     return NodeProcessors(procs, cfg.do_sample)
 
 
