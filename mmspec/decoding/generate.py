@@ -491,15 +491,24 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
+    return run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
+               rule=sampling_processors(cfg), stop=None, eos=eos, asked_eos=asked_eos,
+               sampling=cfg if cfg.do_sample else None, streamer=streamer,
+               pad=0 if pad_token_id is None else pad_token_id, generator=generator,
+               on_round=on_round, profile=profile)
+
+
+def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
+        **loop) -> SpecOutput:
+    """The checked call's admission, the target's attention switch and the drafter's `end()`
+    around the loop (`_generate`'s keyword arguments in `loop`); shared by `generate` and
+    `speculative` (`hf_generate.py`)."""
     windows = sliding_windows(target)
     probe = _admit(target, drafter, input_ids, attention_mask, windows)
     with block_sparse_attention_of(target), torch.no_grad():
         try:
             return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens,
-                             sampling_processors(cfg), None, eos, asked_eos,
-                             cfg if cfg.do_sample else None, streamer,
-                             0 if pad_token_id is None else pad_token_id, generator, on_round,
-                             model_kwargs, windows, probe, profile)
+                             model_kwargs, windows, probe, **loop)
         except IndexError as err:  # a learned position table (GPT-2, OPT) indexed past its end
             _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
             raise
@@ -642,9 +651,9 @@ def _stop_at_criteria(rows, stop, num, hit):
     return num, hit
 
 
-def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, rule, stop, eos,
-              asked_eos, sampling, streamer, pad, generator, on_round, model_kwargs, windows,
-              probe, profile=False, put_prompt=True) -> SpecOutput:
+def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs, windows,
+              probe, *, rule, stop, eos, asked_eos, sampling, streamer, pad, generator,
+              on_round, profile=False, put_prompt=True) -> SpecOutput:
     """The loop. A round reads the device once (`host = ...tolist()`): every host decision after
     the draft (the accepted lengths, EOS, stats, streamed tokens) comes from that read, and every
     one before it from the previous round's. What the drafter and the target's forward do inside
