@@ -706,9 +706,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         tc = clock.now()
         out = _verify_forward(target, tree, slots, cache, need_hidden, mask, probe)
         td = clock.now()
-        node_depth = tree.host_depth.expand(b, -1).tolist()  # a CPU tensor: no device read
         lengths = [[input_ids.shape[1] + rows.count[r] + d if d <= remaining[r] else -1
-                    for d in node_depth[r]] for r in range(b)]
+                    for d in tree.host_depth[r]] for r in range(b)]
         scores = rule.tree(out.logits, tree.tokens, tree.anc, tree.depth, rows.seq, lengths)
         if rule.do_sample:
             best, bonus = verify_sampling(tree, scores.softmax(-1), generator)

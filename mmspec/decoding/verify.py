@@ -43,22 +43,18 @@ def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _children(tree: Tree) -> torch.Tensor:
-    """long `[B or 1, N, R]`: the children of each node in node order, -1 padded, from the host
-    shape (no device sync). Invalid nodes stay listed: the verifier skips them in order, which
+    """long `[B, N, R]`: the children of each node in node order, -1 padded, from the host
+    shape (no device read). Invalid nodes stay listed: the verifier skips them in order, which
     leaves the order of the valid ones as it is."""
-    par = tree.host_parents.clone()  # [N] or [B, N]
-    par = par[None] if par.ndim == 1 else par
-    b, n = par.shape
-    par[:, 0] = -1
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)  # j < i
-    same = (par[:, :, None] == par[:, None, :]) & earlier  # [B, N, N]
-    rank = same.sum(-1)  # [B, N] position among its siblings
-    r = int(rank.max()) + 1 if n > 1 else 1
-    children = torch.full((b, n + 1, r), -1, dtype=torch.long)
-    slot = torch.where(par >= 0, par, n)  # the root goes to a spare row n
-    node = torch.arange(n).expand(b, n)
-    children[torch.arange(b)[:, None], slot, rank] = node
-    return children[:, :n].to(tree.tokens.device)
+    lists = []
+    for row in tree.host_parents:
+        kids = [[] for _ in row]
+        for i, p in enumerate(row[1:], start=1):
+            kids[p].append(i)
+        lists.append(kids)
+    r = max(1, max(len(k) for kids in lists for k in kids))
+    table = [[k + [-1] * (r - len(k)) for k in kids] for kids in lists]
+    return torch.tensor(table, dtype=torch.long, device=tree.tokens.device)
 
 
 def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
@@ -68,7 +64,7 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
     step waits on the device to learn whether a row is still moving."""
     b, _n, v = probs.shape
     rows = torch.arange(b, device=probs.device)
-    children = _children(tree).expand(b, -1, -1)  # [B, N, R]
+    children = _children(tree)  # [B, N, R]
     cur = torch.zeros(b, dtype=torch.long, device=probs.device)
     p = probs[:, 0].clone()  # [B, V] distribution at the current node
     live = torch.ones(b, dtype=torch.bool, device=probs.device)
