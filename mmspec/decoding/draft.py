@@ -60,7 +60,7 @@ class Draft:
     def empty(cls, batch_size: int, device=None) -> Draft:
         """No draft: the round is one ordinary decoding step."""
         return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device),
-                   torch.zeros(0, dtype=torch.long, device=device))
+                   torch.zeros(0, dtype=torch.long))  # the shape on the host, as in `chain`
 
 
 @dataclass

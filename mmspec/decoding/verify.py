@@ -76,7 +76,8 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
             active = live & ~moved & (child >= 0) & tree.valid[rows, c]
             x = tree.tokens[rows, c]  # [B]
             if tree.probs is None:
-                q = torch.nn.functional.one_hot(x, v).to(p.dtype)  # [B, V]
+                # a point mass; one_hot would check x's range on the host
+                q = torch.zeros_like(p).scatter_(1, x[:, None], 1.0)  # [B, V]
             else:
                 q = tree.probs[rows, (c - 1).clamp_min(0)].to(p.dtype)
             ratio = p[rows, x] / q[rows, x].clamp_min(1e-30)
