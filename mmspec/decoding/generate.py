@@ -315,12 +315,15 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
                           resolve("top_p", top_p), penalty)
 
 
-def sampling_processors(cfg: SamplingConfig) -> NodeProcessors:
+def sampling_processors(cfg: SamplingConfig, attention_mask=None) -> NodeProcessors:
     """`cfg` as the transformers processors `target.generate` builds for it (repetition
-    penalty, then temperature, top-k, top-p), for the engine's `NodeProcessors`."""
+    penalty, skipping each row's left padding as transformers 5.24 does, then temperature, top-k,
+    top-p), for the engine's `NodeProcessors`."""
     procs = []
     if cfg.repetition_penalty is not None:
-        procs.append(RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty)))
+        padding = None if attention_mask is None else (attention_mask != 0).int().argmax(dim=1)
+        procs.append(RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty),
+                                                      prompt_ignore_length=padding))
     if cfg.do_sample:
         if cfg.temperature != 1.0:
             procs.append(TemperatureLogitsWarper(float(cfg.temperature)))
@@ -492,7 +495,7 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         attention_mask = torch.ones_like(input_ids)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
     return run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
-               rule=sampling_processors(cfg), stop=None, eos=eos, asked_eos=asked_eos,
+               rule=sampling_processors(cfg, attention_mask), stop=None, eos=eos, asked_eos=asked_eos,
                sampling=cfg if cfg.do_sample else None, streamer=streamer,
                pad=0 if pad_token_id is None else pad_token_id, generator=generator,
                on_round=on_round, profile=profile)

@@ -22,6 +22,7 @@ that commits tokens.
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 
 import torch
@@ -71,6 +72,16 @@ def refuse_processors(processors, batch: int) -> None:
                              f"target.generate without custom_generate)")
 
 
+def _for_rows(proc, rows: torch.Tensor):
+    """`proc` for a call on the batch rows `rows` (long `[M]`): a copy whose per-row state is
+    those rows' (transformers' repetition penalty skips each row's left padding, 5.24)."""
+    ignore = getattr(proc, "prompt_ignore_length", None)
+    if isinstance(proc, lp.RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
+        proc = copy.copy(proc)
+        proc.prompt_ignore_length = ignore.to(rows.device).index_select(0, rows)
+    return proc
+
+
 def _runs(processors):
     """Consecutive processors grouped into (scores_only, [processors]) runs, in list order."""
     runs = []
@@ -100,9 +111,10 @@ class NodeProcessors:
         self.do_sample = do_sample
         self.runs = _runs(self.processors)
 
-    def _apply(self, ids_of, lengths: list[int], scores: torch.Tensor) -> torch.Tensor:
-        """scores float32 `[M, V]`; `lengths[m]`: the prefix length of entry m (-1: skip it);
-        `ids_of(index, length)`: long `[len(index), length]` the prefixes of those entries."""
+    def _apply(self, ids_of, lengths: list[int], rows: int, scores: torch.Tensor) -> torch.Tensor:
+        """scores float32 `[M, V]`, `M = B * n`, entry m of batch row `m // n` (n = M / `rows`);
+        `lengths[m]`: its prefix length (-1: skip it); `ids_of(index, length)`: long
+        `[len(index), length]` the prefixes of those entries."""
         groups = None
         for scores_only, procs in self.runs:
             if scores_only:
@@ -114,8 +126,9 @@ class NodeProcessors:
             for length, members in groups.items():
                 index = torch.tensor(members, device=scores.device)
                 ids, part = ids_of(index, length), scores.index_select(0, index)
+                batch_rows = index // (len(lengths) // rows)
                 for proc in procs:
-                    part = proc(ids, part)
+                    part = _for_rows(proc, batch_rows)(ids, part)
                 out.index_copy_(0, index, part.to(out.dtype))
             scores = out
         return scores
@@ -126,7 +139,7 @@ class NodeProcessors:
         if not self.processors:
             return scores
         return self._apply(lambda index, length: input_ids.index_select(0, index)[:, :length],
-                           [input_ids.shape[1]] * len(input_ids), scores)
+                           [input_ids.shape[1]] * len(input_ids), len(input_ids), scores)
 
     def tree(self, logits, tokens, anc, depth, seq, lengths) -> torch.Tensor:
         """Logits `[B, N, V]` at every node -> float32 scores `[B, N, V]`.
@@ -151,7 +164,7 @@ class NodeProcessors:
         flat = ext.view(b * n, w + 1)
         flat_lengths = [length for row in lengths for length in row]
         out = self._apply(lambda index, length: flat.index_select(0, index)[:, :length],
-                          flat_lengths, scores)
+                          flat_lengths, b, scores)
         return out.view(b, n, v)
 
 
