@@ -15,6 +15,7 @@ __all__ = [
     "UnsupportedTarget",
     "ViSpecDrafter",
     "generate",
+    "speculative",
 ]
 # issue 5, in decoding/drafters
 _DIFFUSION = ("ADLConfig", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")

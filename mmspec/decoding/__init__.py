@@ -8,9 +8,14 @@
     out = mmspec.generate(target, drafter, **inputs, max_new_tokens=256, do_sample=False,
                           streamer=TextStreamer(tokenizer, skip_special_tokens=True))
     out.sequences, out.stats.mean_accepted, out.stats.tokens_per_s
+    # or inside transformers' generate, with all of its settings:
+    spec = mmspec.speculative(drafter)
+    ids = target.generate(**inputs, custom_generate=spec, max_new_tokens=256, streamer=streamer)
 
 Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `tree.py` (tree and mask),
-`verify.py` (greedy and rejection sampling), `sampling.py` (temperature / top-k / top-p),
+`hf_generate.py` (`speculative`, the `custom_generate` callable), `processors.py` (transformers'
+logits processors and stopping criteria per tree node), `verify.py` (greedy and rejection
+sampling), `sampling.py` (temperature / top-k / top-p for drafters),
 `kv_cache.py` (path commit), `positions.py` (tree and M-RoPE positions), `stats.py`,
 `drafters/` (built-in drafters); the `mmspec generate` command is `mmspec/cli/generate.py`.
 """
@@ -19,6 +24,7 @@ from .admission import UnsupportedTarget
 from .draft import Draft, Drafter, DraftState, VerifyResult
 from .drafters import ModelDrafter, PromptLookupDrafter
 from .generate import SpecOutput, generate
+from .hf_generate import speculative
 from .stats import SpecStats
 
 __all__ = [
@@ -32,4 +38,5 @@ __all__ = [
     "UnsupportedTarget",
     "VerifyResult",
     "generate",
+    "speculative",
 ]

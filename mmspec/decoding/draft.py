@@ -32,7 +32,8 @@ class Draft:
     tokens:  long `[B, T]` draft token ids (node order: parents before children).
     parents: long `[T]` (one tree shape for all rows) or `[B, T]`; `parents[i]` is node i's
              parent, -1 for a child of the root (the last committed token). A chain is
-             `[-1, 0, 1, ..., T-2]`.
+             `[-1, 0, 1, ..., T-2]`. The engine reads the shape on the host: parents on the CPU
+             cost nothing, parents on an accelerator one device-to-host read a round.
     probs:   float `[B, T, V]` or None. `probs[b, i]` is the distribution node i was *sampled* from,
              given its parent and independently of its siblings (after the drafter's own
              temperature/top-k/top-p). None means a point-mass proposal (the node was chosen, not
@@ -52,14 +53,14 @@ class Draft:
     def chain(cls, tokens: torch.Tensor, probs: torch.Tensor | None = None,
               num_tokens: torch.Tensor | None = None) -> Draft:
         t = tokens.shape[-1]
-        parents = torch.arange(-1, t - 1, device=tokens.device)
+        parents = torch.arange(-1, t - 1)  # on the host: the engine reads a tree's shape there
         return cls(tokens, parents, probs, num_tokens)
 
     @classmethod
     def empty(cls, batch_size: int, device=None) -> Draft:
         """No draft: the round is one ordinary decoding step."""
         return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device),
-                   torch.zeros(0, dtype=torch.long, device=device))
+                   torch.zeros(0, dtype=torch.long))  # the shape on the host, as in `chain`
 
 
 @dataclass

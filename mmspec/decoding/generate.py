@@ -29,6 +29,12 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
@@ -38,9 +44,10 @@ from . import recurrent as rec
 from .draft import Draft, DraftState, VerifyResult
 from .drafters.vocab import VocabularyMismatch, padded_widths
 from .positions import prefill_position_ids
-from .sampling import RepetitionPenalty, SamplingConfig, target_probs
+from .processors import NodeProcessors
+from .sampling import SamplingConfig
 from .stats import SpecStats
-from .tree import build_tree, verify_mask, verify_token_mask
+from .tree import build_tree, raise_draft_errors, verify_mask, verify_token_mask
 from .windows import sliding_windows
 from .verify import verify_greedy, verify_sampling
 
@@ -71,10 +78,39 @@ def block_sparse_attention_of(model):
         restore()
 
 
-def _sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+class _Clock:
+    """Stamps of a call's phases. `profile=True` on a CUDA device: CUDA events, read once when
+    the call is over (no round waits for them); otherwise wall time, which on a GPU is the host's
+    view (kernels launched, not finished): only the call's total is then synchronised."""
+
+    def __init__(self, device: torch.device, profile: bool):
+        self.device = device
+        self.events = profile and device.type == "cuda"
+        self.spans: dict = {}  # name -> event pairs, or seconds so far
+
+    def now(self):
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def add(self, name: str, start, end) -> None:
+        if self.events:
+            self.spans.setdefault(name, []).append((start, end))
+        else:
+            self.spans[name] = self.spans.get(name, 0.0) + (end - start)
+
+    def seconds(self, name: str) -> float:
+        if self.events:
+            return sum(a.elapsed_time(b) for a, b in self.spans.get(name, [])) / 1000
+        return self.spans.get(name, 0.0)
+
+    def finish(self) -> float:
+        """Wait for the device once; the wall time now."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
 
 def _is_token_id(value) -> bool:
@@ -280,11 +316,30 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
                           resolve("top_p", top_p), penalty)
 
 
-def _pick(logits: torch.Tensor, cfg: SamplingConfig, generator) -> torch.Tensor:
-    """logits `[B, V]` -> long `[B]`, greedy or sampled from the warped target distribution."""
-    if not cfg.do_sample:
-        return logits.argmax(-1)
-    return torch.multinomial(target_probs(logits, cfg), 1, generator=generator)[:, 0]
+def sampling_processors(cfg: SamplingConfig, attention_mask=None) -> NodeProcessors:
+    """`cfg` as the transformers processors `target.generate` builds for it (repetition
+    penalty, skipping each row's left padding as transformers 5.24 does, then temperature, top-k,
+    top-p), for the engine's `NodeProcessors`."""
+    procs = []
+    if cfg.repetition_penalty is not None:
+        padding = None if attention_mask is None else (attention_mask != 0).int().argmax(dim=1)
+        procs.append(RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty),
+                                                      prompt_ignore_length=padding))
+    if cfg.do_sample:
+        if cfg.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(float(cfg.temperature)))
+        if cfg.top_k is not None:
+            procs.append(TopKLogitsWarper(int(cfg.top_k)))
+        if cfg.top_p is not None and cfg.top_p < 1.0:
+            procs.append(TopPLogitsWarper(float(cfg.top_p)))
+    return NodeProcessors(procs, cfg.do_sample)
+
+
+def _pick(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
+    """scores `[B, V]` (processed) -> long `[B]`, greedy or sampled."""
+    if not do_sample:
+        return scores.argmax(-1)
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
 
 
 def _hidden(out, layers):
@@ -311,34 +366,63 @@ def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
 
 
 class _Rows:
-    """Per-row output buffer: committed tokens, counts, EOS and budget bookkeeping."""
+    """Each row's sequence (the prompt as given, then its committed tokens, pad after) on the
+    device, and its count of new tokens and liveness both on the host (from the round's one read)
+    and on the device (for the next round's masks)."""
 
-    def __init__(self, batch, max_new_tokens, eos, pad, device):
-        self.tokens = torch.full((batch, max_new_tokens), pad, dtype=torch.long, device=device)
-        self.count = torch.zeros(batch, dtype=torch.long, device=device)
-        self.live = torch.ones(batch, dtype=torch.bool, device=device)
+    def __init__(self, input_ids, max_new_tokens, eos, pad):
+        b, length = input_ids.shape
+        device = input_ids.device
+        self.prompt_len, self.max_new, self.pad = length, max_new_tokens, pad
+        # [B, L + max_new + 1]; the last column takes the writes of masked entries
+        self.seq = torch.full((b, length + max_new_tokens + 1), pad, dtype=torch.long, device=device)
+        self.seq[:, :length] = input_ids
         self.eos = eos.to(device)
-        self.max_new = max_new_tokens
+        self.count, self.live = [0] * b, [True] * b
+        self.count_t = torch.zeros(b, dtype=torch.long, device=device)
+        self.live_t = torch.ones(b, dtype=torch.bool, device=device)
 
-    def commit(self, new: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
-        """new long `[B, K]`, num long `[B]` -> tokens committed per row after EOS/budget cuts."""
-        k = new.shape[1]
-        col = torch.arange(k, device=new.device)
-        num = torch.where(self.live, torch.minimum(num, self.max_new - self.count), 0)
+    def cut(self, new: torch.Tensor, num: torch.Tensor):
+        """new long `[B, K]`, num long `[B]` -> (num after the budget and the first EOS, hit:
+        bool `[B]` an EOS among them), on the device; nothing is committed yet."""
+        col = torch.arange(new.shape[1], device=new.device)
+        num = torch.where(self.live_t, torch.minimum(num, self.max_new - self.count_t), 0)
         is_eos = torch.isin(new, self.eos) & (col < num[:, None])  # [B, K]
         hit = is_eos.any(-1)
-        num = torch.where(hit, is_eos.int().argmax(-1) + 1, num)
-        keep = col < num[:, None]
-        rows = torch.arange(new.shape[0], device=new.device)[:, None].expand_as(new)
-        self.tokens[rows[keep], (self.count[:, None] + col)[keep]] = new[keep]
-        self.count += num
-        self.live &= ~hit & (self.count < self.max_new)
-        return num
+        return torch.where(hit, is_eos.int().argmax(-1) + 1, num), hit
+
+    def write(self, new: torch.Tensor, num: torch.Tensor) -> None:
+        """Write the first `num[b]` tokens of `new[b]` after row b's committed ones (device)."""
+        col = torch.arange(new.shape[1], device=new.device)
+        idx = torch.where(col < num[:, None], self.prompt_len + self.count_t[:, None] + col,
+                          self.seq.shape[1] - 1)  # [B, K]
+        self.seq.scatter_(1, idx, new)
+
+    def advance(self, num: list[int], stopped: list[bool]) -> None:
+        """Host counts of this round's commit; rows that stopped (EOS, a criterion) or ran out
+        of budget are finished."""
+        for b, n in enumerate(num):
+            if self.live[b]:
+                self.count[b] += n
+                self.live[b] = not stopped[b] and self.count[b] < self.max_new
+        device = self.seq.device
+        self.count_t = torch.tensor(self.count, device=device)
+        self.live_t = torch.tensor(self.live, device=device)
+
+    def unwrite(self, b: int, start: int, end: int) -> None:
+        """Pad row b's new tokens `[start, end)` again (cut by a stopping criterion)."""
+        self.seq[b, self.prompt_len + start: self.prompt_len + end] = self.pad
+
+    @property
+    def sequences(self) -> torch.Tensor:
+        """long `[B, L + n]`, n the longest row's new tokens; pad after each row's end."""
+        return self.seq[:, : self.prompt_len + max(self.count)]
 
 
 def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32, do_sample=None,
              temperature=None, top_k=None, top_p=None, eos_token_id=None, streamer=None,
-             pad_token_id=None, generator=None, on_round=None, **model_kwargs) -> SpecOutput:
+             pad_token_id=None, generator=None, on_round=None, profile=False,
+             **model_kwargs) -> SpecOutput:
     """Speculative decoding with `drafter`; output distributed exactly as `target.generate`'s.
 
     Args:
@@ -367,6 +451,10 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         on_round: optional `on_round(draft, result, stats)`, called after every round with the
             round's `Draft`, its `VerifyResult` and the running `SpecStats` (to watch a call
             round by round, e.g. in a demo; the drafter has already seen `result`).
+        profile: time the phases in `stats` with CUDA events (read once, after the call) on a
+            CUDA device; otherwise they are wall time, which on a GPU counts launches, not
+            kernels (no round waits for the device only to time it; `stats.total_time` does
+            wait, once).
         **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...);
             as in `target.generate`, a name the model does not take is an error, and so is a
             generation setting `generate` does not apply (`no_repeat_ngram_size=`, ...).
@@ -407,14 +495,24 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
+    return run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
+               rule=sampling_processors(cfg, attention_mask), stop=None, eos=eos, asked_eos=asked_eos,
+               sampling=cfg if cfg.do_sample else None, streamer=streamer,
+               pad=0 if pad_token_id is None else pad_token_id, generator=generator,
+               on_round=on_round, profile=profile)
+
+
+def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
+        **loop) -> SpecOutput:
+    """The checked call's admission, the target's attention switch and the drafter's `end()`
+    around the loop (`_generate`'s keyword arguments in `loop`); shared by `generate` and
+    `speculative` (`hf_generate.py`)."""
     windows = sliding_windows(target)
     probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
     with block_sparse_attention_of(target), torch.no_grad():
         try:
             return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens,
-                             cfg, eos, asked_eos, streamer,
-                             0 if pad_token_id is None else pad_token_id, generator, on_round,
-                             model_kwargs, windows, probe)
+                             model_kwargs, windows, probe, **loop)
         except IndexError as err:  # a learned position table (GPT-2, OPT) indexed past its end
             _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
             raise
@@ -531,61 +629,85 @@ def _verify_forward(target, tree, slots, cache, need_hidden, mask, probe):
 
 def _accepted_path(tree, best):
     """-> depth `[B]` (draft tokens accepted), keep long `[B, K]` (root then path, node order;
-    rows with a shorter path repeat trailing nodes), keep_valid bool `[B, K]`."""
+    rows with a shorter path repeat trailing nodes), keep_valid bool `[B, K]`. K is the tree's
+    depth + 1 (from the host shape): the engine trims it to the deepest accepted path after the
+    round's read."""
     rows = torch.arange(len(best), device=best.device)
     depth = tree.depth[rows, best]
-    k = int(depth.max()) + 1
+    k = tree.max_depth + 1
     on_path = tree.anc[rows, best]  # [B, N]
     keep = torch.argsort((~on_path).to(torch.int8), dim=1, stable=True)[:, :k]
     keep_valid = torch.arange(k, device=best.device) < (depth + 1)[:, None]
     return depth, keep, keep_valid
 
 
-def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, eos, asked_eos,
-              streamer, pad, generator, on_round, model_kwargs, windows, probe) -> SpecOutput:
+def _stop_at_criteria(rows, stop, num, hit):
+    """Apply the extra stopping criteria (stop strings, ...) to the tokens just written: cut
+    `num` (host list) where one fires, and mark those rows stopped (host list `hit`)."""
+    if stop is None or not stop.extra:
+        return num, hit
+    start = [rows.prompt_len + c for c in rows.count]
+    cut = stop.first_stop(rows.seq, start, [n if live else 0 for n, live in zip(num, rows.live)])
+    num, hit = list(num), list(hit)
+    for b, at in enumerate(cut):
+        if at is not None:
+            rows.unwrite(b, rows.count[b] + at, rows.count[b] + num[b])
+            num[b], hit[b] = at, True
+    return num, hit
+
+
+def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs, windows,
+              probe, *, rule, stop, eos, asked_eos, sampling, streamer, pad, generator,
+              on_round, profile=False, put_prompt=True) -> SpecOutput:
+    """The loop. A round reads the device once (`host = ...tolist()`): every host decision after
+    the draft (the accepted lengths, EOS, stats, streamed tokens) comes from that read, and every
+    one before it from the previous round's. What the drafter and the target's forward do inside
+    is theirs (`tests/decoding/test_syncs.py` counts both)."""
     device = input_ids.device
     stats = SpecStats()
-    start = _sync(device)
+    clock = _Clock(device, profile)
+    start = time.perf_counter()
     layers = tuple(getattr(drafter, "target_hidden_layers", (-1,))) if getattr(
         drafter, "needs_target_hidden", False) else ()
     need_hidden = bool(layers)
     vocab = vocab_size(target)
+    b = input_ids.shape[0]
 
+    p0 = clock.now()
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
                                                  layers, windows)
-    recurrent = admission.check_cache(target, cache, input_ids.shape[0])  # before a token
+    recurrent = admission.check_cache(target, cache, b)  # before the first token
     state_layers = rec.recurrent_layers(cache) if recurrent else []
-    penalty = None
-    if cfg.repetition_penalty is not None:
-        penalty = RepetitionPenalty(cfg.repetition_penalty, input_ids, logits.shape[-1])
-        logits = penalty.last(logits)
-    first = _pick(logits, cfg, generator)  # [B]
-    rows = _Rows(input_ids.shape[0], max_new_tokens, eos, pad, device)
-    rows.commit(first[:, None], torch.ones_like(first))
-    if penalty is not None:
-        penalty.add(first[:, None])
-    stats.new_tokens += input_ids.shape[0]
+    first = _pick(rule.first(input_ids, logits), rule.do_sample, generator)  # [B]
+    rows = _Rows(input_ids, max_new_tokens, eos, pad)
+    num, hit = rows.cut(first[:, None], torch.ones_like(first))
+    rows.write(first[:, None], num)
+    host = torch.cat([num, hit.long(), first]).tolist()
+    num_h, hit_h = _stop_at_criteria(rows, stop, host[:b], [bool(h) for h in host[b: 2 * b]])
+    rows.advance(num_h, hit_h)
+    stats.new_tokens += b
     if streamer is not None:
-        streamer.put(input_ids.cpu())
-        streamer.put(first.cpu())
+        if put_prompt:
+            streamer.put(input_ids.cpu())
+        streamer.put(torch.tensor(host[2 * b:]))
     slots = _Slots(input_ids, attention_mask, first, prompt_pos)
-    stats.prefill_time = _sync(device) - start
+    clock.add("prefill", p0, clock.now())
 
-    while rows.live.any():
-        t0 = _sync(device)
-        depth_cap = int((max_new_tokens - rows.count - 1)[rows.live].max())
+    while any(rows.live):
+        t0 = clock.now()
+        remaining = [max_new_tokens - c - 1 if live else -1 for c, live in zip(rows.count, rows.live)]
+        depth_cap = max(remaining)
         state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
-                           hidden, model_kwargs, generator, asked_eos,
-                           cfg if cfg.do_sample else None)
-        ta = _sync(device)
-        draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(len(first), device)
-        tb = _sync(device)
-        tree = build_tree(slots.ids[:, -1], draft, vocab)
+                           hidden, model_kwargs, generator, asked_eos, sampling)
+        ta = clock.now()
+        draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(b, device)
+        tb = clock.now()
+        tree = build_tree(slots.ids[:, -1], draft, vocab, defer_checks=True)
         # finished rows and nodes deeper than a row's budget are never committed: drop them, so
         # no position runs past prompt + max_new_tokens (GPT-2's table ends there) or grows in a
         # finished row
-        remaining = max_new_tokens - rows.count - 1  # [B] draft tokens a row can still commit
-        tree.valid &= (rows.live[:, None] & (tree.depth <= remaining[:, None])) | (tree.depth == 0)
+        remaining_t = torch.tensor(remaining, device=device)
+        tree.valid &= (rows.live_t[:, None] & (tree.depth <= remaining_t[:, None])) | (tree.depth == 0)
         mask = _tree_mask(tree, slots, windows)
         if recurrent and mask is not None:
             raise admission.UnsupportedTarget(
@@ -593,76 +715,106 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, cfg, e
                 f"or SSM), through which a draft tree's branches would mix; draft chains "
                 f"(ModelDrafter(top_k=1), PromptLookupDrafter)")
         saved = rec.snapshot(state_layers) if recurrent else None
-        tc = _sync(device)
+        tc = clock.now()
         out = _verify_forward(target, tree, slots, cache, need_hidden, mask, probe)
-        td = _sync(device)
-        logits = out.logits if penalty is None else penalty.tree(out.logits, tree.tokens, tree.anc)
-        if cfg.do_sample:
-            best, bonus = verify_sampling(tree, target_probs(logits, cfg), generator)
+        td = clock.now()
+        lengths = [[input_ids.shape[1] + rows.count[r] + d if d <= remaining[r] else -1
+                    for d in tree.host_depth[r]] for r in range(b)]
+        scores = rule.tree(out.logits, tree.tokens, tree.anc, tree.depth, rows.seq, lengths)
+        if rule.do_sample:
+            best, bonus = verify_sampling(tree, scores.softmax(-1), generator)
         else:
-            best, bonus = verify_greedy(tree, logits)
+            best, bonus = verify_greedy(tree, scores)
 
-        # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
+        # the root and the accepted nodes, then the bonus token right after each row's path
         depth, keep, keep_valid = _accepted_path(tree, best)
-        start = slots.ids.shape[1] - 1
-        if recurrent:  # one row, a chain: replay the committed tokens where one was rejected
-            k = int(depth[0]) + 1
-            if k < tree.tokens.shape[1]:
-                rec.crop_attention(cache, start)
-                rec.restore(state_layers, saved)
-                tr = _sync(device)
-                rec.replay(target, tree.tokens[:, :k],
-                           slots.root_pos + torch.arange(k, device=device),
-                           torch.cat([slots.cache_valid, tree.valid[:, :k]], 1).long(),
-                           cache_kwargs(target.forward, cache))
-                tr = _sync(device) - tr
-                stats.target_forward_time += tr  # a target forward too
-                stats.replay_time += tr
-                stats.replays += 1
-            else:
-                rec.crop_attention(cache, start + k)
-        else:
-            kv_cache.commit_path(cache, start, keep)
         path_tokens = tree.tokens.gather(1, keep)[:, 1:]  # [B, K-1]
         new = torch.cat([path_tokens, bonus[:, None]], dim=1)  # [B, K]
-        new[torch.arange(len(depth)), depth] = bonus  # right after each row's accepted tokens
-        live = rows.live.clone()
-        num = rows.commit(new, depth + 1)  # cut at EOS and max_new_tokens
-        if penalty is not None:
-            penalty.add(new, torch.arange(new.shape[1], device=device) < num[:, None])
-        slots.append(path_tokens, keep_valid[:, 1:], bonus, depth, live)
+        new[torch.arange(b, device=device), depth] = bonus
+        num, hit = rows.cut(new, depth + 1)  # cut at EOS and max_new_tokens
+        rows.write(new, num)
+        drafted = (tree.valid[:, 1:] & rows.live_t[:, None]).sum(-1)
+        # the round's one device-to-host read
+        host = torch.cat([torch.stack([depth, num, hit.long(), drafted]).flatten(),
+                          new.flatten(), tree.checks]).tolist()
+        raise_draft_errors(host[-4:], draft, vocab)
+        depth_h, num_h, drafted_h = host[:b], host[b: 2 * b], host[3 * b: 4 * b]
+        new_h = [host[4 * b + r * new.shape[1]: 4 * b + (r + 1) * new.shape[1]] for r in range(b)]
+        num_h, hit_h = _stop_at_criteria(rows, stop, num_h, [bool(h) for h in host[2 * b: 3 * b]])
+        live_h, live = list(rows.live), rows.live_t
+        rows.advance(num_h, hit_h)
+
+        # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
+        k = max(d for d, alive in zip(depth_h, live_h) if alive) + 1
+        keep, keep_valid = keep[:, :k], keep_valid[:, :k]
+        if recurrent:  # one row, a chain: replay the committed tokens where one was rejected
+            _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock)
+        else:
+            kv_cache.commit_path(cache, slots.ids.shape[1] - 1, keep, in_place=tree.is_chain)
+        slots.append(path_tokens[:, : k - 1], keep_valid[:, 1:], bonus, depth, live)
         if need_hidden:
             h = _hidden(out, layers)  # [B, N, H']
             hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H]
-        if streamer is not None and num[0] > 0:
-            streamer.put(new[0, : num[0]].cpu())
-        accepted = torch.where(live, depth, 0)
-        col = torch.arange(new.shape[1], device=device)
+        if streamer is not None and num_h[0] > 0:
+            streamer.put(torch.tensor(new_h[0][: num_h[0]]))
+        accepted_h = [min(d, n) if alive else 0 for d, n, alive in zip(depth_h, num_h, live_h)]
         result = VerifyResult(
-            num_accepted=accepted,
-            new_tokens=list(new[col < num[:, None]].split(num.tolist())),
-            accepted_nodes=list((keep[:, 1:] - 1)[col[1:] <= accepted[:, None]].split(accepted.tolist())),
+            num_accepted=torch.where(live, depth, 0),
+            new_tokens=[new[r, : num_h[r]] for r in range(b)],
+            accepted_nodes=[keep[r, 1: 1 + (depth_h[r] if live_h[r] else 0)] - 1 for r in range(b)],
             target_hidden=hidden if need_hidden else None,
         )
-        te = _sync(device)
+        te = clock.now()
         if depth_cap > 0:  # update answers a propose; a budget-capped last round had none
             drafter.update(result)
-        tf = _sync(device)
+        tf = clock.now()
         stats.rounds += 1
-        stats.row_rounds += int(live.sum())
-        stats.drafted += int((tree.valid[:, 1:] & live[:, None]).sum())
-        stats.accepted += int(torch.minimum(depth, num)[live].sum())
-        committed = int(num.sum())  # 0 in finished rows (`_Rows.commit`)
+        stats.row_rounds += sum(live_h)
+        stats.drafted += sum(drafted_h)
+        stats.accepted += sum(accepted_h)
+        committed = sum(n for n, alive in zip(num_h, live_h) if alive)
         stats.committed += committed
         stats.new_tokens += committed
-        stats.draft_time += (tb - ta) + (tf - te)
-        stats.verify_time += (te - t0) - (tb - ta)
-        stats.target_forward_time += td - tc
+        clock.add("draft", ta, tb)
+        clock.add("draft", te, tf)
+        clock.add("round", t0, tf)
+        clock.add("forward", tc, td)
+        if not clock.events:  # wall time: the running totals cost nothing
+            _fill_times(stats, clock)
         if on_round is not None:
             on_round(draft, result, stats)
 
     if streamer is not None:
         streamer.end()
-    stats.total_time = _sync(device) - start
-    sequences = torch.cat([input_ids, rows.tokens[:, : int(rows.count.max())]], dim=1)
+    sequences = rows.sequences
+    stats.total_time = clock.finish() - start
+    _fill_times(stats, clock)
     return SpecOutput(sequences, stats)
+
+
+def _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock) -> None:
+    """Recurrent state (`recurrent.py`): keep the verification's state where all `k` fed tokens
+    were committed, else restore the snapshot and feed the `k` committed ones again."""
+    start = slots.ids.shape[1] - 1
+    if k == tree.tokens.shape[1]:
+        rec.crop_attention(cache, start + k)
+        return
+    rec.crop_attention(cache, start)
+    rec.restore(state_layers, saved)
+    t0 = clock.now()
+    rec.replay(target, tree.tokens[:, :k],
+               slots.root_pos + torch.arange(k, device=tree.tokens.device),
+               torch.cat([slots.cache_valid, tree.valid[:, :k]], 1).long(),
+               cache_kwargs(target.forward, cache))
+    t1 = clock.now()
+    clock.add("forward", t0, t1)  # a target forward too
+    clock.add("replay", t0, t1)
+    stats.replays += 1
+
+
+def _fill_times(stats, clock) -> None:
+    stats.prefill_time = clock.seconds("prefill")
+    stats.draft_time = clock.seconds("draft")
+    stats.verify_time = clock.seconds("round") - stats.draft_time
+    stats.target_forward_time = clock.seconds("forward")
+    stats.replay_time = clock.seconds("replay")

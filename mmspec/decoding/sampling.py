@@ -1,11 +1,10 @@
-"""Logits to target probabilities: repetition penalty, then temperature, top-k and top-p.
+"""`SamplingConfig` (a call's sampling settings) and temperature, top-k and top-p warping.
 
-The order and the tie rules are those of transformers' `TemperatureLogitsWarper`,
-`TopKLogitsWarper` and `TopPLogitsWarper` (keep at least one token; top-p drops the tokens whose
-ascending cumulative probability is at most `1 - top_p`), so sampling draws from the distribution
-`target.generate(do_sample=True, ...)` samples from. The repetition penalty is transformers'
-`RepetitionPenaltyLogitsProcessor` (CTRL, Keskar et al. 2019), applied before them as there, and in
-greedy decoding too; in a draft tree each node's logits see the ids of its own path.
+The engine applies transformers' own processors to the target's logits (`processors.py`,
+`generate.sampling_processors`); `warp_logits` / `target_probs` are for drafters that propose from
+the call's warped distribution (`ModelDrafter(sample=True)`). The order and the tie rules are those
+of transformers' `TemperatureLogitsWarper`, `TopKLogitsWarper` and `TopPLogitsWarper` (keep at least
+one token; top-p drops the tokens whose ascending cumulative probability is at most `1 - top_p`).
 """
 
 from __future__ import annotations
@@ -73,45 +72,3 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = (p - q).clamp_min(0)
     total = r.sum(-1, keepdim=True)
     return torch.where(total > 0, r / total.clamp_min(1e-30), p)
-
-
-class RepetitionPenalty:
-    """transformers' `RepetitionPenaltyLogitsProcessor` for one `generate` call: the logits of
-    every id already in a row's sequence (the prompt as given, its padding included, and every
-    committed token, as in `target.generate`'s `input_ids`) are divided by the penalty where
-    positive and multiplied where negative, in float32.
-
-    `seen` is bool `[B, V + 1]`; column V absorbs ids outside the logits (as transformers clamps
-    them) and masked entries.
-    """
-
-    def __init__(self, penalty: float, input_ids: torch.Tensor, vocab: int):
-        self.penalty, self.vocab = float(penalty), vocab
-        self.seen = torch.zeros(input_ids.shape[0], vocab + 1, dtype=torch.bool,
-                                device=input_ids.device)
-        self.add(input_ids)
-
-    def add(self, ids: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-        """Mark ids `[B, K]` (where `valid`) as in the rows' sequences."""
-        ids = ids.clamp(0, self.vocab)
-        if valid is not None:
-            ids = torch.where(valid, ids, self.vocab)
-        self.seen.scatter_(1, ids, True)
-
-    def _apply(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()
-        penalised = torch.where(logits < 0, logits * self.penalty, logits / self.penalty)
-        return torch.where(seen[..., : logits.shape[-1]], penalised, logits)
-
-    def last(self, logits: torch.Tensor) -> torch.Tensor:
-        """Next-token logits `[B, V]` after the committed sequence -> float32 `[B, V]`."""
-        return self._apply(logits, self.seen)
-
-    def tree(self, logits: torch.Tensor, tokens: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
-        """Logits `[B, N, V]` at every node of a tree (`tokens` `[B, N]`; `anc[b, i, j]`: node j
-        is node i or one of its ancestors) -> float32 `[B, N, V]`, node i penalised on the
-        committed ids and those of its path."""
-        b, n = tokens.shape
-        path = torch.where(anc, tokens.clamp(0, self.vocab)[:, None, :], self.vocab)  # [B, N, N]
-        seen = self.seen[:, None, :].expand(b, n, -1).clone().scatter_(2, path, True)
-        return self._apply(logits, seen)

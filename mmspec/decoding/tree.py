@@ -1,7 +1,8 @@
 """The verification tree: a row's root (its last committed token) plus the draft's nodes.
 
 Node 0 is the root; draft node i becomes node i + 1, so a draft parent -1 becomes 0. Ancestor sets
-come from `mmspec.kernels.tree_ancestors`, the same rule the attention mask uses, and the mask for
+follow `mmspec.kernels.tree_ancestors`, the rule the attention mask uses (worked out on the host
+from the parents, so a round reads no tree shape back from the device), and the mask for
 the verification forward is built with `BlockSparseMask.from_token_mask` of the shared layer: each
 node attends the row's valid cache slots, itself and its ancestors.
 
@@ -19,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.kernels import tree_ancestors
-
 from .draft import Draft
 from .windows import block_masks
 
@@ -30,7 +29,13 @@ BLOCK_SIZE = 16
 
 @dataclass
 class Tree:
-    """tokens, parents, depth, valid: `[B, N]` (N = 1 + T); anc: bool `[B, N, N]`; probs `[B, T, V]`."""
+    """tokens, parents, depth, valid: `[B, N]` (N = 1 + T); anc: bool `[B, N, N]`; probs `[B, T, V]`.
+
+    The shape also lives on the host, as Python lists (the engine reads it without touching the
+    device): `host_parents[b]` and `host_depth[b]`, N ints per row (rows sharing a shape share
+    the list). `checks`: long `[4]` on the device, the draft's deferred value checks
+    (`build_tree(defer_checks=True)`), else None.
+    """
 
     tokens: torch.Tensor
     parents: torch.Tensor
@@ -38,33 +43,50 @@ class Tree:
     depth: torch.Tensor
     valid: torch.Tensor
     probs: torch.Tensor | None
+    host_parents: list = None
+    host_depth: list = None
+    checks: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
     @property
+    def max_depth(self) -> int:
+        return max(max(row) for row in self.host_depth)
+
+    @property
     def is_chain(self) -> bool:
         """Every node's parent is the node before it: the tree mask is plain causal."""
-        n = self.num_nodes
-        return bool((self.parents[:, 1:] == torch.arange(n - 1, device=self.parents.device)).all())
+        return all(row[1:] == list(range(len(row) - 1)) for row in self.host_parents)
 
 
-def _full_ancestors(parents: torch.Tensor) -> torch.Tensor:
-    """parents long `[T]` of the draft -> bool `[1+T, 1+T]` ancestors with the root prepended."""
-    full = torch.cat([parents.new_tensor([-1]), torch.where(parents < 0, 0, parents + 1)])
-    return tree_ancestors(full)
+def _host_shape(parents: list[int]):
+    """Draft parents (T ints) -> (full parents, ancestors `[1+T][1+T]` bools, depths) with the
+    root prepended, on the host; the rule of `mmspec.kernels.tree_ancestors`."""
+    full = [-1] + [0 if p < 0 else p + 1 for p in parents]
+    n = len(full)
+    anc, depth = [], []
+    for i, p in enumerate(full):  # parents come first, so anc[p] is final here
+        row = list(anc[p]) if p >= 0 else [False] * n
+        row[i] = True
+        anc.append(row)
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return full, anc, depth
 
 
-def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
-    tokens, parents = draft.tokens, draft.parents
+def _check_draft(draft: Draft, parents: list, batch: int, vocab: int):
+    """Shape checks, and the parents' values on the host (`parents`: a nested list). Returns
+    the value checks of the tokens and `num_tokens`, long `[4]` on the device: (any token out of
+    range, min token, max token, any num_tokens out of range)."""
+    tokens = draft.tokens
     if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype != torch.long:
         raise ValueError(f"Draft.tokens must be long [B={batch}, T], got {tokens.dtype} "
                          f"{tuple(tokens.shape)}")
     t = tokens.shape[1]
-    if parents.shape not in ((t,), (batch, t)):
+    if tuple(draft.parents.shape) not in ((t,), (batch, t)):
         raise ValueError(f"Draft.parents must be [T={t}] or [B={batch}, T={t}], got "
-                         f"{tuple(parents.shape)}")
+                         f"{tuple(draft.parents.shape)}")
     n = draft.num_tokens
     if n is not None and (not isinstance(n, torch.Tensor) or n.shape != (batch,)
                           or n.dtype != torch.long):
@@ -74,46 +96,67 @@ def _check_draft(draft: Draft, batch: int, vocab: int) -> None:
     if draft.probs is not None and draft.probs.shape != (batch, t, vocab):
         raise ValueError(f"Draft.probs must be [B={batch}, T={t}, V={vocab}], got "
                          f"{tuple(draft.probs.shape)}")
-    # the value checks in one host sync (a round's draft is checked every round)
-    bad = [((parents < -1) | (parents >= torch.arange(t, device=parents.device))).any()]
-    if t:
-        bad.append(((tokens < 0) | (tokens >= vocab)).any().to(parents.device))
-    if n is not None:
-        bad.append(((n < 0) | (n > t)).any().to(parents.device))
-    bad = torch.stack(bad).tolist()
-    if bad[0]:
+    rows = parents if draft.parents.ndim == 2 else [parents]
+    if any(not -1 <= p < i for row in rows for i, p in enumerate(row)):
         raise ValueError(f"Draft.parents[..., i] must be -1 or an earlier node in [0, i), got "
-                         f"{parents.tolist()}")
-    if t and bad[1]:
+                         f"{parents}")
+    zero = torch.zeros((), dtype=torch.long, device=tokens.device)
+    if t:
+        checks = [((tokens < 0) | (tokens >= vocab)).any().long(), tokens.min(), tokens.max()]
+    else:
+        checks = [zero, zero, zero]
+    checks.append(zero if n is None else ((n < 0) | (n > t)).any().long().to(tokens.device))
+    return torch.stack(checks)
+
+
+def raise_draft_errors(checks: list[int], draft: Draft, vocab: int) -> None:
+    """The ValueError of a failed deferred check (`checks`: `Tree.checks` read to the host)."""
+    bad_tokens, low, high, bad_num = checks
+    if bad_tokens:
         raise ValueError(f"Draft.tokens must lie in [0, {vocab}) (the target's vocabulary), got "
-                         f"range [{int(tokens.min())}, {int(tokens.max())}]")
-    if n is not None and bad[-1]:
-        raise ValueError(f"Draft.num_tokens must lie in [0, T={t}], got {n.tolist()}")
+                         f"range [{low}, {high}]")
+    if bad_num:
+        raise ValueError(f"Draft.num_tokens must lie in [0, T={draft.tokens.shape[1]}], got "
+                         f"{draft.num_tokens.tolist()}")
 
 
-def build_tree(roots: torch.Tensor, draft: Draft, vocab: int) -> Tree:
-    """roots: long `[B]` last committed tokens. Returns the `Tree` of `1 + T` nodes per row."""
+def build_tree(roots: torch.Tensor, draft: Draft, vocab: int, defer_checks: bool = False) -> Tree:
+    """roots: long `[B]` last committed tokens. Returns the `Tree` of `1 + T` nodes per row.
+
+    The tree's shape is worked out on the host from `draft.parents`, read once (free when the
+    drafter builds them on the CPU, as `Draft.chain` does; a device read otherwise).
+    `defer_checks`: the token and `num_tokens` value checks stay on the device in `Tree.checks`
+    (out-of-range tokens clamped) for the caller to read with its own (`raise_draft_errors`);
+    else they raise here.
+    """
     b = roots.shape[0]
-    _check_draft(draft, b, vocab)
+    parents = draft.parents.tolist()
+    checks = _check_draft(draft, parents, b, vocab)
+    if not defer_checks:
+        raise_draft_errors(checks.tolist(), draft, vocab)
     t = draft.tokens.shape[1]
-    parents = draft.parents.to(roots.device)
-    if parents.ndim == 1:
-        anc = _full_ancestors(parents).expand(b, t + 1, t + 1)
-    else:  # rows often share a tree shape: one ancestor matrix per distinct shape
-        shapes, which = torch.unique(parents, dim=0, return_inverse=True)
-        anc = torch.stack([_full_ancestors(p) for p in shapes])[which]
-    full_parents = torch.cat([parents.new_full((*parents.shape[:-1], 1), -1),
-                              torch.where(parents < 0, 0, parents + 1)], dim=-1)
-    valid = torch.ones(b, t + 1, dtype=torch.bool, device=roots.device)
+    rows = parents if draft.parents.ndim == 2 else [parents]
+    shapes = {}  # rows often share a tree shape: one ancestor matrix per distinct shape
+    which_host = [shapes.setdefault(tuple(row), len(shapes)) for row in rows]
+    full, anc, depth = zip(*(_host_shape(list(shape)) for shape in shapes))
+    device = roots.device
+    which = torch.tensor(which_host, device=device).expand(b)  # [B] the shape of each row
+    valid = torch.ones(b, t + 1, dtype=torch.bool, device=device)
     if draft.num_tokens is not None:
-        valid[:, 1:] = torch.arange(t, device=roots.device) < draft.num_tokens.to(roots.device)[:, None]
+        valid[:, 1:] = torch.arange(t, device=device) < draft.num_tokens.to(device)[:, None]
+    tokens = draft.tokens.to(device)
+    if defer_checks and t:
+        tokens = tokens.clamp(0, vocab - 1)  # never index the embedding out of range
     return Tree(
-        tokens=torch.cat([roots[:, None], draft.tokens.to(roots.device)], dim=1),
-        parents=full_parents.expand(b, t + 1),
-        anc=anc,
-        depth=anc.sum(-1) - 1,
+        tokens=torch.cat([roots[:, None], tokens], dim=1),
+        parents=torch.tensor(full, device=device)[which],
+        anc=torch.tensor(anc, dtype=torch.bool, device=device)[which],
+        depth=torch.tensor(depth, device=device)[which],
         valid=valid,
-        probs=None if draft.probs is None else draft.probs.to(roots.device),
+        probs=None if draft.probs is None else draft.probs.to(device),
+        host_parents=[full[i] for i in which_host] if len(full) > 1 else [full[0]] * b,
+        host_depth=[depth[i] for i in which_host] if len(full) > 1 else [depth[0]] * b,
+        checks=checks if defer_checks else None,
     )
 
 

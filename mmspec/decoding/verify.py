@@ -43,40 +43,41 @@ def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _children(tree: Tree) -> torch.Tensor:
-    """long `[B, N, R]`: the valid children of each node in node order, -1 padded."""
-    b, n = tree.tokens.shape
-    par = torch.where(tree.valid, tree.parents, -1)  # [B, N]; the root and invalid nodes: -1
-    par[:, 0] = -1
-    earlier = torch.ones(n, n, dtype=torch.bool, device=par.device).tril(-1)  # j < i
-    same = (par[:, :, None] == par[:, None, :]) & earlier  # [B, N, N]
-    rank = same.sum(-1)  # [B, N] position among its siblings
-    r = int(rank.max()) + 1 if n > 1 else 1
-    children = torch.full((b, n + 1, r), -1, dtype=torch.long, device=par.device)
-    slot = torch.where(par >= 0, par, n)  # orphans go to a spare row n
-    node = torch.arange(n, device=par.device).expand(b, n)
-    children[torch.arange(b)[:, None], slot, rank] = node
-    return children[:, :n]
+    """long `[B, N, R]`: the children of each node in node order, -1 padded, from the host
+    shape (no device read). Invalid nodes stay listed: the verifier skips them in order, which
+    leaves the order of the valid ones as it is."""
+    lists = []
+    for row in tree.host_parents:
+        kids = [[] for _ in row]
+        for i, p in enumerate(row[1:], start=1):
+            kids[p].append(i)
+        lists.append(kids)
+    r = max(1, max(len(k) for kids in lists for k in kids))
+    table = [[k + [-1] * (r - len(k)) for k in kids] for kids in lists]
+    return torch.tensor(table, dtype=torch.long, device=tree.tokens.device)
 
 
 def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
-    """probs `[B, N, V]` target distributions at each node -> (best `[B]`, bonus `[B]`)."""
+    """probs `[B, N, V]` target distributions at each node -> (best `[B]`, bonus `[B]`).
+
+    A fixed number of steps (the tree's depth times its widest fan-out, from the host shape): no
+    step waits on the device to learn whether a row is still moving."""
     b, _n, v = probs.shape
     rows = torch.arange(b, device=probs.device)
     children = _children(tree)  # [B, N, R]
     cur = torch.zeros(b, dtype=torch.long, device=probs.device)
     p = probs[:, 0].clone()  # [B, V] distribution at the current node
     live = torch.ones(b, dtype=torch.bool, device=probs.device)
-    for _ in range(int(tree.depth.max())):
+    for _ in range(tree.max_depth):
         moved = torch.zeros_like(live)
         for r in range(children.shape[2]):
             child = children[rows, cur, r]  # [B]
-            active = live & ~moved & (child >= 0)
-            if not active.any():
-                continue
             c = child.clamp_min(0)
+            active = live & ~moved & (child >= 0) & tree.valid[rows, c]
             x = tree.tokens[rows, c]  # [B]
             if tree.probs is None:
-                q = torch.nn.functional.one_hot(x, v).to(p.dtype)  # [B, V]
+                # a point mass; one_hot would check x's range on the host
+                q = torch.zeros_like(p).scatter_(1, x[:, None], 1.0)  # [B, V]
             else:
                 q = tree.probs[rows, (c - 1).clamp_min(0)].to(p.dtype)
             ratio = p[rows, x] / q[rows, x].clamp_min(1e-30)
@@ -88,7 +89,5 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
             cur = torch.where(accept, c, cur)
             moved |= accept
         live &= moved
-        if not live.any():
-            break
     bonus = torch.multinomial(p, 1, generator=generator)[:, 0]
     return cur, bonus

@@ -9,30 +9,6 @@ from spec_helpers import EOS, PAD, tiny_llama
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from mmspec import ModelDrafter, PromptLookupDrafter, generate
-from mmspec.decoding.sampling import RepetitionPenalty
-
-
-def test_the_penalty_of_each_tree_node_is_transformers_on_its_path():
-    torch.manual_seed(0)
-    vocab, committed = 12, torch.tensor([[3, 3, 5], [PAD, 7, 1]])
-    # root 0, then 1 <- 0, 2 <- 1, 3 <- 0 (a sibling branch)
-    tokens = torch.tensor([[5, 8, 9, 2], [1, 2, 2, 11]])
-    parents = [-1, 0, 1, 0]
-    anc = torch.zeros(4, 4, dtype=torch.bool)
-    for i in range(4):
-        j = i
-        while j >= 0:
-            anc[i, j], j = True, parents[j]
-    logits = torch.randn(2, 4, vocab)
-    penalty = RepetitionPenalty(1.7, committed[:, :-1], vocab)
-    penalty.add(committed[:, -1:])
-    got = penalty.tree(logits, tokens, anc.expand(2, -1, -1))
-    hf = RepetitionPenaltyLogitsProcessor(1.7)
-    for b in range(2):
-        for i in range(4):
-            path = tokens[b, [j for j in range(1, 4) if anc[i, j]]]
-            seq = torch.cat([committed[b], path])[None]
-            torch.testing.assert_close(got[b, i], hf(seq, logits[b, i][None].clone())[0])
 
 
 @pytest.mark.parametrize("where", ["argument", "generation_config"])

@@ -1,0 +1,112 @@
+"""A round reads the device once: counted on the CPU, where every tensor-to-Python conversion
+(`.item()`, `int(t)`, `bool(t)`, `.tolist()`, `.cpu()`, data-dependent shapes such as `nonzero` and
+boolean indexing) is a point where a GPU run would wait for the device.
+
+The engine's count excludes the drafter's `propose`/`update` and the target's forward (counted
+apart and printed with `-s`), and the one read of `Draft.parents` a round makes to learn the tree's
+shape, which is a host list's copy when the drafter builds its parents on the CPU (`Draft.chain`
+does) and so no device wait.
+"""
+
+import importlib
+
+import pytest
+import torch
+from spec_helpers import tiny_llama
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mmspec import ModelDrafter, generate
+from mmspec.decoding.tree import build_tree as mmspec_build_tree
+
+engine = importlib.import_module("mmspec.decoding.generate")  # the package's `generate` is the function
+
+_DISPATCH = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
+             "aten.masked_select.default", "aten._unique2.default", "aten.unique_dim.default",
+             "aten.unique_consecutive.default"}
+
+
+class SyncCounter:
+    """Counts host syncs per phase; `phase` names where the code runs now."""
+
+    def __init__(self):
+        self.counts, self.phase, self.host_shape = {}, "engine", set()
+
+    def hit(self, what):
+        key = (self.phase, what)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def total(self, phase):
+        return sum(n for (p, _), n in self.counts.items() if p == phase)
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, counter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if name in _DISPATCH or (name.startswith("aten.index") and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                for a in args if isinstance(a, (list, tuple)) for i in a)):
+            self.counter.hit(name)
+        return func(*args, **(kwargs or {}))
+
+
+class _Function(TorchFunctionMode):
+    def __init__(self, counter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("tolist", "cpu", "numpy") and not any(a is t for a in args[:1]
+                                                           for t in self.counter.host_shape):
+            self.counter.hit(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _phase(counter, name, fn):
+    def wrapped(*args, **kwargs):
+        before, counter.phase = counter.phase, name
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            counter.phase = before
+        return out
+    return wrapped
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_round_reads_the_device_once(do_sample, monkeypatch):
+    target = tiny_llama(0)
+    drafter = ModelDrafter(tiny_llama(1), num_tokens=4)
+    counter = SyncCounter()
+    drafter.propose = _phase(counter, "drafter", drafter.propose)
+    drafter.update = _phase(counter, "drafter", drafter.update)
+    target.forward = _phase(counter, "target", target.forward)
+    started = []
+
+    def first_propose(state, propose=drafter.propose):
+        if not started:  # the rounds start here: the setup's and prefill's reads are not theirs
+            started.append(True)
+            counter.counts.clear()
+        return propose(state)
+
+    drafter.propose = first_propose
+
+    def build_tree(roots, draft, *args, **kwargs):  # a CPU tensor's copy, no device wait
+        assert draft.parents.device.type == "cpu"
+        counter.host_shape.add(draft.parents)
+        return mmspec_build_tree(roots, draft, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "build_tree", build_tree)
+    ids = torch.tensor([[5, 9, 11, 4, 7, 3]])
+    with _Function(counter), _Dispatch(counter):
+        out = generate(target, drafter, ids, max_new_tokens=16, do_sample=do_sample,
+                       eos_token_id=[], generator=torch.Generator().manual_seed(0))
+    rounds = out.stats.rounds
+    print(f"\n{rounds} rounds; syncs by phase and kind: {counter.counts}")
+    assert rounds > 3
+    assert counter.total("engine") <= rounds, counter.counts
