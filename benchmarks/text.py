@@ -489,15 +489,21 @@ def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    taus = [totals[n].tau for n in names]
-    ax.barh(names, taus, color=colors, label="with bonus")
-    ax.barh(names, [t - 1 for t in taus], color="#ff7f0e", alpha=0.7, label="without bonus (MAT)")
+    # one bar call per colour, so that the legend has an entry for each (a single call with a
+    # list of colours showed only the first, grey, as "with bonus")
+    y = list(range(len(names)))
+    for kinds, color, label in (({"reference", "hf"}, "#888888", "with bonus (HF / reference)"),
+                                ({"mmspec"}, "#1f77b4", "with bonus (mmspec)")):
+        rows = [i for i, m in enumerate(methods) if m.kind in kinds]
+        ax.barh(rows, [totals[names[i]].tau for i in rows], color=color, label=label)
+    ax.barh(y, [totals[n].tau - 1 for n in names], color="#ff7f0e", alpha=0.7,
+            label="without bonus (MAT)")
+    ax.set_yticks(y, names)
     ax.set_xlabel("τ: tokens per target verification forward")
     ax.invert_yaxis()
-    ax.legend(loc="upper right")
-    fig.tight_layout()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)  # off the bars
     paths.append(out_dir / "text_tau.png")
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, bbox_inches="tight")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -519,11 +525,12 @@ def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list
     ax2.set_ylabel("ADL block length k")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
+    # below the axes: inside, every corner covered a curve
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center",
+              bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
     ax.set_title("Diffusion drafter: τ per round")
-    fig.tight_layout()
     paths.append(out_dir / "text_tau_per_round.png")
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, bbox_inches="tight")
     plt.close(fig)
     return paths
 
