@@ -154,6 +154,9 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
     scheduler = FlowMatchEulerDiscreteScheduler(shift=card["training"]["shift"])
     pipe = PixelWanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
                             transformer=transformer, scheduler=scheduler)
+    spec = card["spec"]
+    pipe.trained_grid = (spec["frames"], spec["height"], spec["width"])
+    pipe.card_path = directory / "card.json"
     return ZooModel(name, pipe, tokenizer, card, path=directory)
 
 
