@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import markdown_table, timed, write_section
+from benchmarks.report import markdown_table, timed_interleaved, write_section
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.video_dit import draft_attention, tile_layout
 from mmspec.video_dit.draft_map import (block_budget, draft_probs, pool_query_tiles, pool_tiles,
@@ -51,8 +51,11 @@ from mmspec.video_dit.generate import check_compile_backend
 # ------------------------------------------------------------------------------ 1 and 3: timing
 
 
-def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small, device="cpu",
-                       dtype=torch.float32, query_tile=None):
+def overhead_and_speed(grid, tile, heads, dim, sparsity, reps, device="cpu", dtype=torch.float32,
+                       query_tile=None):
+    """Seconds per call of dense SDPA, each part of DraftAttention's overhead, the sparse kernel
+    call and the whole `draft_attention` call: the fastest of `reps` calls each (a shared CPU:
+    the fastest call is the least noisy), all timed in turn in every round."""
     layout = tile_layout(grid, tile, device=device, query_tile=query_tile)
     own = layout.own_blocks() if layout.asymmetric else None
     blocks = (layout.query_tile_tokens, layout.tile_tokens)
@@ -60,12 +63,6 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small,
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=g).to(device, dtype) for _ in range(3))
     scale = dim**-0.5
-    sync = device_sync(device)
-
-    def clock(fn, reps):
-        return timed(fn, reps, sync, reduce=min)  # a shared CPU: the fastest call
-
-    dense = clock(lambda: F.scaled_dot_product_attention(q, k, v), reps_dense)
 
     qt, kt, vt = (layout.to_tiles(x) for x in (q, k, v))
     q_hat, k_hat = pool_query_tiles(qt, layout), pool_tiles(kt, layout)
@@ -83,11 +80,16 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps_dense, reps_small,
         "BlockSparseMask from the block map": lambda: BlockSparseMask.from_dense(
             kept, blocks, n, n),
     }
-    costs = {name: clock(fn, reps_small) for name, fn in parts.items()}
-    sparse_call = clock(lambda: block_sparse_attention(qt, kt, vt, mask), reps_small)
-    whole = clock(lambda: draft_attention(q, k, v, layout, sparsity=sparsity), reps_small)
-    return {"n": n, "layout": layout, "dense": dense, "costs": costs,
-            "sparse_call": sparse_call, "whole": whole, "density": mask.density()}
+    calls = {
+        "dense": lambda: F.scaled_dot_product_attention(q, k, v),
+        **parts,
+        "sparse_call": lambda: block_sparse_attention(qt, kt, vt, mask),
+        "whole": lambda: draft_attention(q, k, v, layout, sparsity=sparsity),
+    }
+    t = timed_interleaved(calls, reps, device_sync(device), reduce=min)
+    return {"n": n, "layout": layout, "dense": t["dense"],
+            "costs": {name: t[name] for name in parts}, "sparse_call": t["sparse_call"],
+            "whole": t["whole"], "density": mask.density()}
 
 
 # ------------------------------------------------------ joint attention with padded text, CPU
@@ -388,7 +390,7 @@ def tile_name(layout) -> str:
     return f"{qh}x{qw} over {th}x{tw} ({layout.query_tile_tokens} / {layout.tile_tokens})"
 
 
-def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, device="cpu"):
+def tile_size_report(grid, tiles, sparsity=0.9, reps=3, device="cpu"):
     """Section 2's workload and section 3's call at each tile size: finer blocks keep more of
     the attention mass at the same density (the selection is finer), and each block costs the
     kernel more per token."""
@@ -401,8 +403,8 @@ def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, devi
         result, sampled, _ = fidelity_of(*structured_heads(grid, 64)[:3], layout, [sparsity])
         by = {r["method"]: r for r in result}
         t = overhead_and_speed(grid, tile, heads=heads, dim=128, sparsity=sparsity,
-                               reps_dense=reps_dense, reps_small=reps_small, device=device,
-                               dtype=gpu_dtype(device), query_tile=query_tile)
+                               reps=reps, device=device, dtype=gpu_dtype(device),
+                               query_tile=query_tile)
         met = all(by[m]["recall"] >= 0.9 and all(
             by[m]["recall"] > by[o]["recall"] and by[m]["error"] < by[o]["error"]
             for o in ("local window", "random")) for m in ("draft-global", "draft-row"))
@@ -419,8 +421,8 @@ def tile_size_report(grid, tiles, sparsity=0.9, reps_dense=2, reps_small=3, devi
             f"{str(gpu_dtype(device))[6:]}, {device_name(device)}) on the same "
             f"{t}x{h}x{w} grid at sparsity {sparsity:.0%}, for each tile size (QHxQW over THxTW: "
             f"query tiles of whole tiles, query blocks larger than key blocks); recall exact on "
-            f"32 random query tiles, speed the fastest of {reps_small} calls against dense SDPA "
-            f"(fastest of {reps_dense}) measured in the same row. 'fidelity bar' applies issue "
+            f"32 random query tiles, speed the fastest of {reps} calls of each, dense SDPA and "
+            f"the sparse calls in turn, in the same row. 'fidelity bar' applies issue "
             f"3's rule (both draft modes recall >= 0.9 and beat window and random).\n\n"
             + markdown_table(header, rows))
 
@@ -587,8 +589,8 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
     `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine."""
     dtype = gpu_dtype(device)
     heads = 12
-    t = overhead_and_speed(big_grid, tile, heads=heads, dim=128, sparsity=0.9, reps_dense=5,
-                           reps_small=10, device=device, dtype=dtype)
+    t = overhead_and_speed(big_grid, tile, heads=heads, dim=128, sparsity=0.9, reps=10,
+                           device=device, dtype=dtype)
     name = device_name(device)
     rows = [[part, f"{c * 1e3:.3f}", f"{100 * c / t['dense']:.2f}%"]
             for part, c in t["costs"].items()]
@@ -605,8 +607,9 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
     parts = [
         f"### 1 and 3 on {name}: overhead and speed at {t['n']:,} tokens, {heads} heads, D=128, "
         f"{str(dtype)[6:]}, sparsity 0.9\n\n"
-        f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs (5 for "
-        f"dense) after a warm-up, the device synchronised around each.\n\n"
+        f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs of each "
+        f"after a warm-up, every call (dense included) timed in turn in each run, the device "
+        f"synchronised around each.\n\n"
         + markdown_table(["part", "ms", "% of dense"], rows) + "\n"
     ]
     print(parts[-1], flush=True)  # each part as it is measured: a long run shows progress
@@ -683,9 +686,9 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.quick:
-        big_grid, fid_grid, reps_dense, reps_small = (5, 32, 48), (4, 16, 32), 1, 2
+        big_grid, fid_grid, reps = (5, 32, 48), (4, 16, 32), 2
     else:  # Wan2.1 at 512x768, 81 frames, for all three sections
-        big_grid, fid_grid, reps_dense, reps_small = (21, 32, 48), (21, 32, 48), 2, 3
+        big_grid, fid_grid, reps = (21, 32, 48), (21, 32, 48), 3
     tile, sparsities = (8, 16), (0.75, 0.9, 0.95)
     if args.sharpness:
         try:
@@ -707,8 +710,7 @@ def main() -> None:
             p.error(f"--tiles takes THxTW tile sizes, or QHxQW/THxTW (query tile over tile, "
                     f"whole tiles), joined by commas, e.g. 8x16,8x8/4x8; got {args.tiles!r}")
         device = "cuda" if torch.cuda.is_available() else "cpu"  # the speed columns
-        body = tile_size_report(fid_grid, tiles, reps_dense=reps_dense, reps_small=reps_small,
-                                device=device)
+        body = tile_size_report(fid_grid, tiles, reps=reps, device=device)
         print(body)
         if args.write:
             gpu = "_gpu" if device == "cuda" else ""
@@ -744,8 +746,7 @@ def main() -> None:
         return
 
     load = os.getloadavg()
-    t = overhead_and_speed(big_grid, tile, heads=1, dim=128, sparsity=0.9,
-                           reps_dense=reps_dense, reps_small=reps_small)
+    t = overhead_and_speed(big_grid, tile, heads=1, dim=128, sparsity=0.9, reps=reps)
     dense_ms = t["dense"] * 1e3
     per_layer = sum(c for name, c in t["costs"].items() if name != "block selection (row)")
     once = per_layer - t["costs"]["reorder q, k, v and restore the output"]
@@ -760,7 +761,8 @@ def main() -> None:
         f"latent grid, {tile[0]}x{tile[1]} tiles = {t['layout'].num_tiles} draft tokens), "
         f"1 head, D=128, sparsity 0.9, CPU\n\n"
         f"Dense attention (fused SDPA): {dense_ms:.0f} ms. Each figure is the fastest of "
-        f"{reps_small} runs ({reps_dense} for dense) after a warm-up. Load average at the start "
+        f"{reps} runs after a warm-up, every call (dense included) timed in turn in each run. "
+        f"Load average at the start "
         f"of the run: {load[0]:.1f} on {os.cpu_count()} CPUs (a shared machine: absolute times "
         f"are noisy, the ratios are measured side by side).\n\n"
         + markdown_table(["part", "ms", "% of dense"], rows)

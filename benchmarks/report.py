@@ -34,6 +34,24 @@ def timed(fn, repeats: int, sync=lambda: None, reduce=statistics.median) -> floa
     return reduce(times)
 
 
+def timed_interleaved(fns: dict, repeats: int, sync=lambda: None,
+                      reduce=statistics.median) -> dict:
+    """Seconds per call of each of `fns` (name -> function): one warm-up call each, then
+    `repeats` rounds that call every function once in turn, so that each gets the same count and
+    a load change on a shared machine moves all of them alike."""
+    for fn in fns.values():
+        fn()
+    sync()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: reduce(t) for name, t in times.items()}
+
+
 def versions() -> str:
     """torch and the Hugging Face libraries whose internals mmspec reaches into (see
     constraints.txt): a figure can move with any of them."""

@@ -97,7 +97,9 @@ def build_methods(target, assistant, vispec, text_only, vispec_gpu_tree, eos):
             VISPEC: mm(vispec), VISPEC_GPU_TREE: mm(vispec_gpu_tree)}
 
 
-def plot(totals: dict, out_dir: Path, prefix: str = "vlm") -> list[Path]:
+def plot(totals: dict, out_dir: Path, prefix: str, title: str) -> list[Path]:
+    """`{prefix}_speedup.png` and `{prefix}_tau_per_round.png`, both titled with `title` (the run's
+    models: the p4 and 17q charts carried the default run's title)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,7 +120,7 @@ def plot(totals: dict, out_dir: Path, prefix: str = "vlm") -> list[Path]:
     axes[1].set_xlabel("τ: tokens per target forward (with bonus)")
     axes[1].invert_yaxis()
     axes[1].set_yticklabels([])
-    fig.suptitle("Zoo VLM (tiny LLaVA), held-out scenes")
+    fig.suptitle(title)
     fig.tight_layout()
     paths = [out_dir / f"{prefix}_speedup.png"]
     fig.savefig(paths[-1], dpi=80)
@@ -133,7 +135,7 @@ def plot(totals: dict, out_dir: Path, prefix: str = "vlm") -> list[Path]:
     ax.set_xlabel("round (while at least half of the prompts are still generating)")
     ax.set_ylabel("τ with bonus (mean over prompts)")
     ax.legend()
-    ax.set_title("ViSpec vs text-only drafter: τ per round")
+    ax.set_title(f"ViSpec vs text-only drafter, τ per round\n{title}", fontsize=10)
     fig.tight_layout()
     paths.append(out_dir / f"{prefix}_tau_per_round.png")
     fig.savefig(paths[-1], dpi=80)
@@ -300,7 +302,9 @@ def main():
     print(markdown_table(header, rows))
     print("\n".join(lines))
     if args.plot:
-        for path in plot(totals, PLOTS, args.section):
+        title = (f"Zoo VLM `{args.target}` ({n_image} image tokens), ViSpec `{args.vispec}`, "
+                 f"held-out scenes")
+        for path in plot(totals, PLOTS, args.section, title):
             print(f"wrote {path}")
         body += (f"\n\nCharts: `benchmarks/plots/{args.section}_speedup.png`, "
                  f"`{args.section}_tau_per_round.png`.")

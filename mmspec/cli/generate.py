@@ -370,6 +370,16 @@ def _setup(args):
     return target, tokenizer, inputs, lambda: _path_drafter(args, target, tokenizer), None
 
 
+def _how_it_ended(answer: torch.Tensor, max_new_tokens: int, eos) -> str:
+    """One line: whether the answer `[n]` ended at an end-of-text token or was cut at the limit
+    (`make run` stopped mid-sentence without saying so)."""
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    if len(answer) and int(answer[-1]) in eos_ids:
+        return f"the answer ended with its end-of-text token after {len(answer)} tokens"
+    return (f"the answer stopped at the token limit (--max-new-tokens {max_new_tokens}), before "
+            f"an end-of-text token")
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -434,6 +444,8 @@ def main(argv=None) -> int:
                       TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
     stats = out.stats
     _log(str(stats))
+    _log(_how_it_ended(out.sequences[0, inputs["input_ids"].shape[1]:], args.max_new_tokens,
+                       target.generation_config.eos_token_id if eos is None else eos))
     if args.no_baseline:
         return 0
     start = time.perf_counter()

@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -245,8 +247,27 @@ def load_pipeline(model: str, dtype: torch.dtype):
 
     # newer diffusers (0.42 here) read `dtype` and warn on `torch_dtype`; older ones ignore `dtype`
     takes_dtype = hasattr(pipeline_utils, "_resolve_dtype")
-    return DiffusionPipeline.from_pretrained(
-        model, **{"dtype" if takes_dtype else "torch_dtype": dtype})
+    with _no_loading_bars_outside_a_terminal():
+        return DiffusionPipeline.from_pretrained(
+            model, **{"dtype" if takes_dtype else "torch_dtype": dtype})
+
+
+@contextmanager
+def _no_loading_bars_outside_a_terminal():
+    """diffusers' "Loading pipeline components" bar and transformers' "Loading weights" bars
+    nested under it, only on a terminal: in a log each is a line of escapes per update."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    libraries = [lib for lib in (diffusers_logging, transformers_logging)
+                 if lib.is_progress_bar_enabled()] if not sys.stderr.isatty() else []
+    for lib in libraries:
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib in libraries:
+            lib.enable_progress_bar()
 
 
 def place_pipeline(pipe, device, cpu_offload: bool = False, vae_tiling: bool = False) -> None:
@@ -505,7 +526,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
                          f"{str(err).strip().splitlines()[0]}") from None
     place_pipeline(pipe, dist.device, args.cpu_offload, args.vae_tiling)
-    pipe.set_progress_bar_config(leave=False, position=1, desc="steps")
+    # one bar per job, the prompts': the pipeline's own bar of steps nested under it wrote a line
+    # of escapes per step into logs
+    pipe.set_progress_bar_config(disable=True)
     try:
         state = apply_draft_attention(pipe, config) if config is not None else None
     except (TypeError, ValueError) as err:  # an unsupported model, --dense-layers too many
@@ -515,7 +538,8 @@ def main(argv=None) -> int:
         compile_blocks(pipe, args.compile)
     check_images(pipe, jobs, mine)  # every prompt of this run, before the first one runs
     try:
-        for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", position=0):
+        # disable=None: no bar where stderr is not a terminal (a log, a pipe)
+        for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", disable=None):
             try:
                 result = generate_one(pipe, prompts[index], index, args, state, dist.device,
                                       jobs[index]["image"])

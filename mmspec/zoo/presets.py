@@ -36,6 +36,13 @@ class Preset:
     extras: dict = field(default_factory=dict)
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it (`make run` runs from the
+    repository root: assets/zoo/vlm-target/sample.png), else absolute: a file the reader can open."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def vlm_preset(image: str | Path | None = None, prompt: str | None = None) -> Preset:
     """The zoo VLM on image file `image` (default: its held-out sample scene) with question
     `prompt`; a missing or unreadable file is a FileNotFoundError or ValueError naming it."""
@@ -53,7 +60,7 @@ def vlm_preset(image: str | Path | None = None, prompt: str | None = None) -> Pr
         name="vlm", target=target, tokenizer=processor.tokenizer, inputs=inputs,
         drafters={"vispec": vispec("vlm-vispec"), "text-only": vispec("vlm-text-drafter")},
         default_drafter="vispec", eos_token_id=processor.tokenizer.eos_token_id,
-        description=(f"zoo VLM `vlm-target` on {image_path.name}, question {prompt!r}"),
+        description=(f"zoo VLM `vlm-target` on {_shown(image_path)}, question {prompt!r}"),
         extras={"image": image_path, "prompt": prompt})
 
 

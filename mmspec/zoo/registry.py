@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -153,6 +154,9 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
     scheduler = FlowMatchEulerDiscreteScheduler(shift=card["training"]["shift"])
     pipe = PixelWanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
                             transformer=transformer, scheduler=scheduler)
+    spec = card["spec"]
+    pipe.trained_grid = (spec["frames"], spec["height"], spec["width"])
+    pipe.card_path = directory / "card.json"
     return ZooModel(name, pipe, tokenizer, card, path=directory)
 
 
@@ -273,9 +277,25 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     directory = zoo_dir / name
     card = read_card(directory)
     _check_card(directory, card)
-    if card["kind"] == "vispec":
-        return _load_vispec(name, directory, card, target)
-    if target is not None:
+    if target is not None and card["kind"] != "vispec":
         raise ValueError(f"target: only ViSpec drafters are bound to a target; {name!r} is a "
                          f"{card['kind']!r} entry")
-    return _LOADERS[card["kind"]](name, directory, card)
+    with _no_loading_bars():
+        if card["kind"] == "vispec":
+            return _load_vispec(name, directory, card, target)
+        return _LOADERS[card["kind"]](name, directory, card)
+
+
+@contextmanager
+def _no_loading_bars():
+    """Without transformers' "Loading weights" bar: a zoo entry loads from disk in milliseconds,
+    and the bar (two lines of escapes in a log) came with every `load` in a user's program."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

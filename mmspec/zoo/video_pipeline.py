@@ -9,7 +9,8 @@ A diffusers `DiffusionPipeline` (components `tokenizer`, `text_encoder`, `transf
 `scheduler`) that samples like `WanPipeline` (Euler steps of `FlowMatchEulerDiscreteScheduler`,
 classifier-free guidance with the empty caption as negative), but denoises pixels directly, so
 `WanPipeline`'s VAE, its 4k+1 frame rule and its 16-pixel size rule do not apply: any frame count
-and any even height and width work. `apply_draft_attention(pipe, config)` finds `pipe.transformer`
+and any even height and width run, but the zoo entry was trained on one size (its card's `spec`)
+and warns, once per size, at others, where it makes noise. `apply_draft_attention(pipe, config)` finds `pipe.transformer`
 and `pipe.scheduler` as it does on a `WanPipeline`. The conditional and unconditional branches run
 as one batch of 2 (a CFG batch), not two forwards as in `WanPipeline`. diffusers' step caches
 (`pipe.transformer.enable_cache(FirstBlockCacheConfig(...))`) work as on its own pipelines.
@@ -17,6 +18,8 @@ as one batch of 2 (a CFG batch), not two forwards as in `WanPipeline`. diffusers
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -25,6 +28,8 @@ from diffusers import DiffusionPipeline
 from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
 
 from mmspec.zoo.video_model import encode_prompts
+
+logger = logging.getLogger(__name__)
 
 
 def cast_keeping_fp32(module: torch.nn.Module, dtype: torch.dtype,
@@ -57,6 +62,20 @@ class PixelWanPipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(tokenizer=tokenizer, text_encoder=text_encoder,
                               transformer=transformer, scheduler=scheduler)
+        # set by `mmspec.zoo.load` from the card: the (frames, height, width) it was trained on
+        self.trained_grid: tuple[int, int, int] | None = None
+        self.card_path: Path | None = None
+        self._warned: set = set()
+
+    def _warn_off_grid(self, grid: tuple[int, int, int]) -> None:
+        """One line, once per size: away from its training size the zoo DiT makes noise (64x64,
+        9 frames gave dark noise without a word)."""
+        if self.trained_grid is None or grid == self.trained_grid or grid in self._warned:
+            return
+        self._warned.add(grid)
+        (f, h, w), (tf, th, tw) = grid, self.trained_grid
+        logger.warning(f"{f} frames of {h}x{w}: this video DiT was trained on {tf} frames of "
+                       f"{th}x{tw} only ({self.card_path}, spec); expect noise at other sizes")
 
     @property
     def current_timestep(self):
@@ -85,6 +104,7 @@ class PixelWanPipeline(DiffusionPipeline):
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if height % 2 or width % 2:
             raise ValueError(f"height and width must be even (patch 2), got {height}x{width}")
+        self._warn_off_grid((num_frames, height, width))
         negative = negative_prompt if negative_prompt is not None else ""
         negatives = [negative] * len(prompts) if isinstance(negative, str) else list(negative)
         if len(negatives) != len(prompts):

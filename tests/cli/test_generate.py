@@ -126,6 +126,20 @@ def test_the_streamed_answer_has_no_special_tokens(capsys):
     tokens = int(re.search(r"(\d+) tokens", captured.err).group(1))
     assert tokens < 40  # the answer ended at EOS, which was streamed as text
     assert captured.out.strip().endswith(".") and "</s>" not in captured.out
+    assert f"the answer ended with its end-of-text token after {tokens} tokens" in captured.err
+
+
+def test_make_run_says_where_its_image_is_and_when_the_answer_was_cut(capsys, monkeypatch):
+    # `make run` (mmspec generate, defaults) named only "sample.png" and stopped mid-sentence at
+    # the token limit without a word
+    from mmspec.zoo.paths import ZOO_DIR
+
+    monkeypatch.chdir(ZOO_DIR.parent.parent)  # the repository root, where make runs
+    assert main(["generate", "--max-new-tokens", "6", "--no-baseline", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "on assets/zoo/vlm-target/sample.png," in err
+    assert ("the answer stopped at the token limit (--max-new-tokens 6), before an end-of-text "
+            "token") in err
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -13,22 +13,23 @@ def _seeded(seed, build):
     return build().eval()
 
 
-def tiny_llama(seed=0, vocab=VOCAB, layers=2):
+def tiny_llama(seed=0, vocab=VOCAB, layers=2, init_std=0.02):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, pad_token_id=PAD, bos_token_id=BOS,
-                      eos_token_id=EOS)
+                      eos_token_id=EOS, initializer_range=init_std)
     return _seeded(seed, lambda: LlamaForCausalLM(cfg))
 
 
-def tiny_qwen2(seed=0, vocab=VOCAB):
+def tiny_qwen2(seed=0, vocab=VOCAB, init_std=0.02):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+                      pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+                      initializer_range=init_std)
     return _seeded(seed, lambda: Qwen2ForCausalLM(cfg))
 
 
@@ -49,7 +50,7 @@ def tiny_deepseek_v3(seed=0, vocab=VOCAB):
 LLAVA_IMAGE_TOKEN = VOCAB - 1
 
 
-def tiny_llava(seed=0):
+def tiny_llava(seed=0, init_std=0.02):
     from transformers import (
         CLIPVisionConfig,
         LlamaConfig,
@@ -58,13 +59,15 @@ def tiny_llava(seed=0):
     )
 
     vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, image_size=16, patch_size=8)
+                              num_attention_heads=2, image_size=16, patch_size=8,
+                              initializer_range=init_std)
     text = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                       pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+                       pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+                       initializer_range=init_std)
     cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=LLAVA_IMAGE_TOKEN,
                       projector_hidden_act="gelu", vision_feature_layer=-1,
-                      vision_feature_select_strategy="full")
+                      vision_feature_select_strategy="full", initializer_range=init_std)
     model = _seeded(seed, lambda: LlavaForConditionalGeneration(cfg))
     model.generation_config.pad_token_id = PAD
     model.generation_config.eos_token_id = EOS
@@ -84,21 +87,22 @@ def llava_inputs(seed=0, text_len=6):
 QWEN_VL_IMAGE, QWEN_VL_START, QWEN_VL_END = VOCAB - 1, VOCAB - 2, VOCAB - 3
 
 
-def tiny_qwen2_5_vl(seed=0):
+def tiny_qwen2_5_vl(seed=0, init_std=0.02):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cfg = Qwen2_5_VLConfig(
         text_config={"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
                          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                          "max_position_embeddings": 512, "pad_token_id": PAD, "bos_token_id": BOS,
-                         "eos_token_id": EOS,
+                         "eos_token_id": EOS, "initializer_range": init_std,
                          "rope_parameters": {"rope_type": "mrope", "mrope_section": [1, 1, 2],
                                           "rope_theta": 10000.0}},
         vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
                            "patch_size": 2, "temporal_patch_size": 2, "spatial_merge_size": 2,
-                           "out_hidden_size": 32, "window_size": 8, "fullatt_block_indexes": [1]},
+                           "out_hidden_size": 32, "window_size": 8, "fullatt_block_indexes": [1],
+                       "initializer_range": init_std},
         image_token_id=QWEN_VL_IMAGE, vision_start_token_id=QWEN_VL_START,
-        vision_end_token_id=QWEN_VL_END, video_token_id=VOCAB - 4,
+        vision_end_token_id=QWEN_VL_END, video_token_id=VOCAB - 4, initializer_range=init_std,
     )
     model = _seeded(seed, lambda: Qwen2_5_VLForConditionalGeneration(cfg))
     model.generation_config.pad_token_id = PAD
@@ -133,7 +137,9 @@ class OracleDrafter:
     """Drafts from a known continuation `ref` `[B, n]` (the target's own greedy output).
 
     mode "perfect": the true next tokens; "wrong": each token shifted by one (never right);
-    "tree": a tree whose true path hides among wrong siblings, ending in a wrong leaf.
+    "tree": a tree whose true path hides among wrong siblings, ending in a wrong leaf. The truth
+    is the second sibling in even rows and the first in odd rows, so the rows of a batch accept
+    different nodes (a commit that mixed up rows' paths shows).
     """
 
     def __init__(self, ref, prompt_len, num_tokens=4, mode="perfect", vocab=VOCAB):
@@ -155,15 +161,17 @@ class OracleDrafter:
             return Draft.chain(truth)
         if self.mode == "wrong":
             return Draft.chain((truth + 1) % self.vocab)
-        # tree: node 2i is a wrong sibling, node 2i+1 the truth, both children of the previous truth
-        tokens, parents = [], []
-        for i in range(n):
-            parent = -1 if i == 0 else 2 * i - 1
-            tokens += [(truth[:, i] + 1) % self.vocab, truth[:, i]]
-            parents += [parent, parent]
-        tokens.append((truth[:, -1] + 2) % self.vocab)  # a wrong leaf below the last truth
-        parents.append(2 * n - 1)
-        return Draft(torch.stack(tokens, 1), torch.tensor(parents))
+        # tree: nodes 2i and 2i+1 are the truth and a wrong sibling, both children of the previous
+        # truth; the truth is node 2i+1 in even rows, 2i in odd rows
+        odd = (torch.arange(len(truth)) % 2 == 1)[:, None]  # [B, 1]
+        wrong = (truth + 1) % self.vocab  # [B, n]
+        pairs = torch.stack([torch.where(odd, truth, wrong), torch.where(odd, wrong, truth)], 2)
+        leaf = (truth[:, -1:] + 2) % self.vocab  # a wrong leaf below the last truth
+        tokens = torch.cat([pairs.reshape(len(truth), 2 * n), leaf], 1)  # [B, 2n + 1]
+        truth_node = 2 * torch.arange(n) + torch.where(odd, 0, 1)  # [B, n]
+        above = torch.cat([torch.full_like(odd, -1, dtype=torch.long), truth_node], 1)  # [B, n+1]
+        parents = torch.cat([above[:, :-1].repeat_interleave(2, 1), above[:, -1:]], 1)  # [B, 2n+1]
+        return Draft(tokens, parents)
 
     def update(self, result):
         self.updates += 1

@@ -13,6 +13,18 @@ def test_prints_the_named_builders_only(capsys):
     assert "prefix_block" not in out
 
 
+def test_output_has_a_legend_and_no_wrapped_tensor(capsys):
+    # the tree example printed its dense 8 x 48 mask as a torch tensor, wrapped over 16 lines,
+    # and no builder said what the block pictures' characters mean
+    main([])
+    out = capsys.readouterr().out
+    assert "tensor(" not in out and max(len(line) for line in out.splitlines()) <= 99
+    assert "█ every query attends every key of the block, ░ some do, ' ' none" in out
+    assert "(█ attends, · does not)" in out
+    tree_rows = [line.split() for line in out.splitlines() if line.endswith("█ █ · █ · · █ █")]
+    assert tree_rows == [["7", "6", "4", "all", "40", *"█ █ · █ · · █ █".split()]]
+
+
 def test_unknown_name_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         main(["trees"])

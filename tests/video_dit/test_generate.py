@@ -548,3 +548,14 @@ def test_model_takes_a_zoo_name_and_names_a_text_model_given_instead(tmp_path):
                                          r"video model; give a diffusers pipeline folder or a "
                                          r"video zoo entry \(video-dit\)$"):
         generate.main(["--model", "text-target", *args])
+
+
+def test_no_progress_bars_outside_a_terminal(model_dir, tmp_path, capfd):
+    # a prompts bar with the pipeline's steps bar nested under it wrote escapes into logs
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    assert generate.main(["--model", str(model_dir), "--prompts", str(prompts), *COMMON,
+                          "--dense", "--out", str(tmp_path / "out")]) == 0
+    captured = capfd.readouterr()
+    assert "\r" not in captured.err and "\x1b" not in captured.err
+    assert "it/s" not in captured.err + captured.out  # no bar, not even a finished one

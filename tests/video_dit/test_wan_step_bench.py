@@ -108,3 +108,29 @@ def test_fidelity_recall_and_error_against_a_dense_softmax(query_tile):
         error = (out - dense).norm() / dense.norm()
         assert at[name]["error"] == pytest.approx(float(error), rel=1e-3)
         assert at[name]["density"] == pytest.approx(budget / own.numel(), abs=1e-6)
+
+
+def test_overhead_and_speed_times_dense_and_sparse_in_turn(monkeypatch):
+    # dense was timed first, the fastest of 2, and the sparse calls later, the fastest of 3: on
+    # a shared CPU a load change between the two moved the ratio. Now every call gets the same
+    # count, in turn within each round
+    import torch.nn.functional as F
+
+    import benchmarks.draft_attention as bench
+
+    calls = []
+
+    def logged(name, fn):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        logged("dense", F.scaled_dot_product_attention))
+    monkeypatch.setattr(bench, "block_sparse_attention",
+                        logged("sparse", bench.block_sparse_attention))
+    monkeypatch.setattr(bench, "draft_attention", logged("whole", bench.draft_attention))
+    t = bench.overhead_and_speed((2, 8, 16), (4, 4), heads=1, dim=32, sparsity=0.5, reps=2)
+    assert calls[1:] == ["dense", "sparse", "whole"] * 3  # after the mask's own call: warm-up + 2
+    assert t["dense"] > 0 and t["sparse_call"] > 0 and t["whole"] > 0

@@ -188,3 +188,15 @@ def test_load_by_path_and_the_folder_mistakes(tmp_path):
                           (("x", entry), "is itself an entry; pass the folder of entries")):
         with pytest.raises(ValueError, match=message):
             mmspec.zoo.load(*args)
+
+
+def test_loading_shows_no_weight_bars_and_leaves_transformers_bars_as_they_were(capfd,
+                                                                                  monkeypatch):
+    # every zoo.load in a user's program printed transformers' "Loading weights" bar
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setattr(hf_logging, "_tqdm_active", True)  # as a fresh program has them
+    mmspec.zoo.load("text-drafter")
+    mmspec.zoo.load("vlm-vispec")  # loads its target too
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

@@ -1,6 +1,8 @@
 """Each shipped text model does its job on the fixed held-out slice its card reports."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch.nn.functional as F
 import mmspec.zoo
 from mmspec.zoo.objectives import causal_lm_loss, masked_prediction_loss
 
+README = Path(__file__).resolve().parents[2] / "README.md"
 MARGIN = 0.02  # nats: fp32 CPU reductions may differ slightly from the machine that wrote the card
 
 
@@ -95,7 +98,17 @@ def test_drafters_get_accepted_on_held_out_code(name):
     ids, eos = preset.inputs["input_ids"], preset.eos_token_id
     ref = preset.target.generate(ids, max_new_tokens=64, do_sample=False, eos_token_id=eos,
                                  pad_token_id=eos)
-    out = generate(preset.target, preset.drafters[name](), ids, max_new_tokens=64,
-                   do_sample=False, eos_token_id=eos)
+    drafter = preset.drafters[name]()
+    next_k = []  # the DLM's block length for the next round, set by ADL after each round
+
+    def on_round(draft, result, stats):
+        if name == "diffusion":
+            next_k.append(drafter.lengths[0].k)
+
+    out = generate(preset.target, drafter, ids, max_new_tokens=64, do_sample=False,
+                   eos_token_id=eos, on_round=on_round)
     assert torch.equal(out.sequences, ref)
     assert out.stats.mean_accepted_no_bonus > 1.5
+    if name == "diffusion":  # README's "(k = 5 in that preset" is this run's k after round 1
+        said = re.search(r"\(k = (\d+) in that preset", README.read_text())
+        assert said and set(next_k[:-1]) == {int(said.group(1))}, next_k

@@ -302,3 +302,24 @@ def test_pipeline_input_errors_name_the_argument(entry):
     with pytest.raises(ValueError, match=r"latents must be .* = \[1, 3, 4, 32, 32\], got "
                                          r"\[2, 3, 4, 32, 32\]"):
         pipe("a", latents=torch.zeros(2, 3, 4, 32, 32), num_inference_steps=1, **SIZE)
+
+
+def test_sizes_off_the_training_grid_warn_once_naming_the_card(entry, caplog):
+    # 64x64 at 9 frames (video_dit.generate's own sizes) made dark noise without a word
+    pipe = entry.model
+    spec = entry.card["spec"]
+
+    def call(frames, size):
+        pipe("a red circle moving right", num_frames=frames, height=size, width=size,
+             num_inference_steps=1, generator=torch.Generator().manual_seed(0))
+
+    with caplog.at_level("WARNING", logger="mmspec.zoo.video_pipeline"):
+        call(spec["frames"], spec["height"])
+        assert not caplog.records
+        call(2, 16)
+        call(2, 16)
+    [record] = caplog.records  # one line, once per size
+    assert record.getMessage() == (
+        f"2 frames of 16x16: this video DiT was trained on {spec['frames']} frames of "
+        f"{spec['height']}x{spec['width']} only ({entry.path / 'card.json'}, spec); expect noise "
+        f"at other sizes")

@@ -19,6 +19,8 @@ def main(argv=None) -> None:
     unknown = [name for name in args.names if name not in BUILDERS]
     if unknown:
         parser.error(f"NAME must be one of {', '.join(BUILDERS)}, got {', '.join(unknown)}")
+    print("Block pictures: a character per block of the mask (block_size in the line above):\n"
+          "█ every query attends every key of the block, ░ some do, ' ' none (skipped).")
     for name in args.names or BUILDERS:
         print(f"== {name} ==")
         BUILDERS[name]()

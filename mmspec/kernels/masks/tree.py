@@ -61,10 +61,21 @@ def tree_block_mask(parents, prefix_len: int, block_size=16) -> BlockSparseMask:
 
 def main():
     parents = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 6])
-    print("ancestors:\n", tree_ancestors(parents).int())
-    print("depths:", tree_depths(parents).tolist())
-    mask = tree_block_mask(parents, prefix_len=40, block_size=16)
+    prefix = 40
+    mask = tree_block_mask(parents, prefix_len=prefix, block_size=16)
+    dense = mask.to_dense()[0, 0]  # [T, prefix + T]
+    t = len(parents)
+    print(f"{t} draft tokens after a {prefix}-token prefix, parents {parents.tolist()}\n"
+          f"(-1: a child of the last committed token)")
+    print("token mask, a row per draft token: the prefix tokens it attends, then the draft tokens\n"
+          "it attends, itself and its ancestors (█ attends, · does not)")
+    print(f"{'token':>5} {'parent':>6} {'depth':>5} {'prefix':>7}  draft " + " ".join(
+        str(j % 10) for j in range(t)))
+    for i, (parent, depth) in enumerate(zip(parents.tolist(), tree_depths(parents).tolist())):
+        seen = int(dense[i, :prefix].sum())
+        shown = f"all {seen}" if seen == prefix else f"{seen}/{prefix}"
+        row = " ".join("█" if x else "·" for x in dense[i, prefix:].tolist())
+        print(f"{i:>5} {parent:>6} {depth:>5} {shown:>7}        {row}")
     print(mask)
     print(mask.to_string())
-    print(mask.to_dense()[0, 0].int())
 
