@@ -1,8 +1,9 @@
 """A drafter written with `save_pretrained(format="speculators")` against the `speculators`
 package itself, in a separate venv (the package pins an older transformers than mmspec's).
 
-Skipped unless the venv exists (`$XDG_CACHE_HOME/mmspec/speculators-venv`, default
-`~/.cache/mmspec/...`) or MMSPEC_SPECULATORS_VENV=1 asks to build it (pip, a few minutes, once).
+Skipped unless MMSPEC_SPECULATORS_VENV=1: it then uses the venv at
+`$XDG_CACHE_HOME/mmspec/speculators-venv` (default `~/.cache/mmspec/...`), building it first if
+it is missing (pip, a few minutes, once), and takes about a minute on two CPU cores.
 The checks themselves are `speculators_venv_check.py`, run with that venv's python.
 """
 
@@ -23,13 +24,14 @@ SPECULATORS = "speculators==0.9.0"  # the release eagle_speculators.py follows
 VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mmspec" / \
     "speculators-venv"
 CHECK = Path(__file__).with_name("speculators_venv_check.py")
+pytestmark = pytest.mark.skipif(os.environ.get("MMSPEC_SPECULATORS_VENV") != "1",
+                                reason=f"MMSPEC_SPECULATORS_VENV=1 runs it (venv {VENV}, built "
+                                       f"when missing)")
 
 
 def _venv_python() -> Path:
     python = VENV / "bin" / "python"
     if not python.exists():
-        if os.environ.get("MMSPEC_SPECULATORS_VENV") != "1":
-            pytest.skip(f"no venv with speculators at {VENV}; MMSPEC_SPECULATORS_VENV=1 builds it")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         # the torch already here, so pip need not fetch another build
         built = subprocess.run([str(python), "-m", "pip", "install", "-q", SPECULATORS,
@@ -37,6 +39,10 @@ def _venv_python() -> Path:
         if built.returncode:
             pytest.skip(f"pip could not install {SPECULATORS} into {VENV}: "
                         f"{built.stderr.strip().splitlines()[-1:]}")
+        # speculators requires torchvision and torchaudio but imports neither; PyPI's builds of
+        # them do not load against a CPU or local torch and break `import transformers`
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision",
+                        "torchaudio"], check=True)
     if subprocess.run([str(python), "-c", "import speculators"], capture_output=True).returncode:
         pytest.skip(f"{VENV} has no importable speculators package")
     return python
