@@ -36,6 +36,7 @@ from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 
 from .eagle_checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
 from .eagle_head import EagleConfig, EagleHead
+from .eagle_speculators import is_speculators, read_speculators, write_speculators
 from .tree import dynamic_tree
 
 
@@ -69,7 +70,9 @@ class EagleDrafter(nn.Module):
     def from_pretrained(cls, path, target, *, depth: int = 8, top_k: int = 10,
                         total_tokens: int = 60) -> EagleDrafter:
         """Load a SafeAILab EAGLE-1/2 or EAGLE-3 folder (config.json + model.safetensors or
-        pytorch_model.bin) for `target`, in the target's dtype and device.
+        pytorch_model.bin), or an EAGLE-3 folder in the speculators format (its config.json has
+        `speculators_model_type`; `eagle_speculators.py`), for `target`, in the target's dtype
+        and device.
 
         depth: draft levels (the reference's `depth` + 1); top_k: children per frontier node and
         frontier width; total_tokens: tree nodes counting the root. Defaults: ea_model.py's
@@ -77,7 +80,10 @@ class EagleDrafter(nn.Module):
         """
         path = Path(path)
         fields, state = read_config(path), read_weights(path)
-        cfg = eagle_config(fields, state, target, path, depth=depth, top_k=top_k,
+        feature_layers = None
+        if is_speculators(fields):
+            fields, state, feature_layers = read_speculators(fields, state, path)
+        cfg = eagle_config(fields, state, target, path, feature_layers, depth=depth, top_k=top_k,
                            total_tokens=total_tokens)
         embed = state.get("embed_tokens.weight")
         if embed is not None and tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
@@ -100,6 +106,19 @@ class EagleDrafter(nn.Module):
                                  f"vocabulary [0, {vocab})")
         weight = target.get_input_embeddings().weight
         return drafter.to(device=weight.device, dtype=weight.dtype)
+
+    def save_pretrained(self, path, format: str = "speculators", *,
+                        verifier: str | None = None) -> Path:
+        """Write this EAGLE-3 drafter to the folder `path` in the speculators format, which
+        `vllm serve PATH` serves and `EagleDrafter.from_pretrained` loads back.
+
+        verifier: the target's Hugging Face id or path, recorded as the verifier vLLM loads;
+        default the target's `name_or_path` (None when it has none)."""
+        if format != "speculators":
+            raise ValueError(f"format must be 'speculators', got {format!r}")
+        if verifier is None:
+            verifier = getattr(self.target.config, "name_or_path", "") or None
+        return write_speculators(self, path, verifier)
 
     # --- the drafter contract ---
 

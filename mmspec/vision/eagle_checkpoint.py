@@ -113,8 +113,20 @@ def _rope_factor(fields: dict, where: Path) -> float:
     return float(scaling["factor"])
 
 
-def eagle_config(fields: dict, state: dict, target, where: Path, **tree) -> EagleConfig:
-    """The `EagleConfig` of a checkpoint for `target`; ValueError when it cannot fit."""
+def check_feature_layers(layers: tuple, num_layers: int, where: Path) -> tuple:
+    """Feature layers a checkpoint names (speculators' `eagle_aux_hidden_state_layer_ids`)."""
+    if len(layers) != 3 or len(set(layers)) != 3 or not all(0 <= i < num_layers for i in layers):
+        raise ValueError(f"path: {where / CONFIG_NAME}: EAGLE-3 reads three distinct target "
+                         f"layers' inputs, ids in [0, {num_layers}) for this target, got "
+                         f"{list(layers)}")
+    return tuple(layers)
+
+
+def eagle_config(fields: dict, state: dict, target, where: Path, feature_layers=None,
+                 **tree) -> EagleConfig:
+    """The `EagleConfig` of a checkpoint for `target`; ValueError when it cannot fit.
+
+    feature_layers: the EAGLE-3 target layers the checkpoint names, None for the reference's."""
     arch = detect_arch(state, where)
     text = target.config.get_text_config(decoder=True)
     target_d = int(target.get_input_embeddings().weight.shape[1])
@@ -158,7 +170,9 @@ def eagle_config(fields: dict, state: dict, target, where: Path, **tree) -> Eagl
         rope_theta=float(fields.get("rope_theta", 10000.0)),
         rope_linear_factor=_rope_factor(fields, where),
         fc_bias=bias, qkv_bias=qkv_bias, hidden_act=act,
-        feature_layers=eagle3_feature_layers(text.num_hidden_layers) if eagle3 else (-1,),
+        feature_layers=(-1,) if not eagle3 else eagle3_feature_layers(text.num_hidden_layers)
+        if feature_layers is None else check_feature_layers(feature_layers,
+                                                            text.num_hidden_layers, where),
         **tree)
     if d % heads or heads % cfg.num_kv_heads:
         raise ValueError(f"path: {where / CONFIG_NAME}: hidden_size {d}, num_attention_heads "
