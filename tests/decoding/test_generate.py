@@ -165,14 +165,14 @@ def _leak_to_the_node_before(tree, cache_valid):
     return torch.cat([cache_valid[:, None, :].expand(b, tree.num_nodes, c), tree.anc | before], -1)
 
 
-def _commit_the_first_nodes(cache, start, keep):
+def _commit_the_first_nodes(cache, start, keep, in_place=False):
     """commit_path keeping the tree's first K nodes, not the accepted path."""
     kv_cache.crop(cache, start + keep.shape[1])
 
 
-def _commit_row_0s_path(cache, start, keep, commit_path=kv_cache.commit_path):
+def _commit_row_0s_path(cache, start, keep, in_place=False, commit_path=kv_cache.commit_path):
     """commit_path keeping row 0's accepted nodes in every row."""
-    commit_path(cache, start, keep[:1].expand_as(keep))
+    commit_path(cache, start, keep[:1].expand_as(keep), in_place=in_place)
 
 
 @pytest.mark.parametrize("module, name, mutant", [
