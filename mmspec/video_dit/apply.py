@@ -195,6 +195,12 @@ class DraftAttentionState(_DensityReport):
     def sparse_layer(self, layer: int) -> bool:
         return self.sparse_step() and layer >= self.config.dense_layers
 
+    def probe_step(self) -> bool:
+        """The calibration probe (`config.calibrate`): the last dense warm-up step."""
+        return (self.config.calibrate and self.layout is not None
+                and self.step == self.config.dense_step_count(self.num_steps) - 1
+                and self.num_layers > self.config.dense_layers)
+
     # ------------------------------------------------------------------------------------ hooks
 
     def pre_forward(self, module, args, kwargs):
@@ -218,9 +224,12 @@ class DraftAttentionState(_DensityReport):
         self.tiled = (self.config.permute_once and self.num_layers > self.config.dense_layers
                       and not self.layout.has_padding
                       and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+        probe = self.probe_step()
         for processor in self.processors:  # read inside the blocks (see processors.py)
-            processor.sparse = self.sparse_layer(processor.layer)
+            processor.probe = probe and processor.layer >= self.config.dense_layers
+            processor.sparse = self.sparse_layer(processor.layer) or processor.probe
             processor.densities.clear()  # left by a forward that raised
+            processor.calibrations.clear()
         if self.tiled and family.tile_inputs is not None:
             family.tile_inputs(self, bound.arguments)
             return bound.args, bound.kwargs
@@ -232,6 +241,14 @@ class DraftAttentionState(_DensityReport):
             for density in processor.densities:
                 self.record(processor.layer, density)
             processor.densities.clear()
+            if processor.calibrations:  # one host read per layer and run
+                processor.sparsity = float(torch.stack(processor.calibrations).mean())
+                processor.calibrations.clear()
+
+    def layer_sparsity(self) -> dict[int, float]:
+        """The sparsity of each sparse layer: `config.sparsity`, or the calibrated one."""
+        return {p.layer: p.sparsity for p in self.processors
+                if p.layer >= self.config.dense_layers}
 
     @property
     def scheduler(self):

@@ -77,6 +77,31 @@ def test_step_index_from_the_timestep_hook():
 
 
 @torch.no_grad()
+def test_top_p_and_calibration_set_the_budget_from_the_map():
+    model = tiny_wan(num_layers=3)
+    x, e = torch.randn(1, 4, 2, 8, 8), torch.randn(1, 3, 16)
+    # top_p: no fixed budget; mass 1.0 keeps every block up to the cap
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        tile=(2, 2), dense_steps=0, mode="top_p", mass=1.0, max_density=0.375))
+    model(x, torch.tensor([900]), e)
+    assert [r.density for r in state.records[1:]] == [pytest.approx(0.375, abs=1 / 8)] * 2
+    remove_draft_attention(model)
+    # calibrate: step 0 (the last dense one) probes; steps 1-2 run each layer's own sparsity
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        sparsity=0.9, tile=(2, 2), dense_steps=1, calibrate=True, mass=0.5, max_density=0.75))
+    model(x, torch.tensor([900]), e)
+    assert [r.sparse for r in state.records] == [False] * 3  # the probe counts as dense
+    calibrated = state.layer_sparsity()
+    assert list(calibrated) == [1, 2] and all(0.25 <= s < 0.9 for s in calibrated.values())
+    for t in (800, 700):
+        model(x, torch.tensor([t]), e)
+    for r in state.records[3:]:
+        if r.layer:
+            assert r.density == pytest.approx(1 - calibrated[r.layer], abs=1 / 8)
+    remove_draft_attention(model)
+
+
+@torch.no_grad()
 def test_tiny_wan_pipeline_end_to_end():
     pipe = tiny_wan_pipeline()
     pipe.set_progress_bar_config(disable=True)
