@@ -30,6 +30,8 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.hooks import StateManager
 
 from . import reorder
 from .config import DraftAttentionConfig
@@ -43,6 +45,46 @@ from .processors import (
 from .tiles import frame_causal_tiles, tile_layout
 
 _ATTR = "_mmspec_draft_attention"
+HOOK_NAME = "mmspec_draft_attention"  # in the transformer's diffusers HookRegistry
+
+
+class _ContextReader(StateManager):
+    """Receives the `CacheContext` a pipeline sets around each model call
+    (`model.cache_context("cond", step_index=i, ...)`): diffusers hands it to every
+    `StateManager` attribute of a stateful hook. It keeps no per-context state."""
+
+    def __init__(self):
+        super().__init__(None)
+
+    @property
+    def current(self):
+        return self._context
+
+
+class DraftAttentionHook(ModelHook):
+    """The transformer's hook in diffusers' `HookRegistry` (`HOOK_NAME`): reads the step and grid
+    before each forward and collects the densities after it. Stateful: the pipeline resets it
+    when a call ends (`maybe_free_model_hooks` -> `_reset_stateful_cache`), so the next call
+    counts its steps from 0 without `remove_draft_attention`."""
+
+    _is_stateful = True
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self.context = _ContextReader()
+
+    def pre_forward(self, module, *args, **kwargs):
+        changed = self.state.pre_forward(module, args, kwargs, self.context.current)
+        return (args, kwargs) if changed is None else changed
+
+    def post_forward(self, module, output):
+        self.state.post_forward()
+        return output
+
+    def reset_state(self, module):
+        self.state.end_call()
+        return module
 
 
 def _wan_grid(model, x):  # x: [B, C, F, H, W]
@@ -180,6 +222,7 @@ class DraftAttentionState(_DensityReport):
         self.allowed = None  # (bool [nQ, nT], count) where the model masks blocks, else None
         self.tiled = False
         self._last_timestep = None
+        self._call_ended = False
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
         self.hooks = []
         self.originals = {}
@@ -203,11 +246,23 @@ class DraftAttentionState(_DensityReport):
 
     # ------------------------------------------------------------------------------------ hooks
 
-    def pre_forward(self, module, args, kwargs):
+    def pre_forward(self, module, args, kwargs, context=None):
         _refuse_context_parallel(module)  # enabled after DraftAttention was applied
+        if self._call_ended:  # the last pipeline call's records stay readable until now
+            self._pending.clear()
+            self._call_ended = False
         bound = self._signature.bind_partial(*args, **kwargs)
         latents, timestep = bound.arguments["hidden_states"], bound.arguments["timestep"]
-        self._update_step(timestep)
+        if context is not None and context.step_index is not None:
+            # the pipeline says where its loop is (diffusers' cache context: Wan, ...): its
+            # index over the scheduler's timesteps, several per denoising step for a
+            # higher-order scheduler (Heun: t0, t1, t1, t2, t2, ...)
+            order = self._scheduler_order()
+            self.step = (context.step_index + order - 1) // order
+            calls = context.num_inference_steps
+            self.num_steps = -(-calls // order) if calls is not None else self._scheduler_steps()
+        else:
+            self._update_step(timestep)
         self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
                                   latents.device, self.config.query_tile)
         family = self.family
@@ -235,7 +290,7 @@ class DraftAttentionState(_DensityReport):
             return bound.args, bound.kwargs
         return None
 
-    def post_forward(self, module, args, kwargs, output):
+    def post_forward(self):
         self.tiled = False
         for processor in self.processors:  # this forward's calls, in layer order
             for density in processor.densities:
@@ -249,6 +304,13 @@ class DraftAttentionState(_DensityReport):
         """The sparsity of each sparse layer: `config.sparsity`, or the calibrated one."""
         return {p.layer: p.sparsity for p in self.processors
                 if p.layer >= self.config.dense_layers}
+
+    def _scheduler_order(self) -> int:
+        return max(1, int(getattr(self.scheduler, "order", 1) or 1))
+
+    def _scheduler_steps(self):
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        return None if timesteps is None else -(-len(timesteps) // self._scheduler_order())
 
     @property
     def scheduler(self):
@@ -296,6 +358,12 @@ class DraftAttentionState(_DensityReport):
         """Forget the records and the step counter (call between generations if you like)."""
         self._pending.clear()
         self.step, self._last_timestep = -1, None
+
+    def end_call(self) -> None:
+        """A pipeline call ended (the hook's reset): the next forward starts a new run at step 0
+        and forgets these records, which stay readable until then."""
+        self.step, self._last_timestep, self.num_steps = -1, None, None
+        self._call_ended = True
 
 
 class DraftAttentionStates(_DensityReport):
@@ -411,8 +479,9 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             state.originals[module] = module.processor
             state.processors.append(state.family.processor(state, layer, module.processor))
             module.set_processor(state.processors[-1])
-        state.hooks.append(transformer.register_forward_pre_hook(state.pre_forward, with_kwargs=True))
-        state.hooks.append(transformer.register_forward_hook(state.post_forward, with_kwargs=True))
+        registry = HookRegistry.check_if_exists_or_initialize(transformer)
+        registry.register_hook(DraftAttentionHook(state), HOOK_NAME)
+        registry.invalidate_child_registries_cache()
         if config.permute_once:
             state.hooks += state.family.install_reorder(state, transformer)
         setattr(transformer, _ATTR, state)
@@ -436,4 +505,7 @@ def remove_draft_attention(pipe_or_transformer) -> None:
             module.set_processor(processor)
         for hook in state.hooks:
             hook.remove()
+        registry = HookRegistry.check_if_exists_or_initialize(transformer)
+        registry.remove_hook(HOOK_NAME, recurse=False)
+        registry.invalidate_child_registries_cache()
         delattr(transformer, _ATTR)

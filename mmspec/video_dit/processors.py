@@ -54,6 +54,26 @@ class _DraftProcessor:
         self.probe = False
         self.calibrations = []
 
+    # diffusers' `set_attention_backend` sets `_attention_backend` on every processor that has
+    # one (`enable_parallelism` sets `_parallel_config`): both live on the original processor,
+    # which runs the dense layers and steps, so set before or after applying they choose its
+    # backend. A family whose original has none (CogVideoX's) has none here either.
+    def _original_attribute(name):
+        def get(self):
+            if not hasattr(self.original, name):
+                raise AttributeError(f"{type(self.original).__name__} has no {name}")
+            return getattr(self.original, name)
+
+        def set(self, value):
+            get(self)  # an AttributeError where the original has none
+            setattr(self.original, name, value)
+
+        return property(get, set)
+
+    _attention_backend = _original_attribute("_attention_backend")
+    _parallel_config = _original_attribute("_parallel_config")
+    del _original_attribute
+
     def _attend(self, q, k, v, **kwargs):
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
         state, cfg = self.state, self.state.config
