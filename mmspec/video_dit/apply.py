@@ -2,9 +2,10 @@
 
 `apply_draft_attention(pipe_or_transformer, config)` swaps the processors of the self-attention
 layers only (cross-attention stays dense) and registers hooks:
-- a pre-forward hook on the transformer reads `timestep` (the step index: its position in the
-  pipeline scheduler's timesteps, or a count of timestep changes for a bare transformer) and the
-  latent shape (the token grid);
+- a stateful diffusers `ModelHook` in the transformer's `HookRegistry` (`HOOK_NAME`) reads the
+  step index (from the pipeline's cache context where it sends one; else the position of
+  `timestep` in the pipeline scheduler's timesteps, or a count of timestep changes for a bare
+  transformer) and the latent shape (the token grid); the pipeline resets it when a call ends;
 - hooks on the patch embedding, RoPE and `proj_out` put the video tokens and the RoPE tables in
   tile order once per forward and restore the order once before unpatchify (`reorder.py`), so no
   layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
@@ -361,8 +362,8 @@ class DraftAttentionState(_DensityReport):
 
     def end_call(self) -> None:
         """A pipeline call ended (the hook's reset): the next forward starts a new run at step 0
-        and forgets these records, which stay readable until then."""
-        self.step, self._last_timestep, self.num_steps = -1, None, None
+        and forgets these records, which stay readable until then (as `step` and `num_steps`)."""
+        self._last_timestep = None
         self._call_ended = True
 
 
