@@ -3,8 +3,10 @@
 Public names:
     tile_permutation        token order that makes each th x tw tile of a frame contiguous
                             (and each query tile of whole tiles, with query_tile=)
-    draft_block_mask        the draft attention map's block mask (mode "global" or "row")
-    DraftAttentionConfig    sparsity, tile (and query tile), mode, dense warm-up steps and layers
+    draft_block_mask        the draft attention map's block mask (mode "global", "row" or
+                            "top_p")
+    DraftAttentionConfig    sparsity, tile (and query tile), mode, mass and calibrate (adaptive
+                            budgets), dense warm-up steps and layers
     apply_draft_attention   install on a diffusers pipeline or transformer (Wan, Wan VACE,
                             SkyReels-V2, HunyuanVideo and 1.5, CogVideoX); returns a
                             DraftAttentionState with the densities (DraftAttentionStates for

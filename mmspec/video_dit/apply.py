@@ -2,9 +2,10 @@
 
 `apply_draft_attention(pipe_or_transformer, config)` swaps the processors of the self-attention
 layers only (cross-attention stays dense) and registers hooks:
-- a pre-forward hook on the transformer reads `timestep` (the step index: its position in the
-  pipeline scheduler's timesteps, or a count of timestep changes for a bare transformer) and the
-  latent shape (the token grid);
+- a stateful diffusers `ModelHook` in the transformer's `HookRegistry` (`HOOK_NAME`) reads the
+  step index (from the pipeline's cache context where it sends one; else the position of
+  `timestep` in the pipeline scheduler's timesteps, or a count of timestep changes for a bare
+  transformer) and the latent shape (the token grid); the pipeline resets it when a call ends;
 - hooks on the patch embedding, RoPE and `proj_out` put the video tokens and the RoPE tables in
   tile order once per forward and restore the order once before unpatchify (`reorder.py`), so no
   layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
@@ -30,6 +31,8 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.hooks import StateManager
 
 from . import reorder
 from .config import DraftAttentionConfig
@@ -43,6 +46,46 @@ from .processors import (
 from .tiles import frame_causal_tiles, tile_layout
 
 _ATTR = "_mmspec_draft_attention"
+HOOK_NAME = "mmspec_draft_attention"  # in the transformer's diffusers HookRegistry
+
+
+class _ContextReader(StateManager):
+    """Receives the `CacheContext` a pipeline sets around each model call
+    (`model.cache_context("cond", step_index=i, ...)`): diffusers hands it to every
+    `StateManager` attribute of a stateful hook. It keeps no per-context state."""
+
+    def __init__(self):
+        super().__init__(None)
+
+    @property
+    def current(self):
+        return self._context
+
+
+class DraftAttentionHook(ModelHook):
+    """The transformer's hook in diffusers' `HookRegistry` (`HOOK_NAME`): reads the step and grid
+    before each forward and collects the densities after it. Stateful: the pipeline resets it
+    when a call ends (`maybe_free_model_hooks` -> `_reset_stateful_cache`), so the next call
+    counts its steps from 0 without `remove_draft_attention`."""
+
+    _is_stateful = True
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self.context = _ContextReader()
+
+    def pre_forward(self, module, *args, **kwargs):
+        changed = self.state.pre_forward(module, args, kwargs, self.context.current)
+        return (args, kwargs) if changed is None else changed
+
+    def post_forward(self, module, output):
+        self.state.post_forward()
+        return output
+
+    def reset_state(self, module):
+        self.state.end_call()
+        return module
 
 
 def _wan_grid(model, x):  # x: [B, C, F, H, W]
@@ -180,6 +223,7 @@ class DraftAttentionState(_DensityReport):
         self.allowed = None  # (bool [nQ, nT], count) where the model masks blocks, else None
         self.tiled = False
         self._last_timestep = None
+        self._call_ended = False
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
         self.hooks = []
         self.originals = {}
@@ -195,13 +239,31 @@ class DraftAttentionState(_DensityReport):
     def sparse_layer(self, layer: int) -> bool:
         return self.sparse_step() and layer >= self.config.dense_layers
 
+    def probe_step(self) -> bool:
+        """The calibration probe (`config.calibrate`): the last dense warm-up step."""
+        return (self.config.calibrate and self.layout is not None
+                and self.step == self.config.dense_step_count(self.num_steps) - 1
+                and self.num_layers > self.config.dense_layers)
+
     # ------------------------------------------------------------------------------------ hooks
 
-    def pre_forward(self, module, args, kwargs):
+    def pre_forward(self, module, args, kwargs, context=None):
         _refuse_context_parallel(module)  # enabled after DraftAttention was applied
+        if self._call_ended:  # the last pipeline call's records stay readable until now
+            self._pending.clear()
+            self._call_ended = False
         bound = self._signature.bind_partial(*args, **kwargs)
         latents, timestep = bound.arguments["hidden_states"], bound.arguments["timestep"]
-        self._update_step(timestep)
+        if context is not None and context.step_index is not None:
+            # the pipeline says where its loop is (diffusers' cache context: Wan, ...): its
+            # index over the scheduler's timesteps, several per denoising step for a
+            # higher-order scheduler (Heun: t0, t1, t1, t2, t2, ...)
+            order = self._scheduler_order()
+            self.step = (context.step_index + order - 1) // order
+            calls = context.num_inference_steps
+            self.num_steps = -(-calls // order) if calls is not None else self._scheduler_steps()
+        else:
+            self._update_step(timestep)
         self.layout = tile_layout(self.family.grid(module, latents), self.config.tile,
                                   latents.device, self.config.query_tile)
         family = self.family
@@ -218,20 +280,38 @@ class DraftAttentionState(_DensityReport):
         self.tiled = (self.config.permute_once and self.num_layers > self.config.dense_layers
                       and not self.layout.has_padding
                       and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+        probe = self.probe_step()
         for processor in self.processors:  # read inside the blocks (see processors.py)
-            processor.sparse = self.sparse_layer(processor.layer)
+            processor.probe = probe and processor.layer >= self.config.dense_layers
+            processor.sparse = self.sparse_layer(processor.layer) or processor.probe
             processor.densities.clear()  # left by a forward that raised
+            processor.calibrations.clear()
         if self.tiled and family.tile_inputs is not None:
             family.tile_inputs(self, bound.arguments)
             return bound.args, bound.kwargs
         return None
 
-    def post_forward(self, module, args, kwargs, output):
+    def post_forward(self):
         self.tiled = False
         for processor in self.processors:  # this forward's calls, in layer order
             for density in processor.densities:
                 self.record(processor.layer, density)
             processor.densities.clear()
+            if processor.calibrations:  # one host read per layer and run
+                processor.sparsity = float(torch.stack(processor.calibrations).mean())
+                processor.calibrations.clear()
+
+    def layer_sparsity(self) -> dict[int, float]:
+        """The sparsity of each sparse layer: `config.sparsity`, or the calibrated one."""
+        return {p.layer: p.sparsity for p in self.processors
+                if p.layer >= self.config.dense_layers}
+
+    def _scheduler_order(self) -> int:
+        return max(1, int(getattr(self.scheduler, "order", 1) or 1))
+
+    def _scheduler_steps(self):
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        return None if timesteps is None else -(-len(timesteps) // self._scheduler_order())
 
     @property
     def scheduler(self):
@@ -279,6 +359,12 @@ class DraftAttentionState(_DensityReport):
         """Forget the records and the step counter (call between generations if you like)."""
         self._pending.clear()
         self.step, self._last_timestep = -1, None
+
+    def end_call(self) -> None:
+        """A pipeline call ended (the hook's reset): the next forward starts a new run at step 0
+        and forgets these records, which stay readable until then (as `step` and `num_steps`)."""
+        self._last_timestep = None
+        self._call_ended = True
 
 
 class DraftAttentionStates(_DensityReport):
@@ -394,8 +480,9 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             state.originals[module] = module.processor
             state.processors.append(state.family.processor(state, layer, module.processor))
             module.set_processor(state.processors[-1])
-        state.hooks.append(transformer.register_forward_pre_hook(state.pre_forward, with_kwargs=True))
-        state.hooks.append(transformer.register_forward_hook(state.post_forward, with_kwargs=True))
+        registry = HookRegistry.check_if_exists_or_initialize(transformer)
+        registry.register_hook(DraftAttentionHook(state), HOOK_NAME)
+        registry.invalidate_child_registries_cache()
         if config.permute_once:
             state.hooks += state.family.install_reorder(state, transformer)
         setattr(transformer, _ATTR, state)
@@ -419,4 +506,7 @@ def remove_draft_attention(pipe_or_transformer) -> None:
             module.set_processor(processor)
         for hook in state.hooks:
             hook.remove()
+        registry = HookRegistry.check_if_exists_or_initialize(transformer)
+        registry.remove_hook(HOOK_NAME, recurse=False)
+        registry.invalidate_child_registries_cache()
         delattr(transformer, _ATTR)

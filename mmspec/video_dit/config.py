@@ -16,7 +16,7 @@ import torch
 
 from mmspec.kernels import available_backends
 
-from .draft_map import check_mode, check_sparsity
+from .draft_map import check_mass, check_mode, check_sparsity
 from .tiles import check_query_tile, check_tile
 
 
@@ -30,8 +30,19 @@ class DraftAttentionConfig:
     # query_tile=(8, 8): 64-token query blocks over 32-token key blocks). The selection is as
     # fine as the key tiles and the kernel's programs as large as the query tiles. None = tile.
     query_tile: tuple[int, int] | None = None
-    # paper: one per-head percentile over the draft map; "row" = per-row top-p at the same budget
+    # paper: one per-head percentile over the draft map; "row" = per-row top-p at the same budget;
+    # "top_p" = per row the fewest tiles holding `mass` of the draft map, no fixed budget
     mode: str = "global"
+    # the draft mass kept: per row with mode="top_p", per layer with calibrate=True (XAttention
+    # and SVG2 keep 0.9 of the mass); None with a fixed sparsity
+    mass: float | None = None
+    # ours: the cap of the adaptive budgets, at most this share of a row's blocks (top_p) or of a
+    # layer's (calibrate); a flat map would otherwise keep every block
+    max_density: float = 0.5
+    # ours, after Sparse VideoGen's profiling and SpargeAttn's calibration: the last dense
+    # warm-up step drafts the map of each sparse layer and sets that layer's sparsity (for
+    # "global" and "row") to the one that keeps `mass` of it; `sparsity` holds until then
+    calibrate: bool = False
     # official code: t > 945 (Hunyuan, shift 7) and t > 925 (Wan, shift 5) are about 15 of 50
     # steps, i.e. 30%. An int is a count of steps, a float in [0, 1] a fraction of them.
     dense_steps: int | float = 0.3
@@ -49,6 +60,21 @@ class DraftAttentionConfig:
             raise ValueError(f"backend must be one of {list(backends)}, got {self.backend!r}")
         object.__setattr__(self, "sparsity", check_sparsity(self.sparsity))
         check_mode(self.mode)
+        object.__setattr__(self, "max_density", check_mass(self.max_density, "max_density"))
+        if not isinstance(self.calibrate, bool):
+            raise ValueError(f"calibrate must be a bool, got {self.calibrate!r}")
+        adaptive = self.mode == "top_p" or self.calibrate
+        if adaptive and self.mass is None:
+            raise ValueError(f"mode={self.mode!r}, calibrate={self.calibrate} needs mass, the "
+                             f"draft mass to keep (e.g. 0.9), got None")
+        if self.mass is not None:
+            if not adaptive:
+                raise ValueError(f"mass={self.mass!r} is read by mode='top_p' or calibrate=True "
+                                 f"only, got mode={self.mode!r}, calibrate=False")
+            object.__setattr__(self, "mass", check_mass(self.mass))
+        if self.calibrate and self.mode == "top_p":
+            raise ValueError("calibrate=True sets a per-layer sparsity for mode 'global' or "
+                             "'row'; mode='top_p' adapts per row already")
         object.__setattr__(self, "tile", check_tile(self.tile))
         if self.query_tile is not None:
             query_tile = check_query_tile(self.query_tile, self.tile)
@@ -68,6 +94,9 @@ class DraftAttentionConfig:
                 f"dense_steps must be a step count (int >= 0) or a fraction of the steps "
                 f"(float in [0, 1)), got {steps!r}"
             )
+        if self.calibrate and self.dense_steps == 0:
+            raise ValueError(f"calibrate=True probes the last dense warm-up step, got "
+                             f"dense_steps={self.dense_steps!r}: give at least one dense step")
         layers = self.dense_layers
         if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or layers < 0:
             raise ValueError(f"dense_layers must be an int >= 0, got {layers!r}")

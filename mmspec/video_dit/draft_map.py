@@ -13,7 +13,11 @@ tiles inside it. Two selection rules at the same budget of
 - `mode="row"` (ours, after XAttention and SVG2): per-row cumulative-mass top-p, with one `p` per
   head chosen so that the head keeps the same number of blocks. A block's priority is the draft
   mass that precedes it in its row, so every row keeps its heaviest blocks first and no row is
-  left empty.
+  left empty;
+- `mode="top_p"` (ours, after XAttention's and SVG2's thresholds): no fixed budget; each row
+  keeps the fewest key tiles, heaviest first, whose draft mass reaches `mass`, at most
+  `max_density` of the row (the cap bounds the worst case: a flat row would keep every block).
+  The budget then follows the map: a peaked head or layer keeps few blocks, a diffuse one many.
 
 Deliberate differences from the official code: each tile always keeps its own (diagonal) block,
 counted inside the budget (the official code can leave a query tile with no visual key); exact
@@ -24,13 +28,14 @@ instead of a Python loop over heads, so a CFG batch gets one mask per sample.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
 
 from .tiles import TileLayout, tile_layout
 
-MODES = ("global", "row")
+MODES = ("global", "row", "top_p")
 
 
 def check_sparsity(sparsity) -> float:
@@ -39,6 +44,12 @@ def check_sparsity(sparsity) -> float:
             or not 0 <= sparsity < 1):
         raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
     return float(sparsity)
+
+
+def check_mass(mass, name: str = "mass") -> float:
+    if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {mass!r}")
+    return float(mass)
 
 
 def check_mode(mode) -> str:
@@ -89,9 +100,12 @@ def draft_probs(q_hat: torch.Tensor, k_hat: torch.Tensor, scale: float,
 
 def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global",
                   allowed: torch.Tensor | None = None, allowed_count: int | None = None,
-                  own: torch.Tensor | None = None) -> torch.Tensor:
+                  own: torch.Tensor | None = None, mass: float | None = None,
+                  max_density: float = 1.0) -> torch.Tensor:
     """Kept blocks of a draft map `[B, H, nQ, nT]` -> bool `[B, H, nQ, nT]`, own blocks always
     kept.
+
+    `mode="top_p"` takes `mass` and `max_density` instead of `sparsity` (`top_p_blocks`).
 
     `allowed`: bool `[nQ, nT]` of the blocks the model's own mask lets a query tile see (a
     frame-causal mask), own blocks included; only those are kept, and the budget is
@@ -107,6 +121,11 @@ def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global",
             raise ValueError(f"a draft map of {nq} query tiles by {n} tiles needs own=[{nq}, {n}] "
                              f"(TileLayout.own_blocks()), the blocks each query tile keeps")
         own = torch.eye(n, dtype=torch.bool, device=probs.device)
+    if mode == "top_p":
+        if mass is None:
+            raise ValueError("mode='top_p' needs mass, the draft mass each row keeps, got None")
+        kept = top_p_blocks(probs, mass, max_density, own)
+        return kept if allowed is None else kept & allowed
     if allowed is None:
         budget = block_budget(n, sparsity, nq)
         total = nq * n
@@ -133,6 +152,38 @@ def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global",
     return kept.scatter_(-1, top, True).view(b, h, nq, n)
 
 
+def top_p_blocks(probs: torch.Tensor, mass: float, max_density: float,
+                 own: torch.Tensor) -> torch.Tensor:
+    """Per row of `probs` `[B, H, nQ, nT]`, the fewest key tiles (own tiles first, then by
+    probability) whose mass reaches `mass`, at most `ceil(max_density * nT)` of them (never fewer
+    than the own tiles) -> bool `[B, H, nQ, nT]`. Blocks outside a model mask have probability 0:
+    the caller ands the result with it."""
+    mass, max_density = check_mass(mass), check_mass(max_density, "max_density")
+    n = probs.shape[-1]
+    cap = max(int(own.sum(-1).max()), math.ceil(max_density * n - 1e-9))
+    order = probs.masked_fill(own, 2.0).argsort(dim=-1, descending=True)  # own tiles first
+    ranked = probs.gather(-1, order)  # [B, H, nQ, nT]
+    mass_before = ranked.cumsum(-1) - ranked
+    rank = torch.arange(n, device=probs.device)
+    keep = (mass_before < mass) & (rank < cap)  # the entry that reaches `mass` is kept
+    return torch.zeros_like(keep).scatter_(-1, order, keep) | own
+
+
+def calibrated_sparsity(probs: torch.Tensor, mass: float, max_density: float = 1.0,
+                        allowed_count: int | None = None) -> torch.Tensor:
+    """The sparsity at which `mode="global"` keeps `mass` of a draft map `[B, H, nQ, nT]` (rows
+    sum to 1, 0 outside a model mask of `allowed_count` blocks): per sample and head the fewest
+    entries, heaviest first, whose mass over the rows reaches `mass`, averaged over samples and
+    heads, at most `max_density` of the blocks. A 0-d fp32 tensor (no device sync)."""
+    mass, max_density = check_mass(mass), check_mass(max_density, "max_density")
+    b, h, nq, n = probs.shape
+    total = nq * n if allowed_count is None else allowed_count
+    ranked = probs.flatten(2).sort(-1, descending=True).values  # [B, H, nQ * nT]
+    short = (ranked.cumsum(-1) / nq < mass).sum(-1)  # entries before the one that reaches mass
+    blocks = (short + 1).clamp(max=total).float().mean()
+    return (1.0 - blocks / total).clamp(min=1.0 - max_density, max=1.0 - 1.0 / total)
+
+
 def check_video_qk(q, k, grid) -> None:
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
@@ -151,7 +202,8 @@ def check_video_qk(q, k, grid) -> None:
 
 def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: float,
                      mode: str = "global", scale: float | None = None,
-                     query_tile=None) -> torch.Tensor:
+                     query_tile=None, mass: float | None = None,
+                     max_density: float = 1.0) -> torch.Tensor:
     """Block mask chosen by the draft attention map.
 
     Args:
@@ -159,7 +211,9 @@ def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: flo
         grid: `(T, H, W)` latent tokens after patchify.
         tile: `(th, tw)` tokens pooled into one draft token (paper: (8, 16)).
         sparsity: share of blocks skipped, in [0, 1).
-        mode: `"global"` (paper: per-head percentile) or `"row"` (per-row top-p, same budget).
+        mode: `"global"` (paper: per-head percentile), `"row"` (per-row top-p, same budget) or
+            `"top_p"` (per row the fewest tiles holding `mass` of the draft map, at most
+            `max_density` of the row; `sparsity` is not read).
         scale: softmax scale of the draft map, default `D ** -0.5`.
         query_tile: optional `(qh, qw)`, whole tiles pooled into one draft query (query blocks
             larger than key blocks, `tile_permutation`); default `tile`.
@@ -177,10 +231,11 @@ def draft_block_mask(q: torch.Tensor, k: torch.Tensor, grid, tile, sparsity: flo
     live = live_tiles(layout)
     probs = draft_probs(q_hat, k_hat, scale, live)
     if live is None:
-        return select_blocks(probs, sparsity, mode, own=layout.own_blocks())
+        return select_blocks(probs, sparsity, mode, own=layout.own_blocks(), mass=mass,
+                             max_density=max_density)
     allowed = live.expand(layout.num_query_tiles, -1)
     return select_blocks(probs, sparsity, mode, allowed, live_count(layout),
-                         own=layout.own_blocks())
+                         own=layout.own_blocks(), mass=mass, max_density=max_density)
 
 
 def live_tiles(layout: TileLayout) -> torch.Tensor | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
+from .draft_map import calibrated_sparsity
 from .sparse_attention import draft_attention
 
 
@@ -47,19 +48,48 @@ class _DraftProcessor:
         self.original = original
         self.sparse = False  # this layer runs DraftAttention in the current forward
         self.densities = []  # this forward's calls: 0-d tensor, or None for a dense call
+        self.sparsity = state.config.sparsity  # set per layer by calibration
+        # the calibration probe: this forward drafts the map, keeps every block and reports the
+        # sparsity that keeps `config.mass` of the map (`calibrations`, 0-d tensors)
+        self.probe = False
+        self.calibrations = []
+
+    # diffusers' `set_attention_backend` sets `_attention_backend` on every processor that has
+    # one (`enable_parallelism` sets `_parallel_config`): both live on the original processor,
+    # which runs the dense layers and steps, so set before or after applying they choose its
+    # backend. A family whose original has none (CogVideoX's) has none here either.
+    def _original_attribute(name):
+        def get(self):
+            if not hasattr(self.original, name):
+                raise AttributeError(f"{type(self.original).__name__} has no {name}")
+            return getattr(self.original, name)
+
+        def set(self, value):
+            get(self)  # an AttributeError where the original has none
+            setattr(self.original, name, value)
+
+        return property(get, set)
+
+    _attention_backend = _original_attribute("_attention_backend")
+    _parallel_config = _original_attribute("_parallel_config")
+    del _original_attribute
 
     def _attend(self, q, k, v, **kwargs):
         """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
         state, cfg = self.state, self.state.config
         on_draft_map = None
-        if state.on_draft_map is not None:  # a callback with the step: one graph per layer
+        if self.probe:
+            on_draft_map = lambda probs: self.calibrations.append(calibrated_sparsity(
+                probs, cfg.mass, cfg.max_density, kwargs.get("allowed_count")))
+        elif state.on_draft_map is not None:  # a callback with the step: one graph per layer
             step, layer = state.step, self.layer
             on_draft_map = lambda probs: state.on_draft_map(step, layer, probs)
         out, density = draft_attention(
-            q, k, v, state.layout, sparsity=cfg.sparsity, mode=cfg.mode,
-            backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, **kwargs,
+            q, k, v, state.layout, sparsity=0.0 if self.probe else self.sparsity, mode=cfg.mode,
+            backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, mass=cfg.mass,
+            max_density=cfg.max_density, **kwargs,
         )
-        self.densities.append(density)
+        self.densities.append(None if self.probe else density)  # the probe computes every block
         return out
 
 

@@ -149,7 +149,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
                     text_first: bool = False, key_valid: torch.Tensor | None = None,
                     tiled: bool = False, scale: float | None = None, backend: str = "auto",
                     on_draft_map=None, allowed: torch.Tensor | None = None,
-                    allowed_count: int | None = None):
+                    allowed_count: int | None = None, mass: float | None = None,
+                    max_density: float = 1.0):
     """DraftAttention over video tokens plus optional dense text tokens.
 
     Args:
@@ -170,6 +171,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             and the selection stay inside it, and the budget and density count its blocks only.
             `allowed_count`: its number of True entries, a host int (no device sync), tiles
             of padding only left out (`frame_causal_tiles` leaves them out).
+
+        mass, max_density: `mode="top_p"`'s draft mass per row and its cap (`select_blocks`).
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
@@ -224,7 +227,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     if on_draft_map is not None:
         on_draft_map(probs)
     kept = select_blocks(probs, sparsity, mode, allowed, allowed_count,
-                         own=layout.own_blocks() if layout.asymmetric else None)  # [B, H, nQ, nT]
+                         own=layout.own_blocks() if layout.asymmetric else None, mass=mass,
+                         max_density=max_density)  # [B, H, nQ, nT]
     mq, mk = nq + math.ceil(text_len / bq), nt + math.ceil(text_len / bk)
     if mk > nt:  # text rows and columns stay dense
         blocks = torch.ones(b, h, mq, mk, dtype=torch.bool, device=q.device)

@@ -77,6 +77,31 @@ def test_step_index_from_the_timestep_hook():
 
 
 @torch.no_grad()
+def test_top_p_and_calibration_set_the_budget_from_the_map():
+    model = tiny_wan(num_layers=3)
+    x, e = torch.randn(1, 4, 2, 8, 8), torch.randn(1, 3, 16)
+    # top_p: no fixed budget; mass 1.0 keeps every block up to the cap
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        tile=(2, 2), dense_steps=0, mode="top_p", mass=1.0, max_density=0.375))
+    model(x, torch.tensor([900]), e)
+    assert [r.density for r in state.records[1:]] == [pytest.approx(0.375, abs=1 / 8)] * 2
+    remove_draft_attention(model)
+    # calibrate: step 0 (the last dense one) probes; steps 1-2 run each layer's own sparsity
+    state = apply_draft_attention(model, DraftAttentionConfig(
+        sparsity=0.9, tile=(2, 2), dense_steps=1, calibrate=True, mass=0.5, max_density=0.75))
+    model(x, torch.tensor([900]), e)
+    assert [r.sparse for r in state.records] == [False] * 3  # the probe counts as dense
+    calibrated = state.layer_sparsity()
+    assert list(calibrated) == [1, 2] and all(0.25 <= s < 0.9 for s in calibrated.values())
+    for t in (800, 700):
+        model(x, torch.tensor([t]), e)
+    for r in state.records[3:]:
+        if r.layer:
+            assert r.density == pytest.approx(1 - calibrated[r.layer], abs=1 / 8)
+    remove_draft_attention(model)
+
+
+@torch.no_grad()
 def test_tiny_wan_pipeline_end_to_end():
     pipe = tiny_wan_pipeline()
     pipe.set_progress_bar_config(disable=True)
@@ -564,3 +589,62 @@ def test_step_caches_see_one_token_order_over_the_run(model, cache):
                                                      dense_layers=0))
     out = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
     torch.testing.assert_close(out, cached, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_the_state_is_a_diffusers_hook_reset_between_pipeline_calls():
+    from diffusers.hooks import HookRegistry
+
+    from mmspec.video_dit.apply import HOOK_NAME
+
+    pipe = tiny_wan_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.5, tile=(2, 2),
+                                                             dense_steps=1))
+    registry = HookRegistry.check_if_exists_or_initialize(pipe.transformer)
+    assert registry.get_hook(HOOK_NAME).state is state
+    # Wan's pipeline sends the step in its cache context: the scheduler is not read
+    state._update_step = lambda timestep: pytest.fail("stepped by the scheduler fallback")
+    call = {"prompt": "a red cat runs", **TINY_CALL}
+    for _ in range(2):
+        pipe(**call, generator=torch.Generator().manual_seed(0))
+        # the pipeline's end resets the hook: the second call's records only, from step 0
+        assert len(state.records) == 3 * 2 * 2  # steps x (cond, uncond) x layers
+        assert list(state.density_by_step()) == [0, 1, 2]
+    remove_draft_attention(pipe)
+    assert registry.get_hook(HOOK_NAME) is None
+
+
+@pytest.mark.parametrize("before", [True, False])
+@torch.no_grad()
+def test_set_attention_backend_chooses_the_dense_layers_backend(before, monkeypatch):
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    math = AttentionBackendName._NATIVE_MATH
+    self_attention_calls = []
+    real = _AttentionBackendRegistry._backends[math]
+
+    def spy(query, key, value, **kwargs):  # [B, L, H, D]
+        if query.shape[1] == key.shape[1]:
+            self_attention_calls.append(query.shape[1])
+        return real(query=query, key=key, value=value, **kwargs)
+
+    monkeypatch.setitem(_AttentionBackendRegistry._backends, math, spy)
+    monkeypatch.setattr(_AttentionBackendRegistry, "_active_backend",
+                        _AttentionBackendRegistry._active_backend)
+    model = tiny_wan(num_layers=2)
+    config = DraftAttentionConfig(sparsity=0.5, tile=(2, 2), dense_steps=1, dense_layers=1)
+    if before:
+        model.set_attention_backend("_native_math")
+    state = apply_draft_attention(model, config)
+    if not before:
+        model.set_attention_backend("_native_math")
+    assert [p._attention_backend for p in state.processors] == [math, math]
+    # another model's choice moves the global default: this one keeps its own
+    _AttentionBackendRegistry.set_active_backend(AttentionBackendName.NATIVE)
+    x, e = torch.randn(1, 4, 2, 8, 8), torch.randn(1, 3, 16)
+    model(x, torch.tensor([900]), e)  # dense step: both layers on the chosen backend
+    assert self_attention_calls == [32, 32]
+    model(x, torch.tensor([800]), e)  # sparse step: layer 0 dense, layer 1 DraftAttention
+    assert self_attention_calls == [32, 32, 32]
+    remove_draft_attention(model)

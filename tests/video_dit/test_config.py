@@ -20,6 +20,13 @@ def test_defaults_follow_the_paper():
     ({"dense_steps": 1.5}, "dense_steps must be"),
     ({"dense_steps": True}, "dense_steps must be"),
     ({"dense_layers": -1}, "dense_layers must be"),
+    ({"mode": "top_p"}, r"mode='top_p', calibrate=False needs mass"),
+    ({"calibrate": True}, "needs mass"),
+    ({"mass": 0.9}, r"mass=0.9 is read by mode='top_p' or calibrate=True only"),
+    ({"mode": "top_p", "mass": 1.5}, r"mass must be a number in \(0, 1\]"),
+    ({"mode": "top_p", "mass": 0.9, "max_density": 0}, "max_density must be"),
+    ({"mode": "top_p", "mass": 0.9, "calibrate": True}, "adapts per row already"),
+    ({"calibrate": True, "mass": 0.9, "dense_steps": 0}, "at least one dense step"),
     # the fraction 1.0 is every step: DraftAttention silently never engaged
     ({"dense_steps": 1.0}, r"dense_steps=1.0 is the fraction 'every step dense'.*the int 1"),
     # a typo used to pass here and fail at the first sparse step, minutes into the first video

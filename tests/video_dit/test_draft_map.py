@@ -107,3 +107,59 @@ def test_bad_input(kwargs, match):
     args = {"grid": (2, 8, 16), "tile": (4, 4), "sparsity": 0.5, "mode": "global", **kwargs}
     with pytest.raises(ValueError, match=match):
         draft_block_mask(q, k, args["grid"], args["tile"], args["sparsity"], args["mode"])
+
+
+def _probs(q, k, grid, tile):
+    layout = tile_layout(grid, tile)
+    qh, kh = pool_tiles(layout.to_tiles(q), layout), pool_tiles(layout.to_tiles(k), layout)
+    return torch.softmax(qh @ kh.transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
+
+
+@pytest.mark.parametrize("mass", [0.5, 0.9])
+def test_top_p_keeps_the_fewest_tiles_reaching_the_mass(mass):
+    q, k = _qk(grid=(4, 8, 16))
+    kept = draft_block_mask(q, k, (4, 8, 16), (4, 4), 0.0, "top_p", mass=mass)
+    probs = _probs(q, k, (4, 8, 16), (4, 4))
+    n = kept.shape[-1]
+    eye = torch.eye(n, dtype=torch.bool)
+    assert kept.diagonal(dim1=-2, dim2=-1).all()
+    kept_mass = (probs * kept).sum(-1)
+    assert (kept_mass >= mass - 1e-6).all()
+    # dropping the lightest kept tile other than the own one falls short: no row keeps more
+    lightest = probs.masked_fill(~kept | eye, 2.0).min(-1).values
+    extra = (kept & ~eye).any(-1)
+    assert (kept_mass - lightest < mass)[extra].all()
+    # and the kept tiles are the heaviest of their row
+    off = kept & ~eye
+    assert (probs.masked_fill(~off, 2.0).min(-1).values[extra]
+            >= probs.masked_fill(kept, -1.0).max(-1).values[extra]).all()
+
+
+def test_top_p_cap_and_budget_that_follows_the_map():
+    from mmspec.video_dit.draft_map import select_blocks
+
+    logits = torch.randn(1, 2, 32, 32, generator=torch.Generator().manual_seed(0))
+    logits[0, 0] *= 6  # head 0 peaked, head 1 nearly flat
+    probs = torch.softmax(logits, -1)
+    kept = select_blocks(probs, 0.0, "top_p", mass=0.9, max_density=0.25)
+    per_row = kept.sum(-1)  # [1, 2, 32]
+    assert per_row.max() <= 8  # the cap: 25% of 32 tiles
+    assert (per_row[0, 1] == 8).all()  # a flat row needs about 29 tiles for 0.9: capped
+    assert per_row[0, 0].float().mean() < 4
+    with pytest.raises(ValueError, match="needs mass"):
+        select_blocks(probs, 0.0, "top_p")
+
+
+def test_calibrated_sparsity_keeps_the_mass_under_global_selection():
+    from mmspec.video_dit.draft_map import calibrated_sparsity
+
+    q, k = _qk(grid=(4, 8, 16))
+    probs = _probs(q, k, (4, 8, 16), (4, 4))  # [2, 3, 32, 32]
+    kept_mass = []
+    for mass in (0.5, 0.8):
+        s = float(calibrated_sparsity(probs, mass))
+        kept = draft_block_mask(q, k, (4, 8, 16), (4, 4), s, "global")
+        kept_mass.append(float((probs * kept).sum(-1).mean()))
+        assert kept_mass[-1] == pytest.approx(mass, abs=0.05)
+    assert kept_mass[0] < kept_mass[1]
+    assert float(calibrated_sparsity(probs, 0.99, max_density=0.3)) == pytest.approx(0.7)
