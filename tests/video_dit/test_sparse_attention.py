@@ -87,7 +87,7 @@ def test_grid_not_matching_the_tokens():
 @pytest.mark.parametrize("kwargs,message", [
     ({"sparsity": 1.5}, r"sparsity must be a number in \[0, 1\), got 1.5"),
     ({"sparsity": -3.0}, r"sparsity must be a number in \[0, 1\)"),
-    ({"sparsity": 0.5, "mode": "glob"}, r"mode must be one of \('global', 'row'\), got 'glob'"),
+    ({"sparsity": 0.5, "mode": "glob"}, r"mode must be one of \('global', 'row', 'top_p'\), got 'glob'"),
 ])
 def test_bad_sparsity_or_mode_is_refused(kwargs, message):
     # it used to clamp the sparsity and run row mode for any mode but "global"
