@@ -404,7 +404,7 @@ def main(argv=None) -> int:
     from transformers import TextStreamer
 
     from mmspec.decoding import generate
-    from mmspec.decoding.generate import VocabularyMismatch
+    from mmspec.decoding.drafters.vocab import VocabularyMismatch
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -12,7 +12,10 @@
     spec = mmspec.speculative(drafter)
     ids = target.generate(**inputs, custom_generate=spec, max_new_tokens=256, streamer=streamer)
 
-Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `tree.py` (tree and mask),
+Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `settings.py` (arguments
+and generation-config resolution), `admission.py` (the probe and refusals before the first
+token), `recurrent.py` (hybrid targets' rollback), `clock.py` (timing), `hf_generate.py`
+(`custom_generate=mmspec.speculative(...)`), `processors.py` (transformers' processors per node), `tree.py` (tree and mask),
 `hf_generate.py` (`speculative`, the `custom_generate` callable), `processors.py` (transformers'
 logits processors and stopping criteria per tree node), `verify.py` (greedy and rejection
 sampling), `sampling.py` (temperature / top-k / top-p for drafters),

@@ -20,21 +20,13 @@ the token slots get *holes* that the mask hides (see `draft.py`); no row waits f
 
 from __future__ import annotations
 
-import numbers
-
-import functools
 import inspect
+import numbers
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers.generation.logits_process import (
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
@@ -42,10 +34,19 @@ from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attent
 from . import admission, kv_cache
 from . import recurrent as rec
 from .draft import Draft, DraftState, VerifyResult
-from .drafters.vocab import VocabularyMismatch, padded_widths
+from .clock import Clock, fill_times
 from .positions import prefill_position_ids
-from .processors import NodeProcessors
-from .sampling import SamplingConfig
+from .settings import (
+    ENGINE_KWARGS,
+    check_inputs,
+    eos_ids,
+    generation_settings,
+    is_token_id,
+    mask_from_padding,
+    sampling_config,
+    sampling_processors,
+    vocab_size,
+)
 from .stats import SpecStats
 from .tree import build_tree, raise_draft_errors, verify_mask, verify_token_mask
 from .windows import sliding_windows
@@ -60,14 +61,6 @@ class SpecOutput:
     stats: SpecStats
 
 
-def vocab_size(model) -> int:
-    """Rows of the model's output embedding: the size of its logits."""
-    head = model.get_output_embeddings()
-    if head is not None:
-        return head.weight.shape[0]
-    return model.config.get_text_config(decoder=True).vocab_size
-
-
 @contextmanager
 def block_sparse_attention_of(model):
     """Route the model's attention through mmspec's layer for the duration of the block."""
@@ -76,263 +69,6 @@ def block_sparse_attention_of(model):
         yield
     finally:
         restore()
-
-
-class _Clock:
-    """Stamps of a call's phases. `profile=True` on a CUDA device: CUDA events, read once when
-    the call is over (no round waits for them); otherwise wall time, which on a GPU is the host's
-    view (kernels launched, not finished): only the call's total is then synchronised."""
-
-    def __init__(self, device: torch.device, profile: bool):
-        self.device = device
-        self.events = profile and device.type == "cuda"
-        self.spans: dict = {}  # name -> event pairs, or seconds so far
-
-    def now(self):
-        if self.events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def add(self, name: str, start, end) -> None:
-        if self.events:
-            self.spans.setdefault(name, []).append((start, end))
-        else:
-            self.spans[name] = self.spans.get(name, 0.0) + (end - start)
-
-    def seconds(self, name: str) -> float:
-        if self.events:
-            return sum(a.elapsed_time(b) for a, b in self.spans.get(name, [])) / 1000
-        return self.spans.get(name, 0.0)
-
-    def finish(self) -> float:
-        """Wait for the device once; the wall time now."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-
-def _is_token_id(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _eos_ids(target, eos_token_id) -> torch.Tensor:
-    """An id, a list of ids or a tensor of them (numpy ints too, as `target.generate` takes)."""
-    if eos_token_id is None:
-        eos_token_id = target.generation_config.eos_token_id
-    if eos_token_id is None:
-        return torch.zeros(0, dtype=torch.long)
-    if isinstance(eos_token_id, torch.Tensor):
-        ids = eos_token_id.flatten().tolist()
-    elif _is_token_id(eos_token_id):
-        ids = [eos_token_id]
-    elif isinstance(eos_token_id, (list, tuple)):
-        ids = list(eos_token_id)
-    else:
-        ids = None
-    if ids is None or not all(_is_token_id(i) for i in ids):
-        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
-    return torch.tensor([int(i) for i in ids], dtype=torch.long)
-
-
-# forward arguments the engine sets on every call: from the caller they would collide
-_ENGINE_KWARGS = {"past_key_values", "cache", "use_cache", "position_ids",
-                  "output_hidden_states", "return_dict", "cache_position", "block_sparse_mask"}
-
-
-def _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
-    if not callable(getattr(drafter, "propose", None)):
-        hint = (": wrap a small model as ModelDrafter(model)"
-                if isinstance(drafter, torch.nn.Module) else "")
-        raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, "
-                        f"DiffusionDrafter, ViSpecDrafter, ...), got {type(drafter).__name__}"
-                        f"{hint}")
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
-        raise ValueError(f"input_ids must be a long tensor [B, L], got "
-                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
-                         f"{tuple(getattr(input_ids, 'shape', ()))}")
-    if input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must hold at least one token per row, got shape "
-                         f"{tuple(input_ids.shape)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor):
-            raise ValueError(f"attention_mask must be a tensor [B, L] or None, got "
-                             f"{type(attention_mask).__name__}")
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
-                             f"{tuple(attention_mask.shape)}")
-        empty = ~attention_mask.bool().any(-1)
-        if empty.any():
-            raise ValueError(f"attention_mask: row {int(empty.nonzero()[0])} has no real token "
-                             f"(all padding); every row needs a prompt")
-        if not attention_mask[:, -1].bool().all():
-            raise ValueError("attention_mask must be left-padded (every row's last token real); "
-                             "set tokenizer.padding_side = 'left'")
-    if input_ids.shape[0] > 1 and pad_token_id is None:
-        raise ValueError(f"a batch of {input_ids.shape[0]} rows needs a padding token: pass "
-                         f"pad_token_id=, set target.generation_config.pad_token_id or give "
-                         f"the target an EOS id (which then pads, as in target.generate)")
-    config = getattr(target, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text_config, "is_causal", True) is False:  # ran, then differed from its generate
-        raise ValueError(f"target: its config says is_causal=False (a bidirectional diffusion "
-                         f"LM); the target must be an autoregressive causal LM (a diffusion LM "
-                         f"drafts: DiffusionDrafter)")
-    check_target = getattr(drafter, "check_target", None)
-    if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
-        check_target(target)
-    drafter_vocab = getattr(drafter, "vocab_size", None)
-    target_vocab = vocab_size(target)
-    match_width = getattr(drafter, "match_target_width", None)
-    padded = (drafter_vocab is not None and match_width is not None
-              and padded_widths(drafter_vocab, target_vocab))
-    if padded and getattr(drafter, "top_k", 1) > target_vocab:
-        raise ValueError(f"top_k ({drafter.top_k}) must be at most the target's vocabulary "
-                         f"({target_vocab} tokens)")
-    if match_width is not None:
-        match_width(target_vocab if padded else None)
-    if drafter_vocab is not None and drafter_vocab != target_vocab and not padded:
-        raise VocabularyMismatch(
-            f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
-            f"({target_vocab} tokens); target and drafter must share a tokenizer and an output "
-            f"vocabulary (widths within 1%, both multiples of 64, are taken as padding)")
-
-
-# generation-config settings whose logits processors `generate` does not apply: refused, so that
-# the output never silently differs from `target.generate`'s. (attribute, neutral values, sampling only)
-_UNSUPPORTED = (
-    ("no_repeat_ngram_size", (None, 0), False),
-    ("encoder_repetition_penalty", (None, 1.0), False), ("bad_words_ids", (None,), False),
-    ("suppress_tokens", (None,), False), ("begin_suppress_tokens", (None,), False),
-    ("forced_bos_token_id", (None,), False), ("forced_eos_token_id", (None,), False),
-    ("sequence_bias", (None,), False), ("min_length", (None, 0), False),
-    ("min_new_tokens", (None, 0), False), ("min_p", (None,), True), ("typical_p", (None, 1.0), True),
-    ("epsilon_cutoff", (None, 0.0), True), ("eta_cutoff", (None, 0.0), True),
-    ("top_h", (None,), True), ("exponential_decay_length_penalty", (None,), False),
-    ("guidance_scale", (None, 1.0), False), ("watermarking_config", (None,), False),
-    ("stop_strings", (None,), False),
-    # other decoding strategies than greedy / multinomial sampling
-    ("num_beams", (None, 1), False), ("penalty_alpha", (None, 0.0), False),
-    ("dola_layers", (None,), False),
-    # one sequence per prompt
-    ("num_return_sequences", (None, 1), False),
-)
-
-# what `target.generate` uses for a generation-config field left at None
-_HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-
-
-@functools.cache
-def _hf_defaults() -> dict:
-    from transformers import GenerationConfig
-
-    return {**_HF_DEFAULTS,
-            **getattr(GenerationConfig, "_get_default_generation_params", dict)()}
-
-
-def _hf_default(name: str):
-    return _hf_defaults()[name]
-
-
-@functools.cache
-def _blank_generation_config():
-    """transformers' `GenerationConfig()`: its fields and their neutral values."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig()
-
-
-def _generation_settings(model_kwargs: dict) -> dict:
-    """Take the generation-config settings (`repetition_penalty`, `num_return_sequences`, ...) out
-    of `model_kwargs`: `target.generate` reads them from its kwargs, the model never sees them."""
-    fields = {k for k in vars(_blank_generation_config()) if not k.startswith("_")}
-    return {k: model_kwargs.pop(k) for k in list(model_kwargs) if k in fields}
-
-
-def _mask_from_padding(input_ids: torch.Tensor, pad: int, eos: torch.Tensor):
-    """transformers' rule without an attention_mask: a prompt holding the pad id (one that is not
-    an EOS id) is padded there; otherwise None (no padding)."""
-    if pad in eos.tolist() or not bool((input_ids == pad).any()):
-        return None
-    return (input_ids != pad).long()
-
-
-def sampling_config(target, do_sample, temperature, top_k, top_p,
-                    settings: dict | None = None) -> SamplingConfig:
-    """The target's sampling rule, resolved as `target.generate` does: an argument left at None
-    takes the target's generation config, and a field unset there transformers' global default
-    (greedy; when sampling, temperature 1.0, top-k 50, top-p 1.0). `settings`: other generation
-    settings passed to the call, which must leave the output as `generate` makes it."""
-    gen = target.generation_config
-    settings = dict(settings or {})
-    blank = _blank_generation_config()
-    known = {name for name, _, _ in _UNSUPPORTED} | {"repetition_penalty"}  # checked below
-    hints = {"max_length": "give max_new_tokens instead"}
-    for name in ("return_dict_in_generate", "output_scores", "output_logits",
-                 "output_attentions"):
-        hints[name] = ("not supported: generate returns SpecOutput (.sequences, .stats); run "
-                       "target.generate for scores, logits or attentions")
-    for name, value in settings.items():  # a setting no logits processor here would apply
-        if name not in known and value != getattr(blank, name):
-            why = hints.get(name, "mmspec.generate does not apply this generation setting (its "
-                                  "output would differ from target.generate's); leave it out or "
-                                  "use target.generate")
-            raise ValueError(f"{name}={value!r}: {why}")
-
-    def resolve(name, value):
-        if value is None:
-            value = getattr(gen, name, None)
-        return _hf_default(name) if value is None else value
-
-    do_sample = bool(resolve("do_sample", do_sample))
-    penalty = settings.get("repetition_penalty", getattr(gen, "repetition_penalty", None))
-    if penalty is not None and (isinstance(penalty, bool) or not isinstance(penalty, (int, float))
-                                or not penalty > 0):
-        where = "repetition_penalty" if "repetition_penalty" in settings else \
-            "target.generation_config.repetition_penalty"
-        raise ValueError(f"{where} must be a number > 0, got {penalty!r}")
-    penalty = None if penalty in (None, 1.0) else float(penalty)
-    for name, neutral, sampling_only in _UNSUPPORTED:
-        if name in settings:
-            value = settings[name]
-            if value not in neutral and (do_sample or not sampling_only):
-                raise ValueError(
-                    f"{name}={value!r} changes the target's distribution and mmspec.generate "
-                    f"does not apply it; leave it out (or {name}={neutral[-1]!r})")
-            continue
-        value = getattr(gen, name, None)
-        if value not in neutral and (do_sample or not sampling_only):
-            raise ValueError(
-                f"target.generation_config.{name}={value!r} changes the target's distribution and "
-                f"mmspec.generate does not apply it; set target.generation_config.{name} = "
-                f"{neutral[-1]!r} (target.generate then gives the same output)")
-    if not do_sample:
-        return SamplingConfig(False, repetition_penalty=penalty)
-    top_k = resolve("top_k", top_k)
-    return SamplingConfig(True, resolve("temperature", temperature), top_k or None,
-                          resolve("top_p", top_p), penalty)
-
-
-def sampling_processors(cfg: SamplingConfig, attention_mask=None) -> NodeProcessors:
-    """`cfg` as the transformers processors `target.generate` builds for it (repetition
-    penalty, skipping each row's left padding as transformers 5.24 does, then temperature, top-k,
-    top-p), for the engine's `NodeProcessors`."""
-    procs = []
-    if cfg.repetition_penalty is not None:
-        padding = None if attention_mask is None else (attention_mask != 0).int().argmax(dim=1)
-        procs.append(RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty),
-                                                      prompt_ignore_length=padding))
-    if cfg.do_sample:
-        if cfg.temperature != 1.0:
-            procs.append(TemperatureLogitsWarper(float(cfg.temperature)))
-        if cfg.top_k is not None:
-            procs.append(TopKLogitsWarper(int(cfg.top_k)))
-        if cfg.top_p is not None and cfg.top_p < 1.0:
-            procs.append(TopPLogitsWarper(float(cfg.top_p)))
-    return NodeProcessors(procs, cfg.do_sample)
 
 
 def _pick(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
@@ -463,30 +199,30 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         raise ValueError("generation_config=: not taken; pass its settings as arguments "
                          "(do_sample=, temperature=, top_k=, top_p=, repetition_penalty=, "
                          "eos_token_id=) or set target.generation_config")
-    engine_owned = sorted(set(model_kwargs) & _ENGINE_KWARGS)
+    engine_owned = sorted(set(model_kwargs) & ENGINE_KWARGS)
     if engine_owned:
         raise ValueError(f"{', '.join(engine_owned)}: generate runs the target's cache, positions "
                          f"and outputs itself; pass only model inputs (pixel_values, ...)")
-    settings = _generation_settings(model_kwargs)  # taken out of model_kwargs
+    settings = generation_settings(model_kwargs)  # taken out of model_kwargs
     cfg = sampling_config(target, do_sample, temperature, top_k, top_p, settings)
     validate = getattr(target, "_validate_model_kwargs", None)  # transformers' typo check
     if validate is not None:
         validate(dict(model_kwargs))
-    eos = _eos_ids(target, eos_token_id)
+    eos = eos_ids(target, eos_token_id)
     if pad_token_id is None:
         pad_token_id = target.generation_config.pad_token_id
     if pad_token_id is None and len(eos):  # target.generate's fallback
         pad_token_id = int(eos[0])
     if isinstance(pad_token_id, torch.Tensor) and pad_token_id.numel() == 1:
         pad_token_id = pad_token_id.item()
-    if pad_token_id is not None and not _is_token_id(pad_token_id):
+    if pad_token_id is not None and not is_token_id(pad_token_id):
         raise ValueError(f"pad_token_id must be an int, got {pad_token_id!r}")
     pad_token_id = None if pad_token_id is None else int(pad_token_id)
     if attention_mask is None and pad_token_id is not None and isinstance(input_ids, torch.Tensor):
-        attention_mask = _mask_from_padding(input_ids, pad_token_id, eos)
+        attention_mask = mask_from_padding(input_ids, pad_token_id, eos)
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # a numpy int (a tensor stays refused)
-    _check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
+    check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
     check_model_inputs = getattr(drafter, "check_inputs", None)
     if check_model_inputs is not None:  # a drafter that knows its target's inputs (ViSpec)
         check_model_inputs(model_kwargs)
@@ -665,7 +401,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
     is theirs (`tests/decoding/test_syncs.py` counts both)."""
     device = input_ids.device
     stats = SpecStats()
-    clock = _Clock(device, profile)
+    clock = Clock(device, profile)
     start = time.perf_counter()
     layers = tuple(getattr(drafter, "target_hidden_layers", (-1,))) if getattr(
         drafter, "needs_target_hidden", False) else ()
@@ -780,7 +516,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         clock.add("round", t0, tf)
         clock.add("forward", tc, td)
         if not clock.events:  # wall time: the running totals cost nothing
-            _fill_times(stats, clock)
+            fill_times(stats, clock)
         if on_round is not None:
             on_round(draft, result, stats)
 
@@ -788,7 +524,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         streamer.end()
     sequences = rows.sequences
     stats.total_time = clock.finish() - start
-    _fill_times(stats, clock)
+    fill_times(stats, clock)
     return SpecOutput(sequences, stats)
 
 
@@ -810,11 +546,3 @@ def _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock)
     clock.add("forward", t0, t1)  # a target forward too
     clock.add("replay", t0, t1)
     stats.replays += 1
-
-
-def _fill_times(stats, clock) -> None:
-    stats.prefill_time = clock.seconds("prefill")
-    stats.draft_time = clock.seconds("draft")
-    stats.verify_time = clock.seconds("round") - stats.draft_time
-    stats.target_forward_time = clock.seconds("forward")
-    stats.replay_time = clock.seconds("replay")

@@ -29,7 +29,8 @@ import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .generate import _check_inputs, run
+from .generate import run
+from .settings import check_inputs
 from .processors import NodeProcessors, StopRule, refuse_processors
 from .sampling import SamplingConfig
 
@@ -130,7 +131,7 @@ class Speculative:
         pad = None if pad is None else int(pad)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        _check_inputs(model, self.drafter, input_ids, attention_mask, max_new_tokens, pad)
+        check_inputs(model, self.drafter, input_ids, attention_mask, max_new_tokens, pad)
         check_model_inputs = getattr(self.drafter, "check_inputs", None)
         if check_model_inputs is not None:
             check_model_inputs(model_kwargs)

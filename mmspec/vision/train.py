@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from mmspec.atomic import save_atomic
 from mmspec.decoding import generate
-from mmspec.decoding.generate import sampling_config
+from mmspec.decoding.settings import sampling_config
 from mmspec.interrupt import Interrupted, run_command
 
 from .drafter import ViSpecDrafter

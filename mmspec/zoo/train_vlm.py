@@ -42,7 +42,7 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic, write_text_atomic
-from mmspec.decoding.generate import _eos_ids
+from mmspec.decoding.settings import eos_ids
 from mmspec.interrupt import Interrupted, run_command, uninterrupted
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
@@ -544,7 +544,7 @@ def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: P
     for i, s in enumerate(samples):
         if keys[i] not in cache:
             groups.setdefault(s["input_ids"].shape[1], []).append(i)
-    eos = _eos_ids(target, None)  # the generation config's: None, an id or a list of ids
+    eos = eos_ids(target, None)  # the generation config's: None, an id or a list of ids
     todo = [idx[j:j + 16] for idx in groups.values() for j in range(0, len(idx), 16)]
     try:
         for chunk in tqdm(todo, desc="target answers", file=sys.stdout, mininterval=10):

@@ -105,7 +105,7 @@ def test_unapplied_generation_config_processors_are_refused(target):
 
 
 def test_top_k_and_top_p_default_to_the_generation_config(target):
-    from mmspec.decoding.generate import sampling_config
+    from mmspec.decoding.settings import sampling_config
 
     target.generation_config.top_k, target.generation_config.top_p = 7, 0.8
     try:
@@ -120,7 +120,7 @@ def test_top_k_and_top_p_default_to_the_generation_config(target):
 def test_unset_sampling_settings_resolve_as_target_generate_does(target):
     # transformers fills a field left at None in the generation config with its global default
     # (top-k 50 among them); reading None as "off" sampled from another distribution
-    from mmspec.decoding.generate import sampling_config
+    from mmspec.decoding.settings import sampling_config
 
     gen = target.generation_config
     assert (gen.do_sample, gen.temperature, gen.top_k, gen.top_p) == (None,) * 4

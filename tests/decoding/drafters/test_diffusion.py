@@ -301,7 +301,7 @@ def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
 def test_another_vocabulary_is_refused(dlm, target):
     # a 64-logit DLM beside a 129-, 4096- or 50257-token target: another tokenizer, which
     # drafted silently at tau 1 (ModelDrafter refused it); 63 (a mask appended) is taken
-    from mmspec.decoding.generate import VocabularyMismatch
+    from mmspec.decoding.drafters.vocab import VocabularyMismatch
 
     with pytest.raises(VocabularyMismatch, match=rf"vocabulary \(64 logits\) does not match "
                                                  rf"the target's \({target}\)"):
