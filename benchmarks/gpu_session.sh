@@ -56,7 +56,7 @@ step() {  # name, seconds, command...: run, keep the log, go on after a failure 
 $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
 step kernels 270 $PY benchmarks/kernels.py --gpu-only --write --points "$OUT/kernel_points.json"
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
-step tests 90 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels
+step tests 90 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py
 step compiled 300 $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
 step padded_text 120 $PY benchmarks/draft_attention.py --padded-text --write

@@ -78,10 +78,15 @@ def _phase(counter, name, fn):
     return wrapped
 
 
+_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_a_round_reads_the_device_once(do_sample, monkeypatch):
-    target = tiny_llama(0)
-    drafter = ModelDrafter(tiny_llama(1), num_tokens=4)
+def test_a_round_reads_the_device_once(do_sample, device, monkeypatch):
+    target = tiny_llama(0).to(device)
+    drafter = ModelDrafter(tiny_llama(1).to(device), num_tokens=4)
     counter = SyncCounter()
     drafter.propose = _phase(counter, "drafter", drafter.propose)
     drafter.update = _phase(counter, "drafter", drafter.update)
@@ -102,10 +107,10 @@ def test_a_round_reads_the_device_once(do_sample, monkeypatch):
         return mmspec_build_tree(roots, draft, *args, **kwargs)
 
     monkeypatch.setattr(engine, "build_tree", build_tree)
-    ids = torch.tensor([[5, 9, 11, 4, 7, 3]])
+    ids = torch.tensor([[5, 9, 11, 4, 7, 3]], device=device)
     with _Function(counter), _Dispatch(counter):
         out = generate(target, drafter, ids, max_new_tokens=16, do_sample=do_sample,
-                       eos_token_id=[], generator=torch.Generator().manual_seed(0))
+                       eos_token_id=[], generator=torch.Generator(device).manual_seed(0))
     rounds = out.stats.rounds
     print(f"\n{rounds} rounds; syncs by phase and kind: {counter.counts}")
     assert rounds > 3
