@@ -20,7 +20,10 @@ Trees pass with the first mode that is exact; a call that needs a mode none pass
 `UnsupportedTarget` before its first token (a single-row chain needs neither probe: its rejected
 tokens are cropped, never masked). `check_cache` refuses states the engine cannot roll back.
 Tolerance: the probe compares logits of the same computation in two layouts, so it allows
-`rtol` of the dtype's resolution on the largest logit (fp32 1e-4, half types 2e-2).
+`rtol` on the largest logit of 1e-4 in fp32 and 2e-2 in half types; 1e-3 in fp32 where the
+model's own multi-token and one-token steps are compared (a chunked linear-attention scan and its
+one-token steps sum in other orders: ~1e-4 apart in Jamba). A target with linear-attention or SSM
+layers gets no tree or hole verification without measuring it: their state cannot branch.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
+    LinearAttentionCacheLayerMixin,
     LinearAttentionLayer,
 )
 
@@ -147,6 +151,12 @@ def probe(target, input_ids, attention_mask, windows) -> Probe | None:
     return known[key]
 
 
+def _has_recurrent_layers(target) -> bool:
+    """Whether the model's own cache layout holds linear-attention, SSM or convolution state."""
+    layers = getattr(DynamicCache(config=target.config), "layers", ())
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
+
+
 def _probe_tokens(target, input_ids, attention_mask) -> torch.Tensor | None:
     """Up to 12 of the first row's last real tokens and three more for x, y, z, avoiding the
     config's special multimodal ids (an image token without its image fails the forward)."""
@@ -165,8 +175,8 @@ def _probe_tokens(target, input_ids, attention_mask) -> torch.Tensor | None:
     return torch.cat([prompt, extra])[None]  # [1, n + 3]
 
 
-def _close(a, b) -> bool:
-    tol = 1e-4 if a.dtype == torch.float32 else 2e-2
+def _close(a, b, fp32_tol: float = 1e-4) -> bool:
+    tol = fp32_tol if a.dtype == torch.float32 else 2e-2
     scale = max(float(b.float().abs().max()), 1.0)
     return bool(((a.float() - b.float()).abs() <= tol * scale).all())
 
@@ -208,7 +218,7 @@ def _measure(target, input_ids, attention_mask, windows):
                     f"so verification by forward cannot equal its generate; use "
                     f"target.generate")
             steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
-            if not _close(steps[0], steps[1]):
+            if not _close(steps[0], steps[1], fp32_tol=1e-3):  # another summation order
                 return UnsupportedTarget(
                     f"{name}: its own forward over several new tokens after its cache gives "
                     f"other logits than its one-token steps (which its generate runs), so no "
@@ -246,7 +256,10 @@ def _measure(target, input_ids, attention_mask, windows):
         return UnsupportedTarget(
             f"{name}: a forward of several new tokens after its cache, as verification runs it, "
             f"failed in the engine's probe ({type(err).__name__}: {line}); use target.generate")
-    if not holes:
+    if _has_recurrent_layers(target):  # a tiny model's state may move its logits too little to see
+        mode, holes = None, False
+        why.append("linear-attention or SSM state cannot branch or skip a hole")
+    elif not holes:
         why.append("rows with holes: other logits than its own forward")
     return Probe(mode, holes, "; ".join(why))
 
@@ -266,7 +279,7 @@ def _generate_agrees(target, prompt, plain) -> bool:
     logits = _plain(target, out[:, :n + 1])[n - 1:n + 1]  # [2, V]: what picked each token
     picked = logits.gather(-1, out[0, n:n + 2, None].to(logits.device))[:, 0]
     best = logits.max(-1).values
-    tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
+    tol = 1e-3 if logits.dtype == torch.float32 else 2e-2
     return bool((best - picked <= tol * max(float(best.abs().max()), 1.0)).all())
 
 

@@ -62,7 +62,7 @@ SIZE = {
  "vocab_size_per_layer_input": VOCAB, "unpadded_vocab_size": VOCAB, "expert_ffn_hidden_size": 32,
  "dim_ff": 128, "encoder_hash_byte_group_vocab": 512, "hidden_size_global": 64, "rotary_dim": 8,
  "codebook_size": 64, "num_experts_per_token": 2, "num_expert_group": 1, "linear_num_heads": 4,
- "linear_head_dim": 16, "layer_group_size": 2, "num_shared_experts": 1, "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2,
+ "linear_head_dim": 16, "layer_group_size": 2, "num_shared_experts": 1, "mamba_dt_rank": 8, "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2,
 }
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
 # ids a tiny vocabulary must hold
@@ -155,7 +155,9 @@ OVERRIDES = {
     "lfm2_moe": dict(num_dense_layers=1, layer_types=["conv", "full_attention"]),
     "gemma4_assistant": dict(hidden_size_per_layer_input=0),
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, hidden_size_per_layer_input=16, laurel_rank=8, altup_num_inputs=2),
-    "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=1),
+    "zamba": dict(num_hidden_layers=3, layers_block_type=["linear_attention", "hybrid", "hybrid"]),
+    "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "attn_pdrop": 0.0,
+                              "clip_qkv": 8.0}),
     "dots1": dict(n_shared_experts=1, moe_intermediate_size=32),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8),
     "mimo_v2_flash": dict(num_key_value_heads=2, layer_types=["full_attention", "sliding_attention"]),
@@ -188,6 +190,8 @@ def build(model_type: str, kind: str = "causal"):
     auto = (transformers.AutoModelForCausalLM if kind == "causal"
             else transformers.AutoModelForImageTextToText)
     model = auto.from_config(config).eval()
+    if hasattr(model, "set_default_language"):  # X-MOD: one adapter per language
+        model.set_default_language(next(iter(config.languages)))
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id = None, 0  # EOS off: every call runs its full length
     for name in _SETTINGS_OFF:
