@@ -522,3 +522,13 @@ def test_value_head_dim_differs(backend, dv):
     assert out.shape == (1, 2, 40, dv)
     torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, scores.logsumexp(-1))
+
+
+@pytest.mark.parametrize("n", [40, 700])  # masked dense, and the fused CPU kernel's blocks
+def test_head_dim_512_on_the_cpu(n):
+    """Gemma 4's global layers use head dim 512 (issue 29): the torch backend refused D > 256."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 512) for _ in range(3))
+    out = block_sparse_attention(q, k, v, causal_block_mask(n, n, 64), backend="torch")
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

@@ -48,12 +48,6 @@ _SMALL_PAIRS = 1 << 18
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def _no_wide_heads(q, k, v, mask):
-    if q.shape[-1] > 256:
-        return f"head dim {q.shape[-1]} > 256"
-    return None
-
-
 _log = logging.getLogger(__name__)
 
 
@@ -239,7 +233,7 @@ def _row_slots(mask: BlockSparseMask, b: int, hq: int):
     return ids, torch.gather(pslot, 1, order), full_num + part_num
 
 
-@register_backend("torch", constraints=(_no_wide_heads,))
+@register_backend("torch")
 def torch_block_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
     if q.device.type == "cpu":
         if mask.is_dense and not softcap:  # PyTorch's flash attention has no soft-capping
