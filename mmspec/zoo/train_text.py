@@ -33,7 +33,8 @@ from tqdm import tqdm
 from transformers import Qwen2ForCausalLM
 
 from mmspec.atomic import save_atomic
-from mmspec.interrupt import Interrupted, run_command, uninterrupted
+from mmspec.interrupt import run_command
+from mmspec.zoo.steps import Steps
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
@@ -314,10 +315,10 @@ def cmd_train(args) -> None:
                     ckpt_path)
 
     model.train()
-    t0, last_save = time.time(), time.time()
+    t0 = time.time()
     bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
                mininterval=5, file=sys.stdout)
-    done = start  # steps whose update is in the weights
+    steps = Steps(start, losses, save, args.save_every_s)
     try:
         for step in bar:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
@@ -331,21 +332,10 @@ def cmd_train(args) -> None:
                 loss = continuation_loss(spec.objective, model, distill[rows],
                                          args.distill_prefix, mask_id, gen,
                                          args.distill_block_share)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            with uninterrupted():
-                opt.step()
-                losses.append(loss.item())
-                done = step + 1
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
-            if time.time() - last_save > args.save_every_s:
-                save(done)
-                last_save = time.time()
+            steps.update(model, opt, loss, step, bar)
     except KeyboardInterrupt:
-        save(done)  # nothing trained is lost
-        raise Interrupted(f"{spec.name} saved at step {done} of {spec.steps} in {ckpt_path}; "
-                          f"rerun the same command to resume") from None
+        raise steps.interrupted(spec.name, spec.steps, ckpt_path,
+                                "rerun the same command to resume") from None
     save(spec.steps)
     elapsed += time.time() - t0
     export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id, held_continuations)

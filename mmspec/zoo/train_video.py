@@ -29,7 +29,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from mmspec.atomic import save_atomic
-from mmspec.interrupt import Interrupted, run_command, uninterrupted
+from mmspec.interrupt import run_command
+from mmspec.zoo.steps import Steps
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
@@ -149,10 +150,9 @@ def train(args) -> None:
                      "run": run}, ckpt_path)
 
     transformer.train()
-    last_save = time.time()
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=NAME,
                mininterval=10, file=sys.stdout)
-    done = start  # steps whose update is in the weights
+    steps = Steps(start, losses, save, args.save_every_s)
     try:
         for step in bar:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
@@ -161,22 +161,12 @@ def train(args) -> None:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
             loss = flow_matching_loss(transformer, videos, text, gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
-            with uninterrupted():
-                opt.step()
-                losses.append(loss.item())
-                done = step + 1
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}", refresh=False)
-            if time.time() - last_save > args.save_every_s:
-                save(done)
-                last_save = time.time()
+            steps.update(transformer, opt, loss, step, bar, digits=4)
     except KeyboardInterrupt:
-        save(done)  # nothing trained is lost
         again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
-        raise Interrupted(f"{NAME} saved at step {done} of {args.steps} in {ckpt_path}; "
-                          f"resume: {_command(again)}") from None
+        raise steps.interrupted(NAME, args.steps, ckpt_path,
+                                f"resume: {_command(again)}") from None
+    done = steps.done
     save(done)
     elapsed += time.time() - t0
     export(spec, transformer, text_encoder, tokenizer, losses, elapsed, done, n_params, args)

@@ -43,7 +43,8 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic, write_text_atomic
 from mmspec.decoding.settings import eos_ids
-from mmspec.interrupt import Interrupted, run_command, uninterrupted
+from mmspec.interrupt import run_command
+from mmspec.zoo.steps import Steps
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
     AnswerCache,
@@ -396,10 +397,10 @@ def cmd_train(args) -> None:
     model.train()
     if spec.freeze_vision:
         model.model.vision_tower.eval()
-    t0 = last_save = time.time()
+    t0 = time.time()
     bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
                mininterval=10, file=sys.stdout)
-    done = start  # steps whose update is in the weights
+    steps = Steps(start, losses, save, args.save_every_s)
     try:
         for step in bar:
             batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
@@ -411,22 +412,11 @@ def cmd_train(args) -> None:
             if aux:
                 loss = loss + spec.image_word_loss * image_word_loss(
                     model.lm_head, aux.pop("features"), batch, aux["colours"], aux["kinds"])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            with uninterrupted():
-                opt.step()
-                losses.append(loss.item())
-                done = step + 1
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
-            if time.time() - last_save > args.save_every_s:
-                save(done)
-                last_save = time.time()
+            steps.update(model, opt, loss, step, bar)
     except KeyboardInterrupt:
-        save(done)  # nothing trained is lost
         again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
-        raise Interrupted(f"{spec.name} saved at step {done} of {spec.steps} in {ckpt_path}; "
-                          f"resume: {_command(again)}") from None
+        raise steps.interrupted(spec.name, spec.steps, ckpt_path,
+                                f"resume: {_command(again)}") from None
     save(spec.steps)
     elapsed += time.time() - t0
     export_model(spec, model, processor, losses, elapsed, args, n_params, vision_pretrain)
