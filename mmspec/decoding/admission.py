@@ -45,7 +45,11 @@ from transformers.cache_utils import (
 )
 
 from mmspec._cache_name import cache_kwargs, output_cache
-from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
+from mmspec.kernels.hf import (
+    additive_mask,
+    require_block_sparse_mask,
+    use_block_sparse_attention,
+)
 
 from .positions import prefill_position_ids
 from .tree import BLOCK_SIZE
@@ -101,7 +105,7 @@ def check_cache(model, cache, batch: int) -> bool:
         raise UnsupportedTarget(
             f"{name} returns {kind} from its forward, not a transformers Cache of key/value "
             f"layers; speculative decoding must roll rejected tokens back out of it: {fix}")
-    if type(cache) is not DynamicCache and not isinstance(cache, EncoderDecoderCache):
+    if type(cache) is not DynamicCache:
         raise UnsupportedTarget(
             f"{name} keeps state in a {type(cache).__name__} beyond its key/value layers, which "
             f"the engine cannot roll back to the accepted tokens: {fix}")
@@ -206,7 +210,8 @@ def _measure(target, input_ids, attention_mask, windows):
             plain = _plain(target, ids[:, :n + 1])  # prompt + x
             ref_yz = _plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
             want = torch.cat([plain[-1:], ref_yz])  # [3, V]: x, y, z
-            if windows and not _close(_own_cached_step(target, ids[:, :n + 1]), plain[-1:]):
+            steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
+            if windows and not _close(steps[1][:1], plain[-1:]):  # x, one step after the prompt
                 return UnsupportedTarget(
                     f"{name}: its own cached decoding disagrees with its full forward past its "
                     f"sliding window {windows} (its cache drops keys its attention mask keeps), "
@@ -217,7 +222,6 @@ def _measure(target, input_ids, attention_mask, windows):
                     f"the same sequence (its generation does something its forward does not), "
                     f"so verification by forward cannot equal its generate; use "
                     f"target.generate")
-            steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
             if not _close(steps[0], steps[1], fp32_tol=1e-3):  # another summation order
                 return UnsupportedTarget(
                     f"{name}: its own forward over several new tokens after its cache gives "
@@ -300,17 +304,6 @@ def _own_steps(target, ids):
     return torch.stack(out)
 
 
-def _own_cached_step(target, ids):
-    """Logits `[1, V]` of the last token fed after the others into the model's own cache."""
-    cache = DynamicCache(config=target.config)
-    kwargs = cache_kwargs(target.forward, cache)
-    target(input_ids=ids[:, :-1], position_ids=_positions(target, ids[:, :-1]), use_cache=True,
-           **kwargs)
-    pos = _positions(target, ids)[..., -1:]
-    return target(input_ids=ids[:, -1:], position_ids=pos, use_cache=True, return_dict=True,
-                  **kwargs).logits[0]
-
-
 def _prefill(target, ids, windows):
     cache = engine_cache(target, windows)
     out = target(input_ids=ids, position_ids=_positions(target, ids), use_cache=True,
@@ -337,8 +330,7 @@ def _tree_forward(target, ids, windows, mode):
         mask = torch.ones(1, n + 3, dtype=torch.long, device=dev)
     else:
         dtype = next(target.parameters()).dtype
-        mask = torch.zeros((), dtype=dtype, device=dev).masked_fill(
-            ~attends, torch.finfo(dtype).min)[:, None]  # [1, 1, 3, n + 3]
+        mask = additive_mask(attends, dtype)[:, None]  # [1, 1, 3, n + 3]
     audit = require_block_sparse_mask(target) if mode == "block_sparse" else nullcontext()
     try:
         with audit:

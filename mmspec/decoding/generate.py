@@ -29,7 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from mmspec._cache_name import cache_kwargs, output_cache
-from mmspec.kernels.hf import require_block_sparse_mask, use_block_sparse_attention
+from mmspec.kernels.hf import (
+    additive_mask,
+    require_block_sparse_mask,
+    use_block_sparse_attention,
+)
 
 from . import admission, kv_cache
 from . import recurrent as rec
@@ -344,9 +348,8 @@ def _verify_forward(target, tree, slots, cache, need_hidden, mask, probe):
         _refuse_trees(type(target).__name__, probe)
     if mask is not None and probe is not None and probe.tree_mode == "dense_4d":
         dtype = next(target.parameters()).dtype
-        hidden = ~verify_token_mask(tree, slots.cache_valid)  # [B, N, C + N]
-        attn = torch.zeros((), dtype=dtype, device=hidden.device).masked_fill(
-            hidden, torch.finfo(dtype).min)[:, None]  # [B, 1, N, C + N]
+        attn = additive_mask(verify_token_mask(tree, slots.cache_valid),  # [B, N, C + N]
+                             dtype)[:, None]  # [B, 1, N, C + N]
     elif mask is not None:
         kwargs["block_sparse_mask"] = mask
         audit = require_block_sparse_mask(target)  # lossless only if every layer applies it

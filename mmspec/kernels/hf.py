@@ -83,10 +83,9 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
                                device=key.device).scatter(-1, indices.long(), True)[:, None]
         if block_sparse_mask is None:
             attention_mask = _select(attention_mask, selected, module, kwargs, query, key)
-        elif _AUDIT.active:  # the layer chose its keys without the tree mask: not exact
-            _AUDIT.dropped += 1
-            block_sparse_mask = _select_blocks(block_sparse_mask, selected, kwargs)
         else:
+            if _AUDIT.active:  # the layer chose its keys without the tree mask: not exact
+                _AUDIT.dropped += 1
             block_sparse_mask = _select_blocks(block_sparse_mask, selected, kwargs)
     if block_sparse_mask is None:
         if _AUDIT.active:
@@ -193,8 +192,7 @@ def _additive(attention_mask, module, kwargs, query, kv_len: int):
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
             return attention_mask
-        return torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
-            ~attention_mask, torch.finfo(query.dtype).min)
+        return additive_mask(attention_mask, query.dtype)
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
     q_len = query.shape[2]
@@ -202,8 +200,14 @@ def _additive(attention_mask, module, kwargs, query, kv_len: int):
         return None
     q = torch.arange(q_len, device=query.device)[:, None] + (kv_len - q_len)
     hidden = torch.arange(kv_len, device=query.device) > q  # [Nq, Nk]
-    return torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
-        hidden, torch.finfo(query.dtype).min)[None, None]
+    return additive_mask(~hidden, query.dtype)[None, None]
+
+
+def additive_mask(attends: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask (True = attend) -> the additive form eager attention adds to its scores: 0 where
+    it attends, the dtype's minimum elsewhere."""
+    return torch.zeros((), dtype=dtype, device=attends.device).masked_fill(
+        ~attends, torch.finfo(dtype).min)
 
 
 def _block_mask_of(attention_mask, causal: bool, q_len: int, kv_len: int,
