@@ -4,12 +4,11 @@ round's greedy chain equals a re-implementation of the authors' forward written 
 `cnets_ours.py` / `spec_model_ours.py` / `utils.py` (not from mmspec), and greedy output equals
 `target.generate`, with images in the prompt."""
 
-import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from tests.vision.test_eagle import _rms, _rope, write  # the authors' Llama pieces, shared
 from tests.vision.tiny_vlms import (
     IMAGE,
     llava_prompt,
@@ -86,32 +85,11 @@ def official_state(seed, qkv_bias: bool, kv_heads=HEADS, num_q=2, embed=False, d
     return sd
 
 
-def write(path, config, state, bin_=False):
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    if bin_:
-        torch.save(state, path / "pytorch_model.bin")
-    else:
-        save_file(state, str(path / "model.safetensors"))
-    return path
-
-
 # ------------------------------------------ the authors' forward, re-implemented (reference)
 
 
 def _linear(sd, name, x):
     return x @ sd[name + ".weight"].T + (sd[name + ".bias"] if name + ".bias" in sd else 0)
-
-
-def _rms(x, w, eps):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rope(x, pos, theta):
-    """LlamaRotaryEmbedding + apply_rotary_pos_emb: x `[H, N, dh]`, 1-D positions `[N]`."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, DH, 2).float() / DH)
-    emb = torch.cat([torch.outer(pos.float(), inv_freq)] * 2, -1)  # [N, dh]
-    return x * emb.cos() + torch.cat([-x[..., DH // 2:], x[..., : DH // 2]], -1) * emb.sin()
 
 
 def _layer(sd, x, pos, cfg):
