@@ -16,9 +16,11 @@ implementation) on a few tokens of the call's own prompt:
 - `holes`: `prompt + x`, then `y, z` with x hidden by the 2-D `attention_mask`, as a batch row
   that rejected x has it: needed by batches of more than one row.
 
-Trees pass with the first mode that is exact; a call that needs a mode none passed is refused with
-`UnsupportedTarget` before its first token (a single-row chain needs neither probe: its rejected
-tokens are cropped, never masked). `check_cache` refuses states the engine cannot roll back.
+Trees pass with the first mode that is exact. Where none is, the engine verifies each draft's
+main path (`tree.main_path`: a chain is exact on any model whose own steps are), and where holes
+are not exact, the rows of a batch commit alike (`generate._even_commit`), leaving none; only a
+model with sliding windows, whose chains too go through a mask, is refused with `UnsupportedTarget`
+before its first token. `check_cache` refuses states the engine cannot roll back.
 Tolerance: the probe compares logits of the same computation in two layouts, so it allows
 `rtol` on the largest logit of 1e-4 in fp32 and 2e-2 in half types; 1e-3 in fp32 where the
 model's own multi-token and one-token steps are compared (a chunked linear-attention scan and its
@@ -51,7 +53,7 @@ from mmspec.kernels.hf import (
     use_block_sparse_attention,
 )
 
-from .positions import prefill_position_ids
+from .positions import engine_positions, prefill_position_ids
 from .tree import BLOCK_SIZE
 from .windows import block_masks
 
@@ -92,10 +94,10 @@ def check_length(model, length: int) -> None:
 _RECURRENT = "recurrent state (linear attention, SSM or convolution)"
 
 
-def check_cache(model, cache, batch: int) -> bool:
+def check_cache(model, cache) -> bool:
     """After the prefill: refuse a cache holding state that the engine cannot roll back to the
     accepted length (`kv_cache.commit_path` gathers and crops `DynamicLayer`s; `recurrent.py`
-    replays linear-attention layers, for one row). Returns whether it holds recurrent state."""
+    replays linear-attention layers). Returns whether it holds recurrent state."""
     name = type(model).__name__
     fix = "use target.generate for this model"
     if isinstance(cache, EncoderDecoderCache):
@@ -122,11 +124,6 @@ def check_cache(model, cache, batch: int) -> bool:
             f"{name}: its cache holds {what} ({kind}), which the engine cannot yet roll back to "
             f"the accepted tokens (only key/value layers, and linear-attention layers beside "
             f"full attention, are): {fix}")
-    if recurrent and batch > 1:
-        raise UnsupportedTarget(
-            f"{name}: its cache holds {_RECURRENT}, which the engine rolls back by replaying one "
-            f"row's accepted tokens; a batch of {batch} rows would accept different numbers: "
-            f"pass one prompt per call")
     return recurrent
 
 
@@ -149,7 +146,8 @@ def probe(target, input_ids, attention_mask, windows) -> Probe | None:
     key = (next(target.parameters()).dtype, target.config._attn_implementation, windows)
     known = _PROBES.setdefault(target, {})
     if key not in known:
-        known[key] = _measure(target, input_ids, attention_mask, windows)
+        with engine_positions(target):  # as the engine runs it
+            known[key] = _measure(target, input_ids, attention_mask, windows)
     if isinstance(known[key], UnsupportedTarget):
         raise known[key]
     return known[key]

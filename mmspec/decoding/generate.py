@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ from . import admission, kv_cache
 from . import recurrent as rec
 from .draft import Draft, DraftState, VerifyResult
 from .clock import Clock, fill_times
-from .positions import prefill_position_ids
+from .positions import engine_positions, prefill_position_ids
 from .settings import (
     ENGINE_KWARGS,
     check_inputs,
@@ -52,7 +53,7 @@ from .settings import (
     vocab_size,
 )
 from .stats import SpecStats
-from .tree import build_tree, raise_draft_errors, verify_mask, verify_token_mask
+from .tree import build_tree, main_path, raise_draft_errors, verify_mask, verify_token_mask
 from .windows import sliding_windows
 from .verify import verify_greedy, verify_sampling
 
@@ -248,18 +249,19 @@ def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs
     around the loop (`_generate`'s keyword arguments in `loop`); shared by `generate` and
     `speculative` (`hf_generate.py`)."""
     windows = sliding_windows(target)
-    probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
-    with block_sparse_attention_of(target), torch.no_grad():
-        try:
-            return _generate(target, drafter, input_ids, attention_mask.long(), max_new_tokens,
-                             model_kwargs, windows, probe, **loop)
-        except IndexError as err:  # a learned position table (GPT-2, OPT) indexed past its end
-            _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
-            raise
-        finally:  # inside the target's switch: a drafter sharing the model restores it first
-            end = getattr(drafter, "end", None)
-            if end is not None:
-                end()
+    with engine_positions(target):  # the BART family: the engine's positions, not cache slots
+        probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
+        with block_sparse_attention_of(target), torch.no_grad():
+            try:
+                return _generate(target, drafter, input_ids, attention_mask.long(),
+                                 max_new_tokens, model_kwargs, windows, probe, **loop)
+            except IndexError as err:  # a learned position table (GPT-2, OPT) past its end
+                _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
+                raise
+            finally:  # inside the target's switch: a drafter sharing the model restores it first
+                end = getattr(drafter, "end", None)
+                if end is not None:
+                    end()
 
 
 def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens):
@@ -271,14 +273,14 @@ def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens):
     if probe is None:
         return None
     name = type(target).__name__
-    if input_ids.shape[0] > 1 and not probe.holes:
-        raise admission.UnsupportedTarget(
-            f"{name}: a batch of {input_ids.shape[0]} rows leaves holes where rows reject "
-            f"different numbers of tokens, and this model does not verify exactly around them "
-            f"({probe.why}; it takes its positions or biases from cache slots, not "
-            f"position_ids); pass one prompt per call")
-    if probe.tree_mode is None and (windows or getattr(drafter, "top_k", 1) > 1):
+    if probe.tree_mode is None and windows:
         _refuse_trees(name, probe, windows)
+    if probe.tree_mode is None and getattr(drafter, "top_k", 1) > 1:
+        warnings.warn(
+            f"{name}: a draft tree verified in one forward does not give this model's own "
+            f"logits ({probe.why}); each round verifies the tree's main path only (the first "
+            f"child at every depth), exact but with fewer tokens accepted: draft chains "
+            f"(top_k=1) to spend no work on other branches", stacklevel=4)
     return probe
 
 
@@ -415,8 +417,12 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
     p0 = clock.now()
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
                                                  layers, windows)
-    recurrent = admission.check_cache(target, cache, b)  # before the first token
+    recurrent = admission.check_cache(target, cache)  # before the first token
     state_layers = rec.recurrent_layers(cache) if recurrent else []
+    # where trees or holes do not verify exactly: each draft's main path, and the rows of a batch
+    # commit alike (no holes)
+    path_only = recurrent or (probe is not None and probe.tree_mode is None)
+    even = b > 1 and (recurrent or (probe is not None and not probe.holes))
     first = _pick(rule.first(input_ids, logits), rule.do_sample, generator)  # [B]
     rows = _Rows(input_ids, max_new_tokens, eos, pad)
     num, hit = rows.cut(first[:, None], torch.ones_like(first))
@@ -441,7 +447,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         ta = clock.now()
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(b, device)
         tb = clock.now()
-        tree = build_tree(slots.ids[:, -1], draft, vocab, defer_checks=True)
+        pruned = main_path(draft) if path_only else None
+        verified, node_map = (draft, None) if pruned is None else pruned
+        tree = build_tree(slots.ids[:, -1], verified, vocab, defer_checks=True)
         # finished rows and nodes deeper than a row's budget are never committed: drop them, so
         # no position runs past prompt + max_new_tokens (GPT-2's table ends there) or grows in a
         # finished row
@@ -468,6 +476,9 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         # the root and the accepted nodes, then the bonus token right after each row's path
         depth, keep, keep_valid = _accepted_path(tree, best)
         path_tokens = tree.tokens.gather(1, keep)[:, 1:]  # [B, K-1]
+        if even:
+            depth, bonus = _even_commit(depth, bonus, path_tokens, rows.live_t)
+            keep_valid = torch.arange(keep.shape[1], device=device) < (depth + 1)[:, None]
         new = torch.cat([path_tokens, bonus[:, None]], dim=1)  # [B, K]
         new[torch.arange(b, device=device), depth] = bonus
         num, hit = rows.cut(new, depth + 1)  # cut at EOS and max_new_tokens
@@ -476,7 +487,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         # the round's one device-to-host read
         host = torch.cat([torch.stack([depth, num, hit.long(), drafted]).flatten(),
                           new.flatten(), tree.checks]).tolist()
-        raise_draft_errors(host[-4:], draft, vocab)
+        raise_draft_errors(host[-4:], verified, vocab)
         depth_h, num_h, drafted_h = host[:b], host[b: 2 * b], host[3 * b: 4 * b]
         new_h = [host[4 * b + r * new.shape[1]: 4 * b + (r + 1) * new.shape[1]] for r in range(b)]
         num_h, hit_h = _stop_at_criteria(rows, stop, num_h, [bool(h) for h in host[2 * b: 3 * b]])
@@ -500,7 +511,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         result = VerifyResult(
             num_accepted=torch.where(live, depth, 0),
             new_tokens=[new[r, : num_h[r]] for r in range(b)],
-            accepted_nodes=[keep[r, 1: 1 + (depth_h[r] if live_h[r] else 0)] - 1 for r in range(b)],
+            accepted_nodes=[_draft_nodes(keep[r, 1: 1 + (depth_h[r] if live_h[r] else 0)] - 1,
+                                         node_map, r) for r in range(b)],
             target_hidden=hidden if need_hidden else None,
         )
         te = clock.now()
@@ -529,6 +541,26 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
     stats.total_time = clock.finish() - start
     fill_times(stats, clock)
     return SpecOutput(sequences, stats)
+
+
+def _even_commit(depth, bonus, path_tokens, live):
+    """Every live row commits as many tokens as the live row that accepted fewest: a row that
+    accepted more keeps that many drafts, and its next accepted draft becomes its bonus token
+    (the target's own pick there, greedy or sampled: a speculative round's tokens are the
+    target's at every position it emits, so a shorter prefix of them is too). No row gets a
+    hole, for targets that verify exactly only without them. `[B]` depth and bonus."""
+    n = path_tokens.shape[1]
+    if n == 0:
+        return depth, bonus
+    least = torch.where(live, depth, n).min()
+    cut = live & (depth > least)
+    at = least.clamp(max=n - 1).expand(len(depth))[:, None]
+    return torch.where(cut, least, depth), torch.where(cut, path_tokens.gather(1, at)[:, 0], bonus)
+
+
+def _draft_nodes(nodes, node_map, row):
+    """Accepted node indices of the verified draft, as indices of the drafter's own draft."""
+    return nodes if node_map is None else node_map[row, nodes]
 
 
 def _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock) -> None:

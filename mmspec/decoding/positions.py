@@ -12,6 +12,8 @@ three M-RoPE axes (ViSpec / EAGLE-2 tree positions).
 from __future__ import annotations
 
 import inspect
+import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -37,3 +39,71 @@ def next_position_ids(position_ids: torch.Tensor, steps: torch.Tensor) -> torch.
     position_ids: long `[..., B, L]`; steps: long `[B, N]` (>= 1). Returns `[..., B, N]`.
     """
     return position_ids[..., -1:] + steps
+
+
+# position embeddings that the BART family's decoders add to their token embeddings, as
+# `embed_positions(input, cache_length, position_ids=None)` with `arange(cache_length, ...)`: the
+# output broadcasts against `[B, L, D]`, so `[B, L, D]` at the engine's positions may replace it.
+# (RoFormer's sinusoidal module has the same signature but feeds a rotary that takes `[L, D]`.)
+_ADDED_POSITION_EMBEDDINGS = frozenset(
+    f"{family}PositionalEmbedding" for family in (
+        "BartLearned", "MBartLearned", "PLBartLearned", "MvpLearned", "TrOCRLearned",
+        "BlenderbotLearned", "BlenderbotSmallLearned", "BigBirdPegasusLearned",
+        "MarianSinusoidal", "PegasusSinusoidal"))
+
+
+_FEEDING: weakref.WeakSet = weakref.WeakSet()  # models whose hooks are in place
+
+
+def _slot_position_modules(model) -> list:
+    """The position-embedding modules to feed the engine's positions: those of a model whose
+    forward takes no `position_ids`, from the families above."""
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        return []
+    return [module for module in model.modules()
+            if type(module).__name__ in _ADDED_POSITION_EMBEDDINGS
+            and "position_ids" in inspect.signature(module.forward).parameters]
+
+
+@contextmanager
+def engine_positions(model):
+    """While the engine runs: a model that counts its positions in cache slots (its forward has
+    no `position_ids`, its decoder embeds `arange(cache length, ...)`, the BART family) takes the
+    `position_ids` the engine passes instead. A tree node then sits at its depth, not at its
+    index among the nodes, and a batch row's holes do not shift its positions, as in its own
+    `generate` (which passes none: slot indices, left padding included, which the engine's
+    prefill positions equal). Calls without `position_ids` (the model's own `generate`) are left
+    alone; the hooks go when the engine ends."""
+    modules = [] if model in _FEEDING else _slot_position_modules(model)
+    if not modules:  # none, or fed already (the probe inside the engine's call)
+        yield
+        return
+    _FEEDING.add(model)
+    current = {}
+
+    def take(_module, _args, kwargs):  # the top-level call: remember its positions, or none
+        pos = kwargs.get("position_ids")
+        current["pos"] = pos if isinstance(pos, torch.Tensor) and pos.dim() == 2 else None
+
+    def feed(_module, args, kwargs):
+        pos = current.get("pos")
+        if pos is None:
+            return None
+        return args, {**kwargs, "position_ids": pos.reshape(-1)}
+
+    def shape(_module, _args, _kwargs, output):  # [1, B * N, D] or [B * N, D] -> [B, N, D]
+        pos = current.get("pos")
+        if pos is None or not isinstance(output, torch.Tensor):
+            return None
+        return output.reshape(*pos.shape, output.shape[-1])
+
+    handles = [model.register_forward_pre_hook(take, with_kwargs=True)]
+    for module in modules:
+        handles.append(module.register_forward_pre_hook(feed, with_kwargs=True))
+        handles.append(module.register_forward_hook(shape, with_kwargs=True))
+    try:
+        yield
+    finally:
+        _FEEDING.discard(model)
+        for handle in handles:
+            handle.remove()

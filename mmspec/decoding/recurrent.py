@@ -11,8 +11,10 @@ verification forward and, when the round rejects a token, restores them, crops t
 layers back to the round's start and feeds the committed tokens again: one more forward of
 `d + 1` tokens in the rounds that reject one (its cost is in BENCHMARKS.md, `hybrid_rollback`).
 
-Only chains on one row: a tree's siblings or a batch's holes cannot pass through a recurrence
-without mixing into its state (the admission probe finds both inexact and refuses them).
+Chains only, without holes: a tree's siblings or a batch's holes cannot pass through a
+recurrence without mixing into its state. So the engine verifies each draft tree's main path
+(`tree.main_path`), and the rows of a batch commit alike (`generate._even_commit`: as many tokens
+as the row that accepted fewest), which the replay then feeds to every row.
 """
 
 from __future__ import annotations

@@ -181,3 +181,39 @@ def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] 
         return q_pos, torch.cat([cached.cumsum(-1) - 1, q_pos], dim=-1)  # [B, C + N]
 
     return block_masks(token, BLOCK_SIZE, windows, positions)
+
+
+def main_path(draft: Draft) -> tuple[Draft, torch.Tensor] | None:
+    """For targets on which no tree verification is exact (recurrent state, ALiBi or windows
+    counted in cache slots, layers that take no tree mask): the draft cut to one chain per row,
+    from the root through each node's first child (drafters list their best child first), which
+    verifies exactly as any chain does. Returns (the chain, long `[B, P]`: each chain node's index
+    among the draft's nodes), or None where the draft is a chain already. Its parents are read on
+    the host, as `build_tree` reads them."""
+    parents = draft.parents.tolist()
+    rows = parents if draft.parents.ndim == 2 else [parents]
+    if all(row == list(range(-1, len(row) - 1)) for row in rows):
+        return None
+    paths = []
+    for row in rows:
+        path, at = [], -1
+        for i, p in enumerate(row):  # parents come first: the first node under `at` is its first child
+            if p == at:
+                path.append(i)
+                at = i
+        paths.append(path)
+    b, width = draft.tokens.shape[0], max(len(p) for p in paths)
+    device = draft.tokens.device
+    index = torch.tensor([p + p[-1:] * (width - len(p)) for p in paths], device=device)
+    index = index.expand(b, width)  # [B, P] (one row: a shape for all rows)
+    lengths = torch.tensor([len(p) for p in paths], device=device).expand(b)
+    num = lengths
+    if draft.num_tokens is not None:  # a path node past the row's own nodes is not in its draft
+        inside = index < draft.num_tokens.to(device)[:, None]
+        num = torch.minimum(lengths, inside.long().cumprod(1).sum(1))
+    probs = None if draft.probs is None else draft.probs.gather(
+        1, index.to(draft.probs.device)[..., None].expand(-1, -1, draft.probs.shape[-1]))
+    chain = Draft.chain(draft.tokens.gather(1, index), probs,
+                        None if draft.num_tokens is None and len(set(map(len, paths))) == 1
+                        else num)
+    return chain, index

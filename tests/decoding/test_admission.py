@@ -10,6 +10,15 @@ from mmspec import UnsupportedTarget
 from mmspec.decoding import ModelDrafter, admission
 
 
+NEW = arch_sweep.NEW_TOKENS
+
+
+def _reference(model):
+    with torch.no_grad():
+        return model.generate(arch_sweep.PROMPTS, attention_mask=arch_sweep.MASK,
+                              max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+
+
 def _call(model, drafter, b=1, new=4):
     return mmspec.generate(model, drafter, arch_sweep.PROMPTS[:b], attention_mask=arch_sweep.MASK[:b],
                            max_new_tokens=new, do_sample=False, pad_token_id=0)
@@ -29,16 +38,52 @@ def test_the_guard_refuses_a_switch_that_changes_a_plain_forward(monkeypatch):
         _call(model, mmspec.PromptLookupDrafter())
 
 
-def test_a_model_that_ignores_position_ids_gets_no_trees_and_no_batches():
-    """BART's decoder counts positions in cache slots: a tree node or a row with holes would sit
-    at the wrong position. Chains on one row stay exact."""
-    model = arch_sweep.build("bart")
+@pytest.mark.parametrize("model_type", ["bart", "marian"])
+def test_a_model_counting_positions_in_cache_slots_takes_the_engines(model_type):
+    """BART's and Marian's decoders take no `position_ids`: they embed `arange(cache length, ...)`,
+    so a tree node would sit at its index among the nodes and a row after a hole one position
+    too far. The engine feeds its own positions to their position embeddings
+    (`positions.engine_positions`): trees and batches with holes are exact."""
+    model = arch_sweep.build(model_type)
     probe = admission.probe(model, arch_sweep.PROMPTS[:1], arch_sweep.MASK[:1], ())
-    assert probe.tree_mode is None and not probe.holes
-    with pytest.raises(UnsupportedTarget, match="draft tree"):
-        _call(model, ModelDrafter(model, num_tokens=4, top_k=2))
-    with pytest.raises(UnsupportedTarget, match="one prompt per call"):
-        _call(model, mmspec.PromptLookupDrafter(), b=2)
+    assert probe.tree_mode == "block_sparse" and probe.holes
+    ref = _reference(model)
+    tree = _call(model, ModelDrafter(model, num_tokens=6, top_k=2, depth=3), b=1, new=NEW)
+    assert torch.equal(tree.sequences, ref[:1]) and tree.stats.accepted >= 4
+    holes = _call(model, arch_sweep.OracleChain(ref, arch_sweep.MASK, stagger=True), b=2, new=NEW)
+    assert torch.equal(holes.sequences, ref)
+
+
+@pytest.mark.parametrize("model_type", ["mpt", "gpt_neo"])
+def test_rows_commit_alike_where_holes_are_not_exact(model_type):
+    """MPT's ALiBi and GPT-Neo's local windows count cache slots, so a hole would move every
+    later key: the probe finds holes inexact, and the rows of a batch then commit as many tokens
+    as the row that accepted fewest (`generate._even_commit`), leaving no hole. Trees: the main
+    path (no tree mask is exact on them either)."""
+    model = arch_sweep.build(model_type)
+    probe = admission.probe(model, arch_sweep.PROMPTS[:1], arch_sweep.MASK[:1], ())
+    assert not probe.holes and probe.tree_mode is None
+    ref = _reference(model)
+    accepted = []
+    out = mmspec.generate(model, arch_sweep.OracleChain(ref, arch_sweep.MASK, stagger=True),
+                          arch_sweep.PROMPTS, attention_mask=arch_sweep.MASK, max_new_tokens=NEW,
+                          do_sample=False, pad_token_id=0,
+                          on_round=lambda d, r, s: accepted.append(r.num_accepted.tolist()))
+    assert torch.equal(out.sequences, ref)
+    assert all(a == b for a, b in accepted) and len(accepted) >= 3  # the drafts differed by row
+    with pytest.warns(UserWarning, match="main path"):
+        tree = _call(model, ModelDrafter(model, num_tokens=6, top_k=2, depth=3), b=2, new=NEW)
+    assert torch.equal(tree.sequences, ref)
+
+
+def test_even_commit_cuts_rows_to_the_fewest_accepted():
+    from mmspec.decoding.generate import _even_commit
+
+    depth, bonus = torch.tensor([1, 3, 0]), torch.tensor([7, 8, 9])
+    path = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    live = torch.tensor([True, True, False])  # a finished row does not set the count
+    d, bo = _even_commit(depth, bonus, path, live)
+    assert d.tolist() == [1, 1, 0] and bo.tolist() == [7, 21, 9]
 
 
 def test_a_model_bypassing_the_interface_verifies_trees_through_a_4d_mask():

@@ -1,5 +1,6 @@
 """Hybrid linear-attention targets (issue 29, item 4): chains exact, the recurrent state rolled
-back by a replay of the committed tokens; trees and batches refused before the first token."""
+back by a replay of the committed tokens; batches commit their rows alike, trees are verified
+along their main path."""
 
 import pytest
 import torch
@@ -7,7 +8,6 @@ import torch
 import arch_sweep
 
 import mmspec
-from mmspec import UnsupportedTarget
 from mmspec.decoding import ModelDrafter
 
 
@@ -33,14 +33,29 @@ def test_a_chain_with_rejections_is_exact_and_replays_the_committed_tokens(qwen3
     assert out.stats.replays >= 1 and out.stats.accepted >= 4  # rejections and acceptances
 
 
-def test_trees_and_batches_are_refused_before_the_first_token(qwen3_next):
-    ids, mask, _ = _reference(qwen3_next)
-    with pytest.raises(UnsupportedTarget, match="draft chains"):
-        mmspec.generate(qwen3_next, ModelDrafter(qwen3_next, num_tokens=4, top_k=2), ids,
-                        max_new_tokens=4, pad_token_id=0)
-    with pytest.raises(UnsupportedTarget, match="one prompt per call"):
-        mmspec.generate(qwen3_next, mmspec.PromptLookupDrafter(), arch_sweep.PROMPTS,
-                        attention_mask=arch_sweep.MASK, max_new_tokens=4, pad_token_id=0)
+def test_a_batch_commits_rows_alike_and_replays_them(qwen3_next):
+    """Rows that accept different numbers of drafts would leave holes, which a recurrence cannot
+    skip: every row commits as many tokens as the row that accepted fewest, and the replay feeds
+    all rows the same count."""
+    ids, mask, ref = _reference(qwen3_next, b=2)
+    out = mmspec.generate(qwen3_next, arch_sweep.OracleChain(ref, mask, stagger=True), ids,
+                          attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
+                          do_sample=False, pad_token_id=0)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.replays >= 1
+
+
+def test_a_tree_drafter_is_verified_along_its_main_path(qwen3_next):
+    """A tree's siblings would mix in the recurrent state: the engine verifies each draft's main
+    path, and a `ModelDrafter` on a recurrent model drafts chains; both say so."""
+    ids, mask, ref = _reference(qwen3_next, b=2)
+    with pytest.warns(UserWarning) as seen:
+        out = mmspec.generate(qwen3_next, ModelDrafter(qwen3_next, num_tokens=4, top_k=2), ids,
+                              attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
+                              do_sample=False, pad_token_id=0)
+    assert torch.equal(out.sequences, ref)
+    said = " ".join(str(w.message) for w in seen)
+    assert "main path" in said and "drafting chains" in said
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_next", "jamba", "falcon_h1"])

@@ -84,3 +84,26 @@ def test_tree_of_a_whole_query_block_in_a_batch():
     ref = target.generate(ids, do_sample=False, max_new_tokens=4, eos_token_id=[])
     out = generate(target, RandomDrafter(15), ids, max_new_tokens=4, eos_token_id=[])
     assert torch.equal(out.sequences, ref)
+
+
+def test_main_path_follows_the_first_child_at_every_depth():
+    """Where no tree verifies exactly, the engine verifies each row's main path: from the root,
+    the first child (drafters list their best child first) of every node."""
+    from mmspec.decoding import Draft
+    from mmspec.decoding.tree import main_path
+
+    tokens = torch.tensor([[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]])
+    probs = torch.rand(2, 6, 30)
+    draft = Draft(tokens, torch.tensor([-1, -1, 1, 0, 0, 3]), probs)
+    chain, index = main_path(draft)
+    assert index.tolist() == [[0, 3, 5], [0, 3, 5]]
+    assert chain.tokens.tolist() == [[10, 13, 15], [20, 23, 25]]
+    assert chain.parents.tolist() == [-1, 0, 1]
+    assert torch.equal(chain.probs, probs[:, [0, 3, 5]])
+    # rows with their own shapes and node counts: paths of their own lengths
+    rows = Draft(tokens, torch.tensor([[-1, 0, 1, -1, 3, 4], [-1, -1, 0, 2, 2, 4]]),
+                 num_tokens=torch.tensor([6, 3]))
+    chain, index = main_path(rows)
+    assert index.tolist() == [[0, 1, 2], [0, 2, 3]]  # row 1: node 3 is past its 3 nodes
+    assert chain.num_tokens.tolist() == [3, 2]
+    assert main_path(Draft.chain(tokens)) is None

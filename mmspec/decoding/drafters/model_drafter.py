@@ -29,6 +29,8 @@ drops it, so no cache outlives a call.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import DynamicCache
 
@@ -36,7 +38,7 @@ from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import use_block_sparse_attention
 
 from .. import kv_cache
-from ..admission import UnsupportedTarget
+from ..admission import UnsupportedTarget, _has_recurrent_layers
 from ..draft import Draft, DraftState, VerifyResult
 from ..sampling import target_probs
 from ..tree import BLOCK_SIZE
@@ -84,6 +86,10 @@ class ModelDrafter:
                              f"({self.vocab_size} tokens), got {top_k}")
         self.restore_attn: str | None = None  # the model's own attention while switched
         self.windows = sliding_windows(model)  # its cache keeps every entry then (windows.py)
+        # linear-attention or SSM state cannot be cropped back to a slot nor branch into a tree:
+        # such a model drafts chains from a fresh cache each round
+        self.recurrent = _has_recurrent_layers(model)
+        self.chains_only = self.recurrent  # also set where its model cannot take a tree mask
         self.cache = None
         self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
         self.fed_valid: torch.Tensor | None = None  # bool [B, F]
@@ -136,7 +142,7 @@ class ModelDrafter:
     def _catch_up(self, state: DraftState) -> torch.Tensor:
         """Feed the slots the cache lacks; returns the drafter's logits at the roots `[B, V]`."""
         ids, valid = state.input_ids, state.attention_mask.bool()
-        if state.round == 0:  # a new call: a new cache (None: the model makes its own)
+        if state.round == 0 or self.recurrent:  # a new cache (None: the model makes its own)
             # with sliding windows, a cache that keeps every entry (windows.py)
             self.cache = DynamicCache() if self.windows else None
             self.fed_ids = self.fed_valid = None
@@ -151,13 +157,28 @@ class ModelDrafter:
     # ------------------------------------------------------------------------------- drafting
 
     def propose(self, state: DraftState) -> Draft:
-        if self.top_k > 1 and self.restore_attn is None:  # tree levels need the shared layer
-            self.restore_attn = use_block_sparse_attention(self.model)
+        if state.round == 0 and self.top_k > 1:
+            self.chains_only = self.recurrent
+            if self.recurrent:
+                self._to_chains("its linear-attention or SSM state cannot branch into a tree")
+        if self.top_k > 1 and not self.chains_only and self.restore_attn is None:
+            self.restore_attn = use_block_sparse_attention(self.model)  # tree levels need it
         root_logits = self._catch_up(state)
         depth = min(self.depth, state.max_tokens)
-        if self.top_k == 1:
-            return self._chain(state, root_logits, min(self.num_tokens, depth))
-        return self._tree(state, root_logits, depth)
+        if self.top_k > 1 and not self.chains_only:
+            try:
+                return self._tree(state, root_logits, depth)
+            except UnsupportedTarget as err:  # its first tree level, before any node is kept
+                kv_cache.crop(self.cache, state.input_ids.shape[1])
+                self._to_chains(str(err.__cause__ or err))
+        return self._chain(state, root_logits, min(self.num_tokens, depth))
+
+    def _to_chains(self, why: str) -> None:
+        """Draft chains for the rest of the call (`top_k=1`'s drafts, `depth` long), and say so."""
+        self.chains_only = True
+        warnings.warn(f"ModelDrafter(top_k={self.top_k}): its model {type(self.model).__name__} "
+                      f"cannot draft trees ({why}); drafting chains of up to "
+                      f"{min(self.num_tokens, self.depth)} tokens instead", stacklevel=4)
 
     def _chain(self, state, logits, n) -> Draft:
         valid = state.attention_mask.bool()
