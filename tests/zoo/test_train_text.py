@@ -44,9 +44,9 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch, interru
     assert run_command(train_text.main, ["tiny-ar", "--out", str(out), "--save-every-s",
                                          "1e9"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"interrupted: tiny-ar saved at step 3 of 6 in {out / 'tiny-ar' / 'ckpt.pt'}; rerun the "
+        f"interrupted: tiny-ar saved at step 3 of 6 in {out / 'tiny-ar' / 'ckpt'}; rerun the "
         f"same command to resume")
-    assert torch.load(out / "tiny-ar" / "ckpt.pt", weights_only=False)["step"] == 3
+    assert torch.load(out / "tiny-ar" / "ckpt" / "trainer.pt", weights_only=True)["step"] == 3
     monkeypatch.setattr(train_text, "training_loss", real_loss)
     resumed = _run(tiny_zoo, "tiny-ar", "b")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -177,10 +177,11 @@ def test_a_checkpoint_past_steps_is_refused(tiny_zoo):
     # under a card saying 3 steps; a later 6-step run then trained steps 3..5 a second time
     _run(tiny_zoo, "tiny-ar", "a")
     entry = _entry_bytes(tiny_zoo / "zoo" / "tiny-ar")
-    with pytest.raises(SystemExit, match=r"--steps 3: .*ckpt.pt is already at step 6; .*pass "
+    with pytest.raises(SystemExit, match=r"--steps 3: .*ckpt is already at step 6; .*pass "
                                          r"--steps 6 or more"):
         train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "3"])
-    assert torch.load(tiny_zoo / "a" / "tiny-ar" / "ckpt.pt", weights_only=True)["step"] == 6
+    assert torch.load(tiny_zoo / "a" / "tiny-ar" / "ckpt" / "trainer.pt",
+                      weights_only=True)["step"] == 6
     assert _entry_bytes(tiny_zoo / "zoo" / "tiny-ar") == entry
     train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "6"])  # same: exports
 
