@@ -2,7 +2,7 @@
 on accelerate and transformers' schedulers; each trainer keeps its model, data and loss.
 
 - **Schedules** are transformers': `cosine_schedule` (warm-up, then cosine down to 10%, the zoo)
-  and `linear_schedule` (warm-up, then linear decay to 0, ViSpec).
+  and `linear_schedule` (warm-up, then linear decay, ViSpec).
 - **A run** (`TrainLoop`) is an `accelerate.Accelerator` that `prepare`s model, optimizer and
   scheduler; a step is `accelerator.backward`, `clip_grad_norm_` and the optimizer and scheduler
   steps, which a Ctrl-C cannot split (`mmspec.interrupt.uninterrupted`). A checkpoint is the
@@ -80,16 +80,30 @@ def refuse_old_format(old: Path, ckpt: Path) -> None:
 
 def cosine_schedule(optimizer, warmup: int, steps: int, floor: float = 0.1):
     """transformers' `cosine_warmup_with_min_lr`: step s < warmup trains at lr (s+1)/warmup, then
-    a half cosine from lr down to `floor` lr, reached at the last step."""
+    a half cosine from lr down to `floor` lr, reached at the last step.
+
+    The zoo's own `lr_at` before it had the same warm-up and the same cosine one step later
+    (step s >= warmup trained at this schedule's rate of s-1; its floor came one step after
+    the run); no transformers schedule has both that warm-up and that decay."""
     return get_scheduler("cosine_warmup_with_min_lr", optimizer, num_warmup_steps=warmup,
                          num_training_steps=steps,
                          scheduler_specific_kwargs={"min_lr_rate": floor})
 
 
 def linear_schedule(optimizer, warmup: int, steps: int):
-    """transformers' `linear`: step s < warmup trains at lr s/warmup (0 at step 0, as the HF
-    Trainer), then linear decay to 0 at step `steps`."""
-    return get_scheduler("linear", optimizer, num_warmup_steps=warmup, num_training_steps=steps)
+    """Step s < warmup trains at lr (s+1)/warmup (the peak at step warmup-1, so a warm-up as long
+    as the run still reaches it), then lr (steps-s)/(steps-warmup), down to lr/(steps-warmup) at
+    the last step: ViSpec's schedule, as `mmspec.vision.train` ran it by hand before.
+
+    transformers' warm-ups start at 0 (step s at s/warmup), so this is its warmup-stable-decay
+    schedule read one step on (`last_epoch=0`: the step s trains at the rate it gives s+1), with
+    one stable step so that the decay still starts at step `warmup`."""
+    for group in optimizer.param_groups:  # what a scheduler started past step 0 needs
+        group.setdefault("initial_lr", group["lr"])
+    return get_scheduler("warmup_stable_decay", optimizer, num_warmup_steps=warmup,
+                         scheduler_specific_kwargs={"num_stable_steps": 1,
+                                                    "num_decay_steps": steps - warmup,
+                                                    "decay_type": "linear", "last_epoch": 0})
 
 
 def rates_at_resume(scheduler) -> None:

@@ -684,13 +684,9 @@ def main(argv=None) -> None:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.model == "tokenizer":
         cmd_tokenizer(args)
-    elif isinstance(SPECS[args.model], DrafterSpec):
-        # mmspec.vision.train's own refusals too: it trains the drafter
-        from mmspec.vision.train import ResumeError, RunExists as DrafterRunExists
-
-        run_refusals_as_exit(cmd_drafter, args, refusals=(ResumeError, DrafterRunExists))
-    else:
-        run_refusals_as_exit(cmd_train, args)
+    else:  # mmspec.vision.train's refusals (ResumeError) are the scaffold's too
+        run_refusals_as_exit(cmd_drafter if isinstance(SPECS[args.model], DrafterSpec)
+                             else cmd_train, args)
 
 
 if __name__ == "__main__":
