@@ -11,14 +11,17 @@ One step on one sample:
     loss             = L(pred) + sum over rollouts of L(drafter(pred shifted right by one))
     L                = w_f SmoothL1(feature) + w_tv sum|p_d - p_t| + w_rank ListMLE(top 10) + w_ce CE
 The rollout is ViSpec's anti-shortcut pass (`--rollout-steps`, README: 1).
-Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay.
-Checkpoints (`<out>/checkpoint`, swapped in whole) resume with `--resume` (without it an existing
-checkpoint is refused, never overwritten); the answers are saved as they come. Held-out tau
-(with bonus, EAGLE's convention) every `--eval-every` steps through `mmspec.generate`.
+Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
+(`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,
+accelerate's saved state and the step, swapped in whole) resume with `--resume` (without it an
+existing checkpoint is refused, never overwritten); the answers are saved as they come.
+Held-out tau (with bonus, EAGLE's convention) every `--eval-every` steps through
+`mmspec.generate`.
 
 Multi-GPU: `accelerate launch -m mmspec.vision.train ...` (or torchrun). The processes split
 the target's answers (`answers-<rank>.pt`), each step takes `--batch-size` samples per process
-and the gradients are averaged, so N processes train as one with an N times larger batch.
+and the gradients are averaged (`accelerator.reduce`), so N processes train as one with an N
+times larger batch.
 
 Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
 or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.

@@ -5,8 +5,9 @@
 
 Rectified flow matching in pixel space (see `video_model.py` for the choices). Seeded and
 resumable (`mmspec.train_scaffold`): transformer, optimizer, scheduler, step and losses go to the
-folder `out/zoo/video-dit/ckpt/` every `--save-every-s` seconds and at the end; `--resume` continues from there (the batch of step s is
-drawn from a generator seeded by s, so a resumed run sees the same data). At the end the weights
+folder `out/zoo/video-dit/ckpt/` every `--save-every-s` seconds and at the end; `--resume`
+continues from there (the batch of step s is drawn from a generator seeded by s, so a resumed run
+sees the same data). At the end the weights
 are written as one fp16 `model.safetensors` (keys `transformer.*`, `text_encoder.*`) with the
 configs, the tokenizer and a card whose held-out loss is measured on the shipped fp16 weights,
 staged beside the entry folder and swapped in whole (`train_text.staged_export`).

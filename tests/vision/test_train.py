@@ -530,3 +530,17 @@ def test_command_line_mistakes_are_messages(cli_files, tmp_path, capsys):
         main([*cli_files[:4], "--out", str(tmp_path / "o"), "--tv-weight", "0",
               "--feature-weight", "0", "--rank-weight", "0"])
     assert "--feature-weight" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_the_old_format_is_refused_in_one_line(tmp_path, llava, samples):
+    # its optimizer, scheduler and sample stream were in trainer.pt; now they are accelerate's
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 2})
+    train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    for state in ckpt.glob("*.bin"):
+        state.unlink()
+    torch.save({"step": 2, "optimizer": {}, "scheduler": {}, "sample_rng": None},
+               ckpt / "trainer.pt")
+    with pytest.raises(train_mod.ResumeError, match=r"^resume: the checkpoint in .*checkpoint is "
+                                                    r"of an earlier mmspec .*cannot be resumed"):
+        train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path, resume=True)

@@ -298,3 +298,15 @@ def test_the_tokenizer_goes_to_assets_staged_and_another_one_is_not_overwritten(
                                          r"this corpus gives 4096"):
         train_text.main(["tokenizer"])
     assert (out / "tokenizer.json").read_bytes() == before
+
+
+def test_a_checkpoint_of_the_old_one_file_format_is_refused_in_one_line(tiny_zoo):
+    # checkpoints are accelerate state folders now: an earlier mmspec's ckpt.pt cannot resume
+    old = tiny_zoo / "a" / "tiny-ar" / "ckpt.pt"
+    old.parent.mkdir(parents=True)
+    torch.save({"model": {}, "optimizer": {}, "step": 2, "elapsed": 1.0, "losses": [1.0, 1.0]},
+               old)
+    with pytest.raises(SystemExit, match=r"ckpt.pt is a checkpoint of an earlier mmspec .*"
+                                         r"cannot be resumed; finish it with the mmspec that "
+                                         r"wrote it, or delete it to start over$"):
+        train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a")])
