@@ -9,6 +9,7 @@ on accelerate and transformers' schedulers; each trainer keeps its model, data a
   accelerator's `save_state` folder (model, optimizer, scheduler, RNG states) plus `trainer.pt`
   (step, losses, wall time, the run's settings), written whole beside the previous one and
   swapped in by renames (`save_swapped`), every `save_every_s` seconds and on Ctrl-C.
+- **The command** a card records and an interrupted run prints to resume: `command`.
 - **Refusals** stay on top: a run never resumes another run's checkpoint (`refuse_other_run`),
   one already past its `--steps` (`refuse_past_steps`) or a checkpoint of the one-file format
   of earlier versions (`refuse_old_format`), and never overwrites a checkpoint unasked
@@ -17,6 +18,7 @@ on accelerate and transformers' schedulers; each trainer keeps its model, data a
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -45,6 +47,14 @@ def run_refusals_as_exit(cmd, *args, refusals=()) -> None:
         cmd(*args)
     except (RunRefused, RunExists, *refusals) as err:
         raise SystemExit(str(err)) from None
+
+
+def command(module: str, argv: list[str], resume: bool = False) -> str:
+    """The command `python -m <module> <argv>` (the cards record it); with `resume`, the one that
+    continues it (`--resume` added when it is not there)."""
+    if resume and "--resume" not in argv:
+        argv = [*argv, "--resume"]
+    return f"python -m {module} " + shlex.join(argv)
 
 
 def refuse_other_run(meta: dict, run: dict, ckpt_path: Path, fix: str = "") -> None:

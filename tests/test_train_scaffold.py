@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from mmspec.train_scaffold import (META, RunRefused, TrainLoop, cosine_schedule, linear_schedule,
-                                   read_meta, refuse_old_format, save_swapped)
+from mmspec.train_scaffold import (META, RunRefused, TrainLoop, command, cosine_schedule,
+                                   linear_schedule, read_meta, refuse_old_format, save_swapped)
 
 
 def _rates(make, warmup, steps, lr=2.0):
@@ -107,11 +107,19 @@ def test_an_old_one_file_checkpoint_is_refused_in_one_line(tmp_path):
         refuse_old_format(old, tmp_path / "ckpt")
 
 
-def test_the_trainers_share_one_run_refusal():
+def test_the_command_to_resume_adds_resume_once():
+    assert command("mmspec.x", ["--out", "a b"]) == "python -m mmspec.x --out 'a b'"
+    assert command("mmspec.x", ["--out", "a"], resume=True) == \
+        command("mmspec.x", ["--out", "a", "--resume"], resume=True) == \
+        "python -m mmspec.x --out a --resume"
+
+
+def test_the_trainers_share_one_scaffold():
     from mmspec.train_scaffold import RunExists
     from mmspec.vision import train as vision_train
     from mmspec.zoo import train_text, train_video, train_vlm
 
     assert vision_train.RunExists is RunExists and issubclass(vision_train.ResumeError, RunRefused)
     for module in (train_text, train_video, train_vlm, vision_train):
-        assert not hasattr(module, "lr_at") and not hasattr(module, "_schedule"), module
+        for own in ("lr_at", "_schedule", "_command", "_all_reduce_grads"):  # each had its own
+            assert not hasattr(module, own), (module, own)

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import os
 import platform
-import shlex
 import shutil
 import sys
 import time
@@ -32,8 +31,9 @@ from safetensors.torch import load_file
 from transformers import Qwen2ForCausalLM
 
 from mmspec.interrupt import run_command
-from mmspec.train_scaffold import (TrainLoop, cosine_schedule, read_meta, refuse_old_format,
-                                   refuse_other_run, refuse_past_steps, run_refusals_as_exit)
+from mmspec.train_scaffold import (TrainLoop, command, cosine_schedule, read_meta,
+                                   refuse_old_format, refuse_other_run, refuse_past_steps,
+                                   run_refusals_as_exit)
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
@@ -44,6 +44,8 @@ from mmspec.zoo.objectives import causal_lm_loss, masked_diffusion_loss, masked_
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
+
+MODULE = "mmspec.zoo.train_text"  # the `python -m` name a card records
 
 TOKENIZER_DIR = ZOO_DIR / "text-tokenizer"
 EVAL_WINDOWS = 16  # the fixed held-out slice the card reports and tests/zoo re-measures
@@ -202,7 +204,7 @@ def _tokenizer_card(out_dir: Path, tok, t0: float, args) -> None:
         "data": _data_card(),
         "heldout_bytes_per_token": round(held_bytes / held.numel(), 3),
         "wall_time_s": round(time.time() - t0, 3),
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     })
     print(f"tokenizer: {held_bytes / held.numel():.2f} bytes/token held out")
 
@@ -216,9 +218,6 @@ def _data_card() -> dict:
         "split": "sha1(relative path) % 50 == 0 is held out (mmspec/zoo/corpus.py)",
     }
 
-
-def _command(argv: list[str]) -> str:
-    return "python -m mmspec.zoo.train_text " + shlex.join(argv)
 
 
 def cmd_train(args) -> None:
@@ -367,7 +366,7 @@ def _card(spec, tok, losses, elapsed, args, n_params, mask_id, results, size_mb)
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
         **_fine_tune_card(args),
     }
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from mmspec.interrupt import run_command
-from mmspec.train_scaffold import (RunExists, TrainLoop, cosine_schedule, read_meta,
+from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_old_format, refuse_other_run, run_refusals_as_exit)
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
@@ -42,6 +41,8 @@ from mmspec.zoo.video_model import (
     build_transformer,
     encode_prompts,
 )
+
+MODULE = "mmspec.zoo.train_video"  # the `python -m` name a card records
 
 NAME = "video-dit"
 EVAL_CLIPS = 16  # held-out clips HELDOUT_SEED + i the card reports and tests/zoo re-measures
@@ -97,9 +98,6 @@ def heldout_loss(transformer, tokenizer, text_encoder, spec: VideoModelSpec,
     return sum(losses) / clips
 
 
-def _command(argv) -> str:
-    return "python -m mmspec.zoo.train_video " + shlex.join(argv)
-
 
 def train(args) -> None:
     spec = MICRO if args.micro else SPEC
@@ -145,8 +143,8 @@ def train(args) -> None:
             loss = flow_matching_loss(transformer, videos, text, gen)
             loop.update(loss, step, bar, digits=4)
     except KeyboardInterrupt:
-        again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
-        raise loop.interrupted(NAME, args.steps, f"resume: {_command(again)}") from None
+        raise loop.interrupted(NAME, args.steps,
+                               f"resume: {command(MODULE, args.argv, resume=True)}") from None
     loop.finish()
     losses, elapsed, done = loop.losses, loop.elapsed, loop.done
     export(spec, transformer, text_encoder, tokenizer, losses, elapsed, done, n_params, args)
@@ -222,7 +220,7 @@ def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
         **({"init_from": {"ref": args.init_from, "card": committed_card(args.init_from)}}
            if args.init_from else {}),
     }

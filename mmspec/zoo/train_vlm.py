@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import platform
-import shlex
 import shutil
 import sys
 import time
@@ -43,7 +42,7 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 from mmspec.atomic import save_atomic, write_text_atomic
 from mmspec.decoding.settings import eos_ids
 from mmspec.interrupt import run_command
-from mmspec.train_scaffold import (RunExists, TrainLoop, cosine_schedule, read_meta,
+from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_old_format, refuse_other_run, refuse_past_steps,
                                    run_refusals_as_exit, saved_model_state)
 from mmspec.vision import ViSpecDrafter
@@ -84,6 +83,8 @@ from mmspec.zoo.vlm_data import (
 from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
 from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
 
+MODULE = "mmspec.zoo.train_vlm"  # the `python -m` name a card records
+
 PROCESSOR_DIR = ZOO_DIR / "vlm-processor"
 TOKENIZER_SEEDS = range(20_000)
 HELDOUT_SCENES = 64  # the held-out slice the target's card reports and tests/zoo re-measures
@@ -98,9 +99,6 @@ DATA_CARD = {
     "split": f"scene seeds < {HELDOUT_START} train, >= {HELDOUT_START} held out",
 }
 
-
-def _command(argv: list[str]) -> str:
-    return "python -m mmspec.zoo.train_vlm " + shlex.join(argv)
 
 
 def _machine(args) -> dict:
@@ -155,7 +153,7 @@ def _processor_card(out_dir: Path, tok, t0: float, args) -> None:
                            "eos": tok.eos_token_id, "image": tok.convert_tokens_to_ids("<image>")},
         "data": {**DATA_CARD, "tokenizer_seeds": f"{TOKENIZER_SEEDS.start}-{TOKENIZER_SEEDS.stop}"},
         "wall_time_s": round(time.time() - t0, 3),
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     })
 
 
@@ -402,8 +400,8 @@ def cmd_train(args) -> None:
                     model.lm_head, aux.pop("features"), batch, aux["colours"], aux["kinds"])
             loop.update(loss, step, bar)
     except KeyboardInterrupt:
-        again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
-        raise loop.interrupted(spec.name, spec.steps, f"resume: {_command(again)}") from None
+        raise loop.interrupted(spec.name, spec.steps,
+                               f"resume: {command(MODULE, args.argv, resume=True)}") from None
     loop.finish()
     losses, elapsed = loop.losses, loop.elapsed
     export_model(spec, model, processor, losses, elapsed, args, n_params, vision_pretrain)
@@ -479,7 +477,7 @@ def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, 
             "wall_time_s": round(elapsed, 3),
             **_machine(args),
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     }
     if spec.init_from:  # a fine-tune: say what it started from, with that model's own card
         card["init_from"] = {"ref": spec.init_from, "card": committed_card(spec.init_from)}
@@ -654,7 +652,7 @@ def _drafter_card(spec: DrafterSpec, shipped, losses, cfg, elapsed, answers_s, a
                               "only its own part)",
             **_machine(args),
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     }
 
 
