@@ -171,8 +171,6 @@ def _accelerator_with_states(drafter):
     load a checkpoint into."""
     from accelerate import Accelerator
 
-    from mmspec.train_scaffold import linear_schedule
-
     accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
     opt = torch.optim.AdamW(drafter.parameters())
     accelerator.prepare(opt, linear_schedule(opt, 1, 4))
