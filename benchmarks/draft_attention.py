@@ -649,7 +649,8 @@ def _tile_sizes(text: str) -> list[tuple[int, ...]] | None:
     return sizes or None
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`mmspec bench` reads its options here)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     p.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
@@ -682,6 +683,11 @@ def main() -> None:
                         "each tile size, e.g. 8x16,8x8,4x8, or query tile over tile, e.g. "
                         "8x8/4x8 (64-token query blocks over 32-token key blocks), into section "
                         "draft_attention_tiles (_gpu on a GPU)")
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

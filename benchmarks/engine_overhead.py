@@ -69,11 +69,17 @@ def measure(target, drafter, batch: int, prompt_len: int, new_tokens: int) -> di
             "pct": 100 * engine / forward}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`mmspec bench` reads its options here)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=64)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = small_llama()

@@ -18,6 +18,8 @@
 #   compiled DraftAttention against compiled dense, Wan and CogVideoX sizes; padded_text
 #   HunyuanVideo 1.5's padded-text skip; tiles the sparse call at 128-, 64- and 32-token blocks
 #   (these need diffusers: carry its wheel in .whl)
+# Issue 34.13 (STEPS="train", about 1 minute): mmspec.vision.train on the GPU through the training
+#   scaffold (accelerate's CUDA state), a cut run resumed to the uninterrupted run's weights
 #
 # The GPU machine reaches no package index: the pinned Hugging Face wheels travel in .whl/
 # (ignored by git; `bash benchmarks/gpu_session.sh --download` fills it here) and are installed
@@ -25,8 +27,8 @@
 set -uo pipefail
 if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
     mkdir -p .whl
-    for spec in transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 httpx2==2.16.2 \
-                httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex; do
+    for spec in transformers==5.24.0 accelerate==1.15.0 huggingface_hub==2.4.0 \
+                tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex; do
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
             --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
@@ -60,5 +62,6 @@ step tests 90 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels t
 step compiled 300 $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
 step padded_text 120 $PY benchmarks/draft_attention.py --padded-text --write
+step train 120 $PY tests/vision/gpu_resume_check.py
 step tiles 200 $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8,8x8/4x8,8x16/4x8 --write
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

@@ -246,7 +246,8 @@ DENSE_COLUMNS = ("SDPA default", "SDPA cuDNN", "SDPA flash", "SDPA efficient",
                  "FlashAttention-3", "FlashAttention-2", "FlexAttention (compiled)")
 
 
-def main():
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`mmspec bench` reads its options here)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     parser.add_argument("--repeats", type=int, default=3)
@@ -255,6 +256,11 @@ def main():
                              "section kernels_gpu")
     parser.add_argument("--points", default=None,
                         help="also write the measured GPU points to this JSON file")
+    return parser
+
+
+def main():
+    parser = build_parser()
     args = parser.parse_args()
     from contextlib import nullcontext
 

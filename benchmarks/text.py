@@ -537,7 +537,8 @@ def plot(methods: list[Method], totals: dict[str, Total], out_dir: Path) -> list
 
 # ------------------------------------------------------------------------------------- main
 
-def main():
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`mmspec bench` reads its options here)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8)
@@ -549,6 +550,11 @@ def main():
                         help="block length of the fixed-k DLM drafters (ADL's k_min)")
     parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    return parser
+
+
+def main():
+    parser = build_parser()
     args = parser.parse_args()
     check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)

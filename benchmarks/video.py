@@ -330,7 +330,8 @@ def plot(rows, videos, out_dir: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------- main
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`mmspec bench` reads its options here)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the BENCHMARKS.md sections")
     p.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
@@ -342,6 +343,11 @@ def main() -> None:
                    help="only real-map fidelity and PSNR at 90%% for each tile, or query tile "
                         "over tile, e.g. 4x4,2x4,4x4/2x4, at the training grid, into section "
                         "draft_attention_real_tiles")
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     args = p.parse_args()
     tiles = _tile_sizes(args.tiles) if args.tiles else None
     if args.tiles and not tiles:

@@ -143,7 +143,8 @@ def plot(totals: dict, out_dir: Path, prefix: str, title: str) -> list[Path]:
     return paths
 
 
-def main():
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`mmspec bench` reads its options here)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8)
@@ -160,6 +161,11 @@ def main():
     parser.add_argument("--assistant", default="vlm-assistant", help="HF assisted generation's")
     parser.add_argument("--section", default="vlm", help="BENCHMARKS.md section and chart prefix")
     parser.add_argument("--title", default="VLM: ViSpec side by side (`benchmarks/vlm.py`)")
+    return parser
+
+
+def main():
+    parser = build_parser()
     args = parser.parse_args()
     check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)

@@ -10,7 +10,7 @@ installed package: they live beside it in the repository.
 
 from __future__ import annotations
 
-import re
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -33,10 +33,16 @@ def _groups(argv: list[str]) -> list[list[str]]:
 
 
 def _options(script: Path) -> set[str]:
-    """The long options `script --help` lists."""
-    text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
-                          text=True, cwd=BENCHMARKS.parent).stdout
-    return set(re.findall(r"(--[a-z][a-z0-9-]*)", text))
+    """The options of `script`'s command line: the module is imported (not run) and its
+    `build_parser()` read."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks.{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "build_parser", None)):
+        raise SystemExit(f"mmspec bench: {script} has no build_parser() to read its options from")
+    return {option for action in module.build_parser()._actions
+            for option in action.option_strings}
 
 
 def args_for(script: Path, argv: list[str]) -> tuple[list[str], list[str]]:

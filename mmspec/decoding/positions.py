@@ -1,4 +1,4 @@
-"""Position ids for the prefill and for the nodes of a draft tree, M-RoPE included.
+"""Position ids for the prefill, M-RoPE included (a draft tree's nodes follow from them).
 
 transformers' `generate` takes the prompt's positions from the model's
 `_prepare_position_ids_for_generation` (`attention_mask.cumsum(-1) - 1` for left-padded text
@@ -31,14 +31,6 @@ def prefill_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.T
         return pos.masked_fill(attention_mask == 0, 0)
     kwargs = {**model_kwargs, "attention_mask": attention_mask, "input_ids": input_ids}
     return prepare(input_ids, kwargs)
-
-
-def next_position_ids(position_ids: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """Positions `steps` tokens after the last one.
-
-    position_ids: long `[..., B, L]`; steps: long `[B, N]` (>= 1). Returns `[..., B, N]`.
-    """
-    return position_ids[..., -1:] + steps
 
 
 # position embeddings that the BART family's decoders add to their token embeddings, as

@@ -32,6 +32,7 @@ import math
 import numbers
 
 import torch
+from einops import rearrange
 
 from .tiles import TileLayout, tile_layout
 
@@ -67,9 +68,8 @@ def block_budget(num_tiles: int, sparsity: float, num_query_tiles: int | None = 
 
 
 def _pool(x_tiled: torch.Tensor, tiles: int, tokens: int, counts: torch.Tensor) -> torch.Tensor:
-    b, h, _, d = x_tiled.shape
     # accumulate in fp32 without an fp32 copy of x (bf16 in, ~2x less memory traffic)
-    sums = x_tiled.view(b, h, tiles, tokens, d).sum(3, dtype=torch.float32)
+    sums = rearrange(x_tiled, "b h (n t) d -> b h n t d", t=tokens).sum(3, dtype=torch.float32)
     # padding slots are zeros, so only real tokens count; a tile of padding only pools to 0
     return sums / counts.clamp_min(1)[:, None]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+from einops import rearrange
 
 from .draft_map import calibrated_sparsity
 from .sparse_attention import draft_attention
@@ -120,7 +121,7 @@ class WanDraftAttnProcessor(_DraftProcessor):
             key = _wan_rope(key, *rotary_emb)
         out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                            **kwargs)
-        hidden_states = out.transpose(1, 2).flatten(2, 3).type_as(query)
+        hidden_states = rearrange(out, "b h l d -> b l (h d)").type_as(query)
         hidden_states = attn.to_out[0](hidden_states)
         return attn.to_out[1](hidden_states)
 
@@ -199,7 +200,7 @@ class HunyuanVideoDraftAttnProcessor(_DraftProcessor):
                                                                          query.shape[1])
         out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                            text_len=text_len, key_valid=key_valid)
-        hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        hidden_states = rearrange(out, "b h l d -> b l (h d)").to(query.dtype)
 
         if encoder_hidden_states is not None:
             hidden_states, encoder_hidden_states = (hidden_states[:, :-text_len],

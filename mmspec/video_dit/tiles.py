@@ -23,6 +23,7 @@ import numbers
 from dataclasses import dataclass, replace
 
 import torch
+from einops import rearrange
 
 
 class TileTooLarge(ValueError):
@@ -88,11 +89,11 @@ def tile_permutation(grid, tile, query_tile=None) -> torch.Tensor:
     nh, nw, a, c = math.ceil(h / qh), math.ceil(w / qw), qh // th, qw // tw
     rows = torch.arange(nh * qh).view(nh, a, th, 1, 1, 1)  # padded frame row of each slot
     cols = torch.arange(nw * qw).view(1, 1, 1, nw, c, tw)
-    # [nh, a, th, nw, c, tw] -> [nh, nw, a, c, th, tw]: query tile row and column, tile row and
-    # column inside it, then row-major inside a tile (a = c = 1 without query tiles)
+    # query tile row and column, tile row and column inside it, then row-major inside a tile
+    # (a = c = 1 without query tiles)
     shape = (nh, a, th, nw, c, tw)
-    rows = rows.expand(shape).permute(0, 3, 1, 4, 2, 5)
-    cols = cols.expand(shape).permute(0, 3, 1, 4, 2, 5)
+    rows, cols = (rearrange(x.expand(shape), "nh a th nw c tw -> nh nw a c th tw")
+                  for x in (rows, cols))
     inside = (rows < h) & (cols < w)
     in_frame = torch.where(inside, rows * w + cols, -1).reshape(-1)  # [padded frame tokens]
     frames = torch.arange(t).view(t, 1) * (h * w)

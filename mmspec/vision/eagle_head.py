@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .head import RMSNorm
 from .rope import apply_rope, rope_cos_sin
 
 
@@ -127,12 +126,12 @@ class EagleLayer(nn.Module):
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.eagle3 = cfg.arch == "eagle3"
         if self.eagle3:
-            self.hidden_norm = RMSNorm(d, eps)
+            self.hidden_norm = nn.RMSNorm(d, eps)
         if self.eagle3 or index > 0:
-            self.input_layernorm = RMSNorm(d, eps)
+            self.input_layernorm = nn.RMSNorm(d, eps)
         self.self_attn = EagleAttention(cfg, 2 * d if self.eagle3 else d,
                                         bias=cfg.qkv_bias and not self.eagle3)
-        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.post_attention_layernorm = nn.RMSNorm(d, eps)
         self.mlp = EagleMLP(cfg)
 
     def forward(self, x, embeds, cos, sin, past, mask):
@@ -153,7 +152,7 @@ class EagleHead(nn.Module):
         if cfg.arch == "eagle3":
             self.fc = nn.Linear(3 * cfg.target_hidden_size, d, bias=False)
             self.midlayer = EagleLayer(cfg, 0)
-            self.norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.norm = nn.RMSNorm(d, cfg.rms_norm_eps)
             self.lm_head = nn.Linear(d, cfg.draft_vocab_size, bias=False)
             if cfg.draft_vocab_size != cfg.vocab_size:
                 # `t2d` (which target ids the draft vocabulary holds) only serves training

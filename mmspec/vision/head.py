@@ -25,18 +25,7 @@ from .rope import apply_rope, rope_cos_sin
 KV = tuple  # (k, v), each `[B, H, P, Dh]`
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
-
-
-class DraftAttention(nn.Module):
+class HeadAttention(nn.Module):
     """Full multi-head attention (no GQA, as in ViSpec's drafter) with an explicit KV prefix."""
 
     def __init__(self, cfg: ViSpecConfig):
@@ -63,9 +52,10 @@ class DraftLayer(nn.Module):
     def __init__(self, cfg: ViSpecConfig, first: bool):
         super().__init__()
         # EAGLE: the fused input is already normalised features, so layer 0 skips its input norm
-        self.input_norm = nn.Identity() if first else RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = DraftAttention(cfg)
-        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = nn.RMSNorm  # same outputs and `weight` key as the hand-written one it replaced
+        self.input_norm = nn.Identity() if first else norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = HeadAttention(cfg)
+        self.post_norm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)

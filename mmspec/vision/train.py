@@ -11,14 +11,17 @@ One step on one sample:
     loss             = L(pred) + sum over rollouts of L(drafter(pred shifted right by one))
     L                = w_f SmoothL1(feature) + w_tv sum|p_d - p_t| + w_rank ListMLE(top 10) + w_ce CE
 The rollout is ViSpec's anti-shortcut pass (`--rollout-steps`, README: 1).
-Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay.
-Checkpoints (`<out>/checkpoint`, swapped in whole) resume with `--resume` (without it an existing
-checkpoint is refused, never overwritten); the answers are saved as they come. Held-out tau
-(with bonus, EAGLE's convention) every `--eval-every` steps through `mmspec.generate`.
+Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
+(`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,
+accelerate's saved state and the step, swapped in whole) resume with `--resume` (without it an
+existing checkpoint is refused, never overwritten); the answers are saved as they come.
+Held-out tau (with bonus, EAGLE's convention) every `--eval-every` steps through
+`mmspec.generate`.
 
 Multi-GPU: `accelerate launch -m mmspec.vision.train ...` (or torchrun). The processes split
 the target's answers (`answers-<rank>.pt`), each step takes `--batch-size` samples per process
-and the gradients are averaged, so N processes train as one with an N times larger batch.
+and the gradients are averaged (`accelerator.reduce`), so N processes train as one with an N
+times larger batch.
 
 Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
 or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.
@@ -33,7 +36,6 @@ import json
 import math
 import random
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -46,6 +48,8 @@ from mmspec.atomic import save_atomic
 from mmspec.decoding import generate
 from mmspec.decoding.settings import sampling_config
 from mmspec.interrupt import Interrupted, run_command
+from mmspec.train_scaffold import (META, RunExists, RunRefused, checkpoint_dirs, linear_schedule,
+                                   rates_at_resume, save_swapped, settle)
 
 from .drafter import ViSpecDrafter
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
@@ -298,14 +302,6 @@ def _terms(drafter, pred, t_hidden, t_logits, cfg: TrainConfig):
     return loss, {k: float(v.detach()) for k, (_, v) in terms.items()}
 
 
-def _schedule(cfg: TrainConfig):
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        return max(0.0, (cfg.steps - step) / max(1, cfg.steps - cfg.warmup_steps))
-    return factor
-
-
 def held_out_tau(drafter, target, samples: list, max_new_tokens: int) -> float:
     """Mean tokens per target forward (bonus included) over `samples`, greedy."""
     accepted, rounds = _held_out_counts(drafter, target, samples, max_new_tokens)
@@ -341,22 +337,44 @@ def _zero_missing_grads(params: list) -> None:
             p.grad = torch.zeros_like(p)
 
 
-def _all_reduce_grads(params: list) -> None:
-    """Sum the gradients over the processes (one flat all-reduce)."""
-    import torch.distributed as dist
-
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)
+def _sum_grads(accelerator, params: list) -> None:
+    """Sum the gradients over the processes (one flat `accelerator.reduce`). Not DDP: the
+    drafter trains through `run` and `logits`, not `forward`, where DDP arms its hooks."""
+    flat = accelerator.reduce(torch.cat([p.grad.reshape(-1) for p in params]), "sum")
     for p, chunk in zip(params, flat.split([p.numel() for p in params])):
         p.grad = chunk.view_as(p).clone()
 
 
-class ResumeError(ValueError):
+class _SampleStream:
+    """The run's `random.Random` of sample picks, as accelerate checkpoints an object."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+
+    def state_dict(self) -> dict:
+        return {"state": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["state"])
+
+
+def _accelerator(device: torch.device):
+    """The accelerator of a run on `device`; refused if it counts other processes than the
+    launched ones (a CPU process group that accelerate's state was not told of)."""
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=device.type == "cpu", step_scheduler_with_optimizer=False)
+    launched = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if launched != accelerator.num_processes:
+        raise ValueError(f"torch.distributed runs {launched} processes but accelerate's state "
+                         f"counts {accelerator.num_processes}: on CPUs create it with "
+                         f"accelerate.PartialState(cpu=True) before training")
+    return accelerator
+
+
+class ResumeError(RunRefused):
     """A checkpoint that this run cannot continue (its settings differ, or it does not load)."""
-
-
-class RunExists(FileExistsError):
-    """`out_dir` holds a run's checkpoint and `resume` was not asked for."""
 
 
 def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
@@ -368,13 +386,13 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     split the target's answers, each step draws `cfg.batch_size` samples per process from one
     shared stream and the gradients are averaged: N processes train exactly as one with N times
     the batch. Process 0 writes the checkpoints and the drafter; the held-out tau is shared out."""
-    import torch.distributed as dist
+    from accelerate.utils import broadcast, gather_object
 
     check_samples(samples, "samples")
     if held_out:
         check_samples(held_out, "held_out")
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    rank = dist.get_rank() if world > 1 else 0
+    accelerator = _accelerator(drafter.embed_weight.device)
+    world, rank = accelerator.num_processes, accelerator.process_index
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and not resume:
         refuse_to_overwrite(out_dir)
@@ -389,23 +407,22 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
     answers = target_answers(target, samples, cfg.answer_tokens, own, also=others,
                              shard=(rank, world))
     if world > 1:  # every process needs every answer
-        shared = [None] * world
-        dist.all_gather_object(shared, {i: a for i, a in enumerate(answers) if a is not None})
-        for part in shared:
+        for part in gather_object([{i: a for i, a in enumerate(answers) if a is not None}]):
             for i, a in part.items():
                 answers[i] = a
         for p in drafter.state_dict().values():  # one start, whatever each process built
-            dist.broadcast(p, 0)
+            broadcast(p, from_process=0)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+    sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
     rng = random.Random(cfg.seed)  # the same stream in every process
+    opt, prepared_sched = accelerator.prepare(opt, sched)
+    accelerator.register_for_checkpointing(_SampleStream(rng))
     if resume and out_dir:
         if rank == 0:
-            _settle_checkpoint(out_dir)
-        if world > 1:
-            dist.barrier()
-        start = _load_checkpoint(drafter, opt, sched, rng, out_dir)
+            settle(_checkpoint_dirs(out_dir)[0])
+        accelerator.wait_for_everyone()
+        start = _load_checkpoint(drafter, accelerator, out_dir)
         saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
         if start and not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
             raise ResumeError(f"resume: the checkpoint in {out_dir} was trained with --lr "
@@ -414,6 +431,8 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
         if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
             raise ResumeError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
                              f"--steps {cfg.steps}; give --steps >= {start} to continue it")
+        if start:
+            rates_at_resume(sched)  # this run's --steps may differ from the saving run's
     else:
         start = 0
     losses = []
@@ -430,15 +449,15 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                 i = picks[slot]
                 loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg,
                                       _noise_generator(cfg.seed, step, slot))
-                (loss / per_step).backward()  # the mean over the step's global batch
+                accelerator.backward(loss / per_step)  # the mean over the step's global batch
                 total += float(loss.detach())
             _zero_missing_grads(params)
             if world > 1:
-                _all_reduce_grads(params)
-                dist.all_reduce(total)
+                _sum_grads(accelerator, params)
+                total = accelerator.reduce(total, "sum")
             torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
             opt.step()
-            sched.step()
+            prepared_sched.step()
             losses.append(float(total) / per_step)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             done = step + 1
@@ -447,14 +466,13 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                 drafter.eval()
                 counts = torch.tensor(_held_out_counts(drafter, target, held_out[rank::world],
                                                        cfg.eval_new_tokens), device=total.device)
-                if world > 1:
-                    dist.all_reduce(counts)
+                counts = accelerator.reduce(counts, "sum")
                 drafter.train()
                 if rank == 0:
                     tau = int(counts[0]) / max(int(counts[1]), 1)
                     bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
             if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
-                _save_checkpoint(drafter, opt, sched, rng, done, out_dir)
+                _save_checkpoint(drafter, accelerator, done, out_dir)
     except KeyboardInterrupt:
         if out_dir is None:
             raise
@@ -463,10 +481,9 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                           f"it") from None
     drafter.eval()
     if out_dir and rank == 0:
-        _save_checkpoint(drafter, opt, sched, rng, cfg.steps, out_dir)
+        _save_checkpoint(drafter, accelerator, cfg.steps, out_dir)
         drafter.save_pretrained(out_dir)
-    if world > 1:
-        dist.barrier()  # the drafter is on disk before any process returns
+    accelerator.wait_for_everyone()  # the drafter is on disk before any process returns
     return losses
 
 
@@ -492,42 +509,32 @@ def _last_checkpoint(out_dir: Path) -> str:
 
 def _checkpoint_dirs(out_dir: Path) -> tuple[Path, Path, Path]:
     """(the checkpoint, the one being written, the previous one while the new is swapped in)."""
-    return out_dir / "checkpoint", out_dir / "checkpoint.new", out_dir / "checkpoint.old"
+    return checkpoint_dirs(out_dir / "checkpoint")
 
 
-def _settle_checkpoint(out_dir: Path) -> None:
-    """Clear up after a killed save: killed between its two renames, the previous checkpoint is
-    put back; a half-written `checkpoint.new` (or a half-deleted `checkpoint.old`) is removed."""
-    ckpt, new, old = _checkpoint_dirs(out_dir)
-    if old.is_dir() and not ckpt.exists():
-        old.rename(ckpt)
-    for leftover in (new, old):
-        if leftover.exists():
-            shutil.rmtree(leftover)
+def _save_checkpoint(drafter, accelerator, step: int, out_dir: Path) -> None:
+    """Everything a resumed run needs to continue exactly as an uninterrupted one: the drafter
+    (`save_pretrained`, its config checked on resume), accelerate's state (optimizer, scheduler,
+    RNG states and the sample stream) and the step, swapped in whole (`save_swapped`)."""
+    def write(folder: Path) -> None:
+        drafter.save_pretrained(folder)
+        accelerator.save_state(str(folder), safe_serialization=False)
+        torch.save({"step": step}, folder / META)
+
+    save_swapped(_checkpoint_dirs(out_dir)[0], write)
 
 
-def _save_checkpoint(drafter, opt, sched, rng, step: int, out_dir: Path) -> None:
-    """Everything a resumed run needs to continue exactly as an uninterrupted one. Written whole
-    into `checkpoint.new`, then swapped in by renames: `checkpoint` is always one complete save
-    (weights, step, optimizer and RNG states of the same step), whenever the run is killed."""
-    ckpt, new, old = _checkpoint_dirs(out_dir)
-    _settle_checkpoint(out_dir)
-    drafter.save_pretrained(new)
-    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "sample_rng": rng.getstate()},
-               new / "trainer.pt")
-    if ckpt.exists():
-        ckpt.rename(old)
-    new.rename(ckpt)
-    if old.exists():
-        shutil.rmtree(old)
+def _load_checkpoint(drafter, accelerator, out_dir: Path) -> int:
+    """The step to continue from (0 without a checkpoint); `settle` first."""
+    from accelerate.utils import OPTIMIZER_NAME
 
-
-def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
-    """The step to continue from (0 without a checkpoint); `_settle_checkpoint` first."""
     ckpt = _checkpoint_dirs(out_dir)[0]
-    if not (ckpt / "trainer.pt").is_file():
+    if not (ckpt / META).is_file():
         return 0
+    if not (ckpt / f"{OPTIMIZER_NAME}.bin").is_file():  # trainer.pt held the states
+        raise ResumeError(f"resume: the checkpoint in {ckpt} is of an earlier mmspec (its "
+                          f"states in {META}, not accelerate's files): it cannot be resumed; "
+                          f"finish it with the mmspec that wrote it, or delete it")
     try:
         loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as err:  # its "path:"/"target:" name no flag here
@@ -543,11 +550,8 @@ def _load_checkpoint(drafter, opt, sched, rng, out_dir: Path) -> int:
         raise ResumeError(f"resume: the checkpoint in {ckpt} holds a drafter with "
                          f"{'; '.join(differ)}: resume it with the settings it was started with")
     drafter.load_state_dict(loaded.state_dict())
-    state = torch.load(ckpt / "trainer.pt", weights_only=True)
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    rng.setstate(state["sample_rng"])
-    return int(state["step"])
+    accelerator.load_state(str(ckpt))
+    return int(torch.load(ckpt / META, weights_only=True)["step"])
 
 
 # --- command line ---

@@ -4,9 +4,10 @@ diffusion drafter, on the Python standard library's source.
     python -m mmspec.zoo.train_text tokenizer
     python -m mmspec.zoo.train_text text-target      # then text-drafter, then text-dlm
 
-Seeded and resumable: model, optimizer and step go to `out/zoo/<name>/ckpt.pt` every
-`--save-every-s` seconds, and a rerun of the same command continues from there (batches are drawn
-from a generator seeded by the step, so a resumed run sees the same data). At the end the weights
+Seeded and resumable (`mmspec.train_scaffold`): model, optimizer, scheduler and step go to the
+folder `out/zoo/<name>/ckpt/` every `--save-every-s` seconds, and a rerun of the same command
+continues from there (batches are drawn from a generator seeded by the step, so a resumed run
+sees the same data). At the end the weights
 are written as fp16 safetensors to `assets/zoo/<name>/` (`--assets DIR`: `DIR/<name>/`, e.g. a
 candidate for `benchmarks/dlm_compare.py --candidate DIR`) with config.json, the tokenizer and a
 card whose held-out figures are measured on the shipped fp16 weights. The entry is staged beside
@@ -18,10 +19,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import math
 import os
 import platform
-import shlex
 import shutil
 import sys
 import time
@@ -29,12 +28,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from tqdm import tqdm
 from transformers import Qwen2ForCausalLM
 
-from mmspec.atomic import save_atomic
 from mmspec.interrupt import run_command
-from mmspec.zoo.steps import Steps
+from mmspec.train_scaffold import (TrainLoop, command, cosine_schedule, read_meta,
+                                   refuse_old_format, refuse_other_run, refuse_past_steps,
+                                   run_refusals_as_exit)
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
@@ -45,6 +44,8 @@ from mmspec.zoo.objectives import causal_lm_loss, masked_diffusion_loss, masked_
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
+
+MODULE = "mmspec.zoo.train_text"  # the `python -m` name a card records
 
 TOKENIZER_DIR = ZOO_DIR / "text-tokenizer"
 EVAL_WINDOWS = 16  # the fixed held-out slice the card reports and tests/zoo re-measures
@@ -101,57 +102,10 @@ def staged_export(out_dir: Path):
     shutil.rmtree(work)
 
 
-class RunRefused(ValueError):
-    """A recipe will not resume a checkpoint (another run's, or past --steps): its main prints
-    the message as one line."""
-
-
-class RunExists(FileExistsError):
-    """A checkpoint is in the way of a run without --resume: its main prints one line."""
-
-
-def run_refusals_as_exit(cmd, *args, refusals=()) -> None:
-    """`cmd(*args)`, with a refusal to resume or overwrite a run (RunRefused, RunExists and the
-    types in `refusals`) printed as one line (exit 1)."""
-    try:
-        cmd(*args)
-    except (RunRefused, RunExists, *refusals) as err:
-        raise SystemExit(str(err)) from None
-
-
-def refuse_other_run(ckpt: dict, run: dict, ckpt_path: Path, fix: str = "") -> None:
-    """ValueError when checkpoint `ckpt` was saved by a run of other settings than `run` (a
-    checkpoint from before the settings were recorded passes)."""
-    if ckpt.get("run", run) != run:
-        keys = list(run) + [key for key in ckpt["run"] if key not in run]
-        differ = "; ".join(f"--{key.replace('_', '-')} {ckpt['run'].get(key)!r} there, "
-                           f"{run.get(key)!r} here" for key in keys
-                           if ckpt["run"].get(key) != run.get(key))
-        raise RunRefused(f"{ckpt_path} is another run's checkpoint ({differ}): resuming it "
-                         f"would train that run and label it as this one; {fix}delete it or "
-                         f"pass another --out")
-
-
-def refuse_past_steps(done: int, steps: int, ckpt_path: Path) -> None:
-    """ValueError when checkpoint `ckpt_path`, already at step `done`, is past this run's
-    `--steps`: the end would save it as `steps` and ship it so."""
-    if done > steps:
-        raise RunRefused(f"--steps {steps}: {ckpt_path} is already at step {done}; resuming it "
-                         f"would label weights trained {done} steps as {steps}; pass --steps "
-                         f"{done} or more, or delete it or pass another --out")
-
-
 def training_loss(spec: TextModelSpec, model, tokens, mask_token_id: int, generator):
     if spec.objective == "causal":
         return causal_lm_loss(model, tokens)
     return masked_diffusion_loss(model, tokens, mask_token_id, generator)
-
-
-def lr_at(spec: TextModelSpec, step: int) -> float:
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def make_optimizer(model, spec: TextModelSpec) -> torch.optim.AdamW:
@@ -250,7 +204,7 @@ def _tokenizer_card(out_dir: Path, tok, t0: float, args) -> None:
         "data": _data_card(),
         "heldout_bytes_per_token": round(held_bytes / held.numel(), 3),
         "wall_time_s": round(time.time() - t0, 3),
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     })
     print(f"tokenizer: {held_bytes / held.numel():.2f} bytes/token held out")
 
@@ -264,9 +218,6 @@ def _data_card() -> dict:
         "split": "sha1(relative path) % 50 == 0 is held out (mmspec/zoo/corpus.py)",
     }
 
-
-def _command(argv: list[str]) -> str:
-    return "python -m mmspec.zoo.train_text " + shlex.join(argv)
 
 
 def cmd_train(args) -> None:
@@ -292,38 +243,28 @@ def cmd_train(args) -> None:
         load_committed(model, committed_state(args.init_from), args.init_from, ("lm_head.weight",))
         model.tie_weights()
     opt = make_optimizer(model, spec)
-    ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
-    start, elapsed, losses = 0, 0.0, []
+    ckpt_path = Path(args.out) / spec.name / "ckpt"
     # what a checkpoint must share with this run to be resumed by it (--steps may grow)
     run = {key: getattr(args, key) for key in ("seed", "lr", "init_from", "distill",
                                                "distill_prefix", "distill_new",
                                                "distill_block_share")}
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=True)
-        refuse_other_run(ckpt, run, ckpt_path)
-        refuse_past_steps(ckpt["step"], spec.steps, ckpt_path)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
-        print(f"resumed {spec.name} at step {start} ({elapsed:.0f}s trained)")
+    refuse_old_format(ckpt_path.with_name("ckpt.pt"), ckpt_path)
+    loop = TrainLoop(model, opt, cosine_schedule(opt, spec.warmup, spec.steps), ckpt_path, run,
+                     args.save_every_s)
+    meta = read_meta(ckpt_path)
+    if meta is not None:
+        refuse_other_run(meta, run, ckpt_path)
+        refuse_past_steps(meta["step"], spec.steps, ckpt_path)
+        loop.resume(meta)
+        print(f"resumed {spec.name} at step {loop.done} ({loop.elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{spec.name}: {n_params / 1e6:.2f}M params, {train.numel()} train tokens")
 
-    def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
-        save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                     "elapsed": elapsed + time.time() - t0, "losses": losses, "run": run},
-                    ckpt_path)
-
     model.train()
-    t0 = time.time()
-    bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
-               mininterval=5, file=sys.stdout)
-    steps = Steps(start, losses, save, args.save_every_s)
+    bar = loop.steps(spec.steps, spec.name, mininterval=5)
     try:
         for step in bar:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(spec, step)
             if distill is None:
                 tokens = random_windows(train, spec.batch_size, spec.seq_len, gen)
                 loss = training_loss(spec, model, tokens, mask_id, gen)
@@ -332,12 +273,12 @@ def cmd_train(args) -> None:
                 loss = continuation_loss(spec.objective, model, distill[rows],
                                          args.distill_prefix, mask_id, gen,
                                          args.distill_block_share)
-            steps.update(model, opt, loss, step, bar)
+            loop.update(loss, step, bar)
     except KeyboardInterrupt:
-        raise steps.interrupted(spec.name, spec.steps, ckpt_path,
-                                "rerun the same command to resume") from None
-    save(spec.steps)
-    elapsed += time.time() - t0
+        raise loop.interrupted(spec.name, spec.steps,
+                               "rerun the same command to resume") from None
+    loop.finish()
+    losses, elapsed = loop.losses, loop.elapsed
     export(spec, model, tok, losses, elapsed, args, n_params, held, mask_id, held_continuations)
 
 
@@ -425,7 +366,7 @@ def _card(spec, tok, losses, elapsed, args, n_params, mask_id, results, size_mb)
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
         **_fine_tune_card(args),
     }
 

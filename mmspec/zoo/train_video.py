@@ -4,9 +4,10 @@
     python -m mmspec.zoo.train_video --steps 2 --micro --out /tmp/x --assets /tmp/zoo   # smoke
 
 Rectified flow matching in pixel space (see `video_model.py` for the choices). Seeded and
-resumable: transformer, optimizer, step and losses go to `out/zoo/video-dit/ckpt.pt` every
-`--save-every-s` seconds and at the end; `--resume` continues from there (the batch of step s is
-drawn from a generator seeded by s, so a resumed run sees the same data). At the end the weights
+resumable (`mmspec.train_scaffold`): transformer, optimizer, scheduler, step and losses go to the
+folder `out/zoo/video-dit/ckpt/` every `--save-every-s` seconds and at the end; `--resume`
+continues from there (the batch of step s is drawn from a generator seeded by s, so a resumed run
+sees the same data). At the end the weights
 are written as one fp16 `model.safetensors` (keys `transformer.*`, `text_encoder.*`) with the
 configs, the tokenizer and a card whose held-out loss is measured on the shipped fp16 weights,
 staged beside the entry folder and swapped in whole (`train_text.staged_export`).
@@ -16,27 +17,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import shlex
 import sys
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 
-from mmspec.atomic import save_atomic
 from mmspec.interrupt import run_command
-from mmspec.zoo.steps import Steps
+from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
+                                   refuse_old_format, refuse_other_run, run_refusals_as_exit)
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.registry import video_parts
-from mmspec.zoo.train_text import RunExists, refuse_other_run, run_refusals_as_exit, staged_export
+from mmspec.zoo.train_text import staged_export
 from mmspec.zoo.video_model import (
     VideoModelSpec,
     build_text_encoder,
@@ -44,6 +41,8 @@ from mmspec.zoo.video_model import (
     build_transformer,
     encode_prompts,
 )
+
+MODULE = "mmspec.zoo.train_video"  # the `python -m` name a card records
 
 NAME = "video-dit"
 EVAL_CLIPS = 16  # held-out clips HELDOUT_SEED + i the card reports and tests/zoo re-measures
@@ -99,16 +98,6 @@ def heldout_loss(transformer, tokenizer, text_encoder, spec: VideoModelSpec,
     return sum(losses) / clips
 
 
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def _command(argv) -> str:
-    return "python -m mmspec.zoo.train_video " + shlex.join(argv)
-
 
 def train(args) -> None:
     spec = MICRO if args.micro else SPEC
@@ -123,52 +112,41 @@ def train(args) -> None:
             load_committed(module, part, args.init_from, ("embed_tokens.weight",))  # UMT5 ties
     opt = torch.optim.AdamW(transformer.parameters(), lr=args.lr, betas=(0.9, 0.99),
                             weight_decay=0.01)
-    ckpt_path = Path(args.out) / NAME / "ckpt.pt"
-    start, elapsed, losses = 0, 0.0, []
+    ckpt_path = Path(args.out) / NAME / "ckpt"
     # what a checkpoint must share with this run to be resumed by it (--steps may grow): the
     # frozen text encoder is rebuilt from --seed, the data follow --seed and --batch
     run = {key: getattr(args, key) for key in ("seed", "lr", "batch", "warmup", "micro",
                                                "init_from")}
-    if args.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=True)
-        refuse_other_run(ckpt, run, ckpt_path, "resume with its settings, ")
-        transformer.load_state_dict(ckpt["transformer"])
-        opt.load_state_dict(ckpt["optimizer"])
-        start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
-        print(f"resumed {NAME} at step {start} ({elapsed:.0f}s trained)")
-    elif ckpt_path.exists():
-        raise RunExists(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
+    old_format = ckpt_path.with_name("ckpt.pt")
+    meta = read_meta(ckpt_path)
+    if not args.resume and (meta is not None or old_format.exists()):
+        raise RunExists(f"{ckpt_path if meta else old_format} exists: pass --resume to "
+                        f"continue it, or delete it")
+    refuse_old_format(old_format, ckpt_path)
+    loop = TrainLoop(transformer, opt, cosine_schedule(opt, args.warmup, args.steps), ckpt_path,
+                     run, args.save_every_s)
+    if meta is not None:
+        refuse_other_run(meta, run, ckpt_path, "resume with its settings, ")
+        loop.resume(meta)
+        print(f"resumed {NAME} at step {loop.done} ({loop.elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in transformer.parameters())
     print(f"{NAME}: {n_params / 1e6:.2f}M transformer params, grid "
           f"{(spec.frames, spec.height // 2, spec.width // 2)}, batch {args.batch}")
 
-    t0 = time.time()
-
-    def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
-        save_atomic({"transformer": transformer.state_dict(), "optimizer": opt.state_dict(),
-                     "step": step, "elapsed": elapsed + time.time() - t0, "losses": losses,
-                     "run": run}, ckpt_path)
-
     transformer.train()
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=NAME,
-               mininterval=10, file=sys.stdout)
-    steps = Steps(start, losses, save, args.save_every_s)
+    bar = loop.steps(args.steps, NAME)
     try:
         for step in bar:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
             videos, captions = training_batch(step, args.batch, spec, args.seed, gen)
             text = encode_prompts(tokenizer, text_encoder, captions)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
             loss = flow_matching_loss(transformer, videos, text, gen)
-            steps.update(transformer, opt, loss, step, bar, digits=4)
+            loop.update(loss, step, bar, digits=4)
     except KeyboardInterrupt:
-        again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
-        raise steps.interrupted(NAME, args.steps, ckpt_path,
-                                f"resume: {_command(again)}") from None
-    done = steps.done
-    save(done)
-    elapsed += time.time() - t0
+        raise loop.interrupted(NAME, args.steps,
+                               f"resume: {command(MODULE, args.argv, resume=True)}") from None
+    loop.finish()
+    losses, elapsed, done = loop.losses, loop.elapsed, loop.done
     export(spec, transformer, text_encoder, tokenizer, losses, elapsed, done, n_params, args)
 
 
@@ -242,7 +220,7 @@ def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             "seed": args.seed,
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
         **({"init_from": {"ref": args.init_from, "card": committed_card(args.init_from)}}
            if args.init_from else {}),
     }

@@ -28,10 +28,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import platform
-import shlex
 import shutil
 import sys
 import time
@@ -44,7 +42,9 @@ from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 from mmspec.atomic import save_atomic, write_text_atomic
 from mmspec.decoding.settings import eos_ids
 from mmspec.interrupt import run_command
-from mmspec.zoo.steps import Steps
+from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
+                                   refuse_old_format, refuse_other_run, refuse_past_steps,
+                                   run_refusals_as_exit, saved_model_state)
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
     AnswerCache,
@@ -71,8 +71,7 @@ from mmspec.zoo.scenes import (
     question_answer,
     render_scene,
 )
-from mmspec.zoo.train_text import (RunExists, refuse_other_run, refuse_past_steps,
-                                   run_refusals_as_exit, staged_export)
+from mmspec.zoo.train_text import staged_export
 from mmspec.zoo.vlm_data import (
     answer_loss,
     heldout_seeds,
@@ -83,6 +82,8 @@ from mmspec.zoo.vlm_data import (
 )
 from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
 from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
+
+MODULE = "mmspec.zoo.train_vlm"  # the `python -m` name a card records
 
 PROCESSOR_DIR = ZOO_DIR / "vlm-processor"
 TOKENIZER_SEEDS = range(20_000)
@@ -98,9 +99,6 @@ DATA_CARD = {
     "split": f"scene seeds < {HELDOUT_START} train, >= {HELDOUT_START} held out",
 }
 
-
-def _command(argv: list[str]) -> str:
-    return "python -m mmspec.zoo.train_vlm " + shlex.join(argv)
 
 
 def _machine(args) -> dict:
@@ -155,7 +153,7 @@ def _processor_card(out_dir: Path, tok, t0: float, args) -> None:
                            "eos": tok.eos_token_id, "image": tok.convert_tokens_to_ids("<image>")},
         "data": {**DATA_CARD, "tokenizer_seeds": f"{TOKENIZER_SEEDS.start}-{TOKENIZER_SEEDS.stop}"},
         "wall_time_s": round(time.time() - t0, 3),
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     })
 
 
@@ -283,13 +281,6 @@ def _is_vision(name: str) -> bool:
     return "vision_tower" in name or "multi_modal_projector" in name
 
 
-def lr_at(spec: VLMSpec, step: int) -> float:
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 @torch.no_grad()
 def heldout_loss(model, processor, with_images: bool, n: int) -> float:
     """Answer-token cross-entropy (nats/token) over the first `n` held-out scenes."""
@@ -347,19 +338,22 @@ def cmd_train(args) -> None:
     processor = load_processor(args.processor or processor_dir(args.zoo))
     processor.patch_size = spec.patch_size  # <image> expands to this spec's number of patches
     with_images = spec.vision_layers > 0
-    ckpt_path = Path(args.out) / spec.name / "ckpt.pt"
-    if ckpt_path.exists() and not args.resume:  # as train_video: never overwrite a run's state
-        raise RunExists(f"{ckpt_path} exists: pass --resume to continue it, or delete it")
+    ckpt_path = Path(args.out) / spec.name / "ckpt"
+    old_format = ckpt_path.with_name("ckpt.pt")
+    meta = read_meta(ckpt_path)
+    if not args.resume and (meta is not None or old_format.exists()):
+        # as train_video: never overwrite a run's state
+        raise RunExists(f"{ckpt_path if meta else old_format} exists: pass --resume to "
+                        f"continue it, or delete it")
     run = {"seed": args.seed}  # what a resumed checkpoint must share (--steps may grow)
-    ckpt = torch.load(ckpt_path, weights_only=True) if args.resume and ckpt_path.exists() else None
-    if ckpt is not None:  # refused before anything is built or trained
-        refuse_other_run(ckpt, run, ckpt_path, "resume with its settings, ")
-        refuse_past_steps(ckpt["step"], spec.steps, ckpt_path)
-        refuse_other_vocab(ckpt["model"], processor.tokenizer, str(ckpt_path))
+    refuse_old_format(old_format, ckpt_path)
+    if meta is not None:  # refused before anything is built or trained
+        refuse_other_run(meta, run, ckpt_path, "resume with its settings, ")
+        refuse_past_steps(meta["step"], spec.steps, ckpt_path)
+        refuse_other_vocab(saved_model_state(ckpt_path), processor.tokenizer, str(ckpt_path))
     model = build_model(spec, processor.tokenizer)
-    start, elapsed, losses = 0, 0.0, []
     vision_pretrain = {}
-    if spec.vision_pretrain_steps and ckpt is None:
+    if spec.vision_pretrain_steps and meta is None:
         t_vision = time.time()
         vision_pretrain = pretrain_vision(model, spec, processor, ckpt_path.parent, args.resume,
                                           args.save_every_s)
@@ -367,26 +361,23 @@ def cmd_train(args) -> None:
     if spec.freeze_vision:  # pre-trained above, then fixed: not in the optimizer
         model.model.vision_tower.requires_grad_(False)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    # each group's peak rate; the schedule scales them alike
     opt = torch.optim.AdamW([
         {"params": [p for n, p in named if p.ndim >= 2 and _is_vision(n) == vision],
-         "weight_decay": 0.1, "lr_mult": spec.vision_lr_mult if vision else 1.0}
+         "weight_decay": 0.1, "lr": spec.lr * (spec.vision_lr_mult if vision else 1.0)}
         for vision in (False, True)] + [
         {"params": [p for n, p in named if p.ndim < 2 and _is_vision(n) == vision],
-         "weight_decay": 0.0, "lr_mult": spec.vision_lr_mult if vision else 1.0}
+         "weight_decay": 0.0, "lr": spec.lr * (spec.vision_lr_mult if vision else 1.0)}
         for vision in (False, True)], lr=spec.lr, betas=(0.9, 0.95))
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        start, elapsed, losses = ckpt["step"], ckpt["elapsed"], ckpt["losses"]
-        vision_pretrain = ckpt.get("vision_pretrain", {})
-        print(f"resumed {spec.name} at step {start} ({elapsed:.0f}s trained)")
+    loop = TrainLoop(model, opt, cosine_schedule(opt, spec.warmup, spec.steps), ckpt_path, run,
+                     args.save_every_s)
+    loop.extra["vision_pretrain"] = vision_pretrain
+    if meta is not None:
+        loop.resume(meta)
+        vision_pretrain = loop.extra.get("vision_pretrain", {})
+        print(f"resumed {spec.name} at step {loop.done} ({loop.elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{spec.name}: {n_params / 1e6:.2f}M params")
-
-    def save(step):  # atomic: a kill mid-save keeps the previous checkpoint
-        save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                     "elapsed": elapsed + time.time() - t0, "losses": losses,
-                     "vision_pretrain": vision_pretrain, "run": run}, ckpt_path)
 
     aux = None
     if spec.image_word_loss:  # the projector's output is caught in the forward, not recomputed
@@ -397,28 +388,22 @@ def cmd_train(args) -> None:
     model.train()
     if spec.freeze_vision:
         model.model.vision_tower.eval()
-    t0 = time.time()
-    bar = tqdm(range(start, spec.steps), initial=start, total=spec.steps, desc=spec.name,
-               mininterval=10, file=sys.stdout)
-    steps = Steps(start, losses, save, args.save_every_s)
+    bar = loop.steps(spec.steps, spec.name)
     try:
         for step in bar:
             batch = scene_batch(processor, train_seeds(step, spec.batch_size, args.seed),
                                 spec.describe_share, spec.colour_share,
                                 patch=spec.patch_size if aux else None)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(spec, step) * group["lr_mult"]
             loss = answer_loss(model, batch, with_images, spec.per_answer_loss)
             if aux:
                 loss = loss + spec.image_word_loss * image_word_loss(
                     model.lm_head, aux.pop("features"), batch, aux["colours"], aux["kinds"])
-            steps.update(model, opt, loss, step, bar)
+            loop.update(loss, step, bar)
     except KeyboardInterrupt:
-        again = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
-        raise steps.interrupted(spec.name, spec.steps, ckpt_path,
-                                f"resume: {_command(again)}") from None
-    save(spec.steps)
-    elapsed += time.time() - t0
+        raise loop.interrupted(spec.name, spec.steps,
+                               f"resume: {command(MODULE, args.argv, resume=True)}") from None
+    loop.finish()
+    losses, elapsed = loop.losses, loop.elapsed
     export_model(spec, model, processor, losses, elapsed, args, n_params, vision_pretrain)
 
 
@@ -492,7 +477,7 @@ def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, 
             "wall_time_s": round(elapsed, 3),
             **_machine(args),
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     }
     if spec.init_from:  # a fine-tune: say what it started from, with that model's own card
         card["init_from"] = {"ref": spec.init_from, "card": committed_card(spec.init_from)}
@@ -667,7 +652,7 @@ def _drafter_card(spec: DrafterSpec, shipped, losses, cfg, elapsed, answers_s, a
                               "only its own part)",
             **_machine(args),
         },
-        "command": _command(args.argv),
+        "command": command(MODULE, args.argv),
     }
 
 
@@ -697,13 +682,9 @@ def main(argv=None) -> None:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.model == "tokenizer":
         cmd_tokenizer(args)
-    elif isinstance(SPECS[args.model], DrafterSpec):
-        # mmspec.vision.train's own refusals too: it trains the drafter
-        from mmspec.vision.train import ResumeError, RunExists as DrafterRunExists
-
-        run_refusals_as_exit(cmd_drafter, args, refusals=(ResumeError, DrafterRunExists))
-    else:
-        run_refusals_as_exit(cmd_train, args)
+    else:  # mmspec.vision.train's refusals (ResumeError) are the scaffold's too
+        run_refusals_as_exit(cmd_drafter if isinstance(SPECS[args.model], DrafterSpec)
+                             else cmd_train, args)
 
 
 if __name__ == "__main__":

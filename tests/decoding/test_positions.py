@@ -46,3 +46,10 @@ def test_qwen2_5_vl_verification_positions_match_get_rope_index():
                 assert pos[1, 0, node] == full[0, 0, slot + depth]
                 assert pos[1, 0, node - 1] == pos[1, 0, node]  # siblings share a position
         assert slot >= start
+
+
+def test_the_unused_next_position_ids_is_gone():
+    # tree positions come from the prefill's (`prefill_position_ids`); nothing called it
+    from mmspec.decoding import positions
+
+    assert not hasattr(positions, "next_position_ids")

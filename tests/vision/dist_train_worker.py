@@ -25,8 +25,9 @@ HELD_OUT = (4, 5, 6)
 
 
 if __name__ == "__main__":
-    PartialState()  # joins torchrun's process group, as `python -m mmspec.vision.train` does
-    rank = torch.distributed.get_rank()  # (PartialState counts CPU processes as one)
+    # joins torchrun's process group, as `python -m mmspec.vision.train` does (cpu=True: else
+    # accelerate counts CPU processes as one)
+    rank = PartialState(cpu=not torch.cuda.is_available()).process_index
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
     target = no_eos(tiny_llava())

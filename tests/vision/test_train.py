@@ -11,6 +11,7 @@ from PIL import Image
 from tiny_vlms import llava_prompt, no_eos, tiny_llava, tiny_llava_processor
 from transformers import AutoModelForImageTextToText
 
+from mmspec.train_scaffold import linear_schedule
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision import train as train_mod
 from mmspec.vision.train import (
@@ -94,8 +95,8 @@ def test_a_step_without_images_steps_the_adaptor_as_several_processes_do(tmp_pat
     drafter = _fresh(llava)
     before = {k: v.clone() for k, v in drafter.adaptor.state_dict().items()}
     train(drafter, llava, text, TrainConfig(**{**CFG.__dict__, "steps": 2}), out_dir=tmp_path)
-    trainer = torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)
-    steps = [int(s["step"]) for s in trainer["optimizer"]["state"].values()]
+    optimizer = torch.load(tmp_path / "checkpoint" / "optimizer.bin", weights_only=True)
+    steps = [int(s["step"]) for s in optimizer["state"].values()]
     assert steps == [2] * len(list(drafter.parameters()))
     after = drafter.adaptor.state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in ("queries", "k_proj.weight"))
@@ -158,13 +159,23 @@ def test_resume_with_a_bf16_target_keeps_fp32_master_weights(tmp_path, samples):
     train(drafter, target, samples, cfg, out_dir=tmp_path)
     saved = ViSpecDrafter.from_pretrained(tmp_path / "checkpoint", target, dtype=torch.float32)
     resumed = _fresh(target).float()
-    opt = torch.optim.AdamW(resumed.parameters())
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    train_mod._load_checkpoint(resumed, opt, sched, __import__("random").Random(0), tmp_path)
+    train_mod._load_checkpoint(resumed, _accelerator_with_states(resumed), tmp_path)
     a, b = saved.state_dict(), resumed.state_dict()
     assert a["head.fc.weight"].dtype == torch.float32
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], a[k].bfloat16().float()) for k in a)  # fp32 detail kept
+
+
+def _accelerator_with_states(drafter):
+    """An accelerator holding what `train` registers (optimizer, scheduler, sample stream), to
+    load a checkpoint into."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
+    opt = torch.optim.AdamW(drafter.parameters())
+    accelerator.prepare(opt, linear_schedule(opt, 1, 4))
+    accelerator.register_for_checkpointing(train_mod._SampleStream(__import__("random").Random(0)))
+    return accelerator
 
 
 def test_answer_cache_knows_the_image_and_the_length(tmp_path, llava, samples):
@@ -337,7 +348,13 @@ def test_command_line_warm_up_never_outlasts_the_run(cli_files, main_train, caps
     main([*cli_files, "--steps", "10"])
     cfg = main_train["cfg"]
     assert cfg.warmup_steps == 10
-    assert max(map(train_mod._schedule(cfg), range(cfg.steps))) == 1.0
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched, rates = linear_schedule(opt, cfg.warmup_steps, cfg.steps), []
+    for _ in range(cfg.steps):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert max(rates) == 1.0
     main([*cli_files, "--steps", "300"])
     assert main_train["cfg"].warmup_steps == TrainConfig.warmup_steps  # 100, the default
     main([*cli_files, "--steps", "10", "--warmup-steps", "4"])
@@ -511,3 +528,17 @@ def test_command_line_mistakes_are_messages(cli_files, tmp_path, capsys):
         main([*cli_files[:4], "--out", str(tmp_path / "o"), "--tv-weight", "0",
               "--feature-weight", "0", "--rank-weight", "0"])
     assert "--feature-weight" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_the_old_format_is_refused_in_one_line(tmp_path, llava, samples):
+    # its optimizer, scheduler and sample stream were in trainer.pt; now they are accelerate's
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 2})
+    train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    for state in ckpt.glob("*.bin"):
+        state.unlink()
+    torch.save({"step": 2, "optimizer": {}, "scheduler": {}, "sample_rng": None},
+               ckpt / "trainer.pt")
+    with pytest.raises(train_mod.ResumeError, match=r"^resume: the checkpoint in .*checkpoint is "
+                                                    r"of an earlier mmspec .*cannot be resumed"):
+        train(_fresh(llava), llava, samples, cfg, out_dir=tmp_path, resume=True)

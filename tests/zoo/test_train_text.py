@@ -44,9 +44,9 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_zoo, monkeypatch, interru
     assert run_command(train_text.main, ["tiny-ar", "--out", str(out), "--save-every-s",
                                          "1e9"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"interrupted: tiny-ar saved at step 3 of 6 in {out / 'tiny-ar' / 'ckpt.pt'}; rerun the "
+        f"interrupted: tiny-ar saved at step 3 of 6 in {out / 'tiny-ar' / 'ckpt'}; rerun the "
         f"same command to resume")
-    assert torch.load(out / "tiny-ar" / "ckpt.pt", weights_only=False)["step"] == 3
+    assert torch.load(out / "tiny-ar" / "ckpt" / "trainer.pt", weights_only=True)["step"] == 3
     monkeypatch.setattr(train_text, "training_loss", real_loss)
     resumed = _run(tiny_zoo, "tiny-ar", "b")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -177,10 +177,11 @@ def test_a_checkpoint_past_steps_is_refused(tiny_zoo):
     # under a card saying 3 steps; a later 6-step run then trained steps 3..5 a second time
     _run(tiny_zoo, "tiny-ar", "a")
     entry = _entry_bytes(tiny_zoo / "zoo" / "tiny-ar")
-    with pytest.raises(SystemExit, match=r"--steps 3: .*ckpt.pt is already at step 6; .*pass "
+    with pytest.raises(SystemExit, match=r"--steps 3: .*ckpt is already at step 6; .*pass "
                                          r"--steps 6 or more"):
         train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "3"])
-    assert torch.load(tiny_zoo / "a" / "tiny-ar" / "ckpt.pt", weights_only=True)["step"] == 6
+    assert torch.load(tiny_zoo / "a" / "tiny-ar" / "ckpt" / "trainer.pt",
+                      weights_only=True)["step"] == 6
     assert _entry_bytes(tiny_zoo / "zoo" / "tiny-ar") == entry
     train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a"), "--steps", "6"])  # same: exports
 
@@ -297,3 +298,15 @@ def test_the_tokenizer_goes_to_assets_staged_and_another_one_is_not_overwritten(
                                          r"this corpus gives 4096"):
         train_text.main(["tokenizer"])
     assert (out / "tokenizer.json").read_bytes() == before
+
+
+def test_a_checkpoint_of_the_old_one_file_format_is_refused_in_one_line(tiny_zoo):
+    # checkpoints are accelerate state folders now: an earlier mmspec's ckpt.pt cannot resume
+    old = tiny_zoo / "a" / "tiny-ar" / "ckpt.pt"
+    old.parent.mkdir(parents=True)
+    torch.save({"model": {}, "optimizer": {}, "step": 2, "elapsed": 1.0, "losses": [1.0, 1.0]},
+               old)
+    with pytest.raises(SystemExit, match=r"ckpt.pt is a checkpoint of an earlier mmspec .*"
+                                         r"cannot be resumed; finish it with the mmspec that "
+                                         r"wrote it, or delete it to start over$"):
+        train_text.main(["tiny-ar", "--out", str(tiny_zoo / "a")])

@@ -190,11 +190,11 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, in
     argv = ["--micro", "--steps", "3", "--batch", "2", "--save-every-s", "1e9", "--out",
             str(tmp_path / "b"), "--assets", str(tmp_path / "zoo-b")]
     assert run_command(train_video.main, argv) == 130  # no timed save: the interrupt saves
-    ckpt = tmp_path / "b" / "video-dit" / "ckpt.pt"
+    ckpt = tmp_path / "b" / "video-dit" / "ckpt"
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"interrupted: video-dit saved at step 2 of 3 in {ckpt}; resume: python -m "
         f"mmspec.zoo.train_video {shlex.join(argv)} --resume")
-    assert torch.load(ckpt, weights_only=True)["step"] == 2
+    assert torch.load(ckpt / "trainer.pt", weights_only=True)["step"] == 2
     monkeypatch.setattr(train_video, "flow_matching_loss", real_loss)
     with pytest.raises(SystemExit, match="--resume"):
         run("b")

@@ -213,11 +213,11 @@ def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch,
     argv = ["vlm-micro", "--out", str(tmp_path / "b"), "--zoo", str(tmp_path / "zoo"),
             "--save-every-s", "1e9"]
     assert run_command(train_vlm.main, argv) == 130  # no timed save: the interrupt saves
-    ckpt = tmp_path / "b" / "vlm-micro" / "ckpt.pt"
+    ckpt = tmp_path / "b" / "vlm-micro" / "ckpt"
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"interrupted: vlm-micro saved at step 2 of 4 in {ckpt}; resume: python -m "
         f"mmspec.zoo.train_vlm {shlex.join(argv)} --resume")
-    assert torch.load(ckpt, weights_only=False)["step"] == 2
+    assert torch.load(ckpt / "trainer.pt", weights_only=True)["step"] == 2
     monkeypatch.setattr(train_vlm, "answer_loss", real_loss)
     resumed = _run(tmp_path, "b", "--resume")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -244,14 +244,15 @@ def test_a_checkpoint_of_another_seed_or_past_steps_is_not_resumed(tmp_path, mon
     _micro(monkeypatch)
     _run(tmp_path, "a")
     entry = _entry_bytes(tmp_path / "zoo" / "vlm-micro")
-    with pytest.raises(SystemExit, match=r"--steps 2: .*ckpt.pt is already at step 4; .*pass "
+    with pytest.raises(SystemExit, match=r"--steps 2: .*ckpt is already at step 4; .*pass "
                                          r"--steps 4 or more"):
         _run(tmp_path, "a", "--resume", "--steps", "2")
-    with pytest.raises(SystemExit, match=r"ckpt.pt is another run.s checkpoint \(--seed 0 there, "
+    with pytest.raises(SystemExit, match=r"ckpt is another run.s checkpoint \(--seed 0 there, "
                                          r"7 here\): .*resume with its settings"):
         _run(tmp_path, "a", "--resume", "--seed", "7")
     assert _entry_bytes(tmp_path / "zoo" / "vlm-micro") == entry
-    assert torch.load(tmp_path / "a" / "vlm-micro" / "ckpt.pt", weights_only=True)["step"] == 4
+    assert torch.load(tmp_path / "a" / "vlm-micro" / "ckpt" / "trainer.pt",
+                      weights_only=True)["step"] == 4
     _run(tmp_path, "a", "--resume")  # its own settings: resumed (and exported again)
 
 
@@ -323,7 +324,7 @@ def test_training_reads_the_zoo_processor_and_refuses_another_vocabulary(tmp_pat
     config = json.loads((tmp_path / "zoo" / "vlm-micro" / "config.json").read_text())
     assert config["text_config"]["vocab_size"] == 512
     with pytest.raises(ValueError, match=r"--processor .*assets/zoo/vlm-processor: a vocabulary "
-                                         r"of 511 tokens, but .*ckpt.pt embeds 512"):
+                                         r"of 511 tokens, but .*ckpt embeds 512"):
         _run(tmp_path, "a", "--resume", "--processor", str(train_vlm.PROCESSOR_DIR))
 
 
