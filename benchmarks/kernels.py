@@ -213,7 +213,7 @@ def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05
                                "dense": {c: t * 1e3 for c, t in dense.items()},
                                "backends_ms": {b: t * 1e3 for b, t in times.items()}})
                 print("  " + " | ".join(str(c) for c in row), flush=True)
-        del q, k, v
+        q = k = v = None  # free their GPU memory before the next head dim
     header = ["D", "mask", "density asked (kept blocks)", "best dense (ms)"]
     for backend in backends:
         header += [f"{backend} (ms)", f"{backend} vs best dense"]
