@@ -16,6 +16,8 @@ import torch
 
 from mmspec.zoo.paths import ZOO_DIR, positive_int
 
+from demos.ports import check_port
+
 CSS = """
 .tok { border-radius: 3px; padding: 0 1px; }
 .tok-prompt { color: #777; }
@@ -41,6 +43,7 @@ def serve(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool
 
 
 def run(build_app, args: argparse.Namespace, **build_kwargs) -> None:
+    check_port(args.host, args.port)  # before the models load, not after
     torch.set_num_threads(args.threads)
     app = build_app(**build_kwargs)
     serve(app, args.host, args.port)
