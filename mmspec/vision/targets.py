@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from mmspec.decoding.admission import UnsupportedTarget
+
+class UnsupportedTargetClass(UnsupportedTarget, TypeError):
+    """A target class ViSpec has no adapter for (a TypeError too, as it always was)."""
+
+
 SUPPORTED = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
              "Qwen2_5_VLForConditionalGeneration")
 
@@ -156,7 +162,8 @@ _ADAPTERS = {"LlavaForConditionalGeneration": TargetAdapter,
 def adapter_for(target) -> TargetAdapter:
     name = type(target).__name__
     if name not in _ADAPTERS:
-        raise TypeError(f"target: unsupported class {name}; ViSpec supports {', '.join(SUPPORTED)}")
+        raise UnsupportedTargetClass(
+            f"target: unsupported class {name}; ViSpec supports {', '.join(SUPPORTED)}")
     return _ADAPTERS[name](target)
 
 
