@@ -13,6 +13,11 @@ layers only (cross-attention stays dense) and registers hooks:
   or with `permute_once=False`, or where frames are not whole tiles (padding slots would travel
   through every block), each sparse layer reorders with cached index tensors.
 
+diffusers' Ulysses context parallelism (`enable_parallelism`, before or after applying): the
+sparse layers run as the attention op inside diffusers' all-to-all, on the whole sequence for the
+rank's heads, reordering per layer (`ulysses.py`); the post-forward hook averages the densities
+and calibrations over the ranks. Ring attention is refused.
+
 Deliberate differences from the official code: no patched model code; the step comes from a hook,
 not from a `current_timestep` argument threaded through the model; the achieved density is
 recorded per step and layer (`DraftAttentionState.records`, or an `on_density` callback).
@@ -472,7 +477,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
         on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
             `[B, H, nQueryTiles, nTiles]` (tile order, before block selection; square without
             `config.query_tile`) of every call that goes
-            through DraftAttention (the sparse layers of sparse steps).
+            through DraftAttention (the sparse layers of sparse steps). Under Ulysses context
+            parallelism each rank's map holds its own heads, `[B, H/N, ...]`.
 
     Returns:
         The `DraftAttentionState` of the transformer: `.records`, `.density_by_step()`,
