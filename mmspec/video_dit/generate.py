@@ -39,6 +39,7 @@ from mmspec.zoo.paths import model_path, positive_int, zoo_kind
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
 from .tiles import TileTooLarge
+from .ulysses import ulysses_config
 from .video_io import to_uint8, write_mp4
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -334,6 +335,13 @@ def enable_context_parallel(pipe, mesh) -> None:
         with _one_device_per_cpu_process(mesh):
             model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree,
                                                                   mesh=mesh))
+
+
+def ulysses_degree(pipe) -> int:
+    """The Ulysses degree `pipe`'s transformer runs with, read from the model (1: none)."""
+    config = getattr(getattr(pipe, "transformer", None), "_parallel_config", None)
+    context = ulysses_config(config)
+    return 1 if context is None else context.ulysses_degree
 
 
 @contextmanager
@@ -639,7 +647,7 @@ def main(argv=None) -> int:
                 "density": result["density"], "frames": int(frames.shape[0]),
                 "height": int(frames.shape[1]), "width": int(frames.shape[2]),
                 "device": str(dist.device), "process": dist.process_index,
-                "processes": dist.num_processes, "context_parallel": degree,
+                "processes": dist.num_processes, "context_parallel": ulysses_degree(pipe),
                 "dtype": args.dtype, "torch": torch.__version__,
                 "compile": args.compile,  # the first prompt compiled in its first steps
                 "cpu_offload": args.cpu_offload,

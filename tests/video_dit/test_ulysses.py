@@ -1,37 +1,50 @@
 """DraftAttention under diffusers' Ulysses context parallelism (`mmspec/video_dit/ulysses.py`):
 two gloo processes on the CPU give the single process's output and densities."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention
+from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, generate
 from mmspec.video_dit.ulysses import _from_model_order, _to_model_order
 
-from .tiny import tiny_cogvideox, tiny_wan
-from .ulysses_worker import CASES, run_case
+from .tiny import tiny_cogvideox, tiny_wan, tiny_wan_pipeline
+from .ulysses_worker import CASES, GENERATE_ARGS, run_case
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
+def pipeline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_wan")
+    tiny_wan_pipeline().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, pipeline):
     out = tmp_path_factory.mktemp("ulysses")
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "tests.video_dit.ulysses_worker", str(out)],
+         "-m", "tests.video_dit.ulysses_worker", str(out), str(pipeline)],
         capture_output=True, text=True, timeout=400, cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
-    return out
+    # the transformers went parallel (diffusers warns; one process alone would wait forever in
+    # the other's all-to-all)
+    assert "`enable_parallelism` is an experimental feature" in run.stderr
+    return out, run.stdout
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_ranks_give_the_single_process_output(two_processes, name):
+    two_processes, _ = two_processes
     torch.set_num_threads(1)
     single = run_case(name, None)
     assert single["densities"][-1] < 1.0  # the second forward is sparse
@@ -43,6 +56,26 @@ def test_two_ranks_give_the_single_process_output(two_processes, name):
         assert ranked["densities"] == pytest.approx(single["densities"], abs=1e-6)
         assert ranked["mean_density"] == pytest.approx(single["mean_density"], abs=1e-6)
         assert ranked["sparsity"] == pytest.approx(single["sparsity"], abs=1e-6)
+
+
+def test_generate_context_parallel_makes_the_single_process_video(two_processes, pipeline,
+                                                                  tmp_path):
+    """`generate --context-parallel 2`: the two processes make the video together (Ulysses), the
+    first writes it, and it is the single process's video."""
+    from PIL import Image
+
+    two_processes, printed = two_processes
+    together, alone = two_processes / "video", tmp_path / "alone"
+    assert printed.count("1 of 1 videos in") == 1
+    assert generate.main(["--model", str(pipeline), "--prompts", str(two_processes / "prompts.txt"),
+                          "--out", str(alone), *GENERATE_ARGS]) == 0
+    assert sorted(p.name for p in together.iterdir()) == ["0000.json", "0000.mp4", "0000.png"]
+    meta, single = (json.loads((d / "0000.json").read_text()) for d in (together, alone))
+    assert (meta["process"], meta["processes"], meta["context_parallel"]) == (0, 2, 2)
+    assert meta["density"]["by_step"] == pytest.approx(single["density"]["by_step"], abs=1e-6)
+    assert meta["density"]["by_step"]["2"] < 1.0
+    first = [np.asarray(Image.open(d / "0000.png"), dtype=int) for d in (together, alone)]
+    assert np.abs(first[0] - first[1]).max() <= 1  # fp32 sums in another order, then uint8
 
 
 @pytest.mark.parametrize("text_first", [False, True])

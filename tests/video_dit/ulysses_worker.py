@@ -2,11 +2,14 @@
 under diffusers' Ulysses context parallelism (`enable_parallelism`), gloo on the CPU.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \
-        -m tests.video_dit.ulysses_worker OUT
+        -m tests.video_dit.ulysses_worker OUT PIPELINE
 
 Each case runs two transformer forwards (a dense warm-up step, then a sparse one) and every
 rank saves its outputs and densities to OUT/{case}-rank{r}.pt. The test runs the same cases in
-one process (`run_case(name, None)`) and compares.
+one process (`run_case(name, None)`) and compares. Then the batch script makes one video of the
+Wan `PIPELINE` folder across the two processes (`--context-parallel 2`, `GENERATE_ARGS`) into
+OUT/video, as `torchrun -m mmspec.video_dit.generate` would (one launch for both: each costs
+seconds of imports).
 """
 
 import sys
@@ -91,19 +94,31 @@ def run_case(name: str, mesh) -> dict:
             "sparsity": state.layer_sparsity()}
 
 
-def main(out: Path) -> None:
+GENERATE_ARGS = ["--steps", "3", "--height", "64", "--width", "64", "--frames", "5", "--dtype",
+                 "float32", "--tile", "2", "2", "--guidance", "2.0", "--sparsity", "0.5",
+                 "--dense-steps", "1"]
+
+
+def main(out: Path, pipeline: Path) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     # diffusers places rank r on accelerator r % device_count(), 0 on a CPU machine
-    torch.accelerator.device_count = lambda: 1
+    device_count, torch.accelerator.device_count = torch.accelerator.device_count, lambda: 1
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("ring", "ulysses"))
     for name in CASES:
         torch.save(run_case(name, mesh), out / f"{name}-rank{dist.get_rank()}.pt")
+    from mmspec.video_dit import generate
+
+    torch.accelerator.device_count = device_count  # the script deals with it itself
+
+    (out / "prompts.txt").write_text("a red cat\n")
+    generate.main(["--model", str(pipeline), "--prompts", str(out / "prompts.txt"), "--out",
+                   str(out / "video"), *GENERATE_ARGS, "--context-parallel", "2"])
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
