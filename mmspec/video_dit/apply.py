@@ -228,7 +228,7 @@ class DraftAttentionState(_DensityReport):
         self.layout = None
         self.allowed = None  # (bool [nQ, nT], count) where the model masks blocks, else None
         self.tiled = False
-        self.context_parallel = None  # diffusers' ContextParallelConfig (Ulysses), read per forward
+        self.context_parallel = None  # diffusers' ContextParallelConfig, read per forward
         self._last_timestep = None
         self._call_ended = False
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
@@ -291,7 +291,8 @@ class DraftAttentionState(_DensityReport):
         self.tiled = (self.config.permute_once and self.context_parallel is None
                       and self.num_layers > self.config.dense_layers
                       and not self.layout.has_padding
-                      and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+                      and (family.can_reorder is None
+                           or family.can_reorder(module, bound.arguments)))
         probe = self.probe_step()
         for processor in self.processors:  # read inside the blocks (see processors.py)
             processor.probe = probe and processor.layer >= self.config.dense_layers

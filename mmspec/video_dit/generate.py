@@ -329,8 +329,8 @@ def enable_context_parallel(pipe, mesh) -> None:
         if model is None:
             continue
         if getattr(model, "_cp_plan", None) is None:
-            raise SystemExit(f"--context-parallel {degree}: diffusers has no context-parallel plan "
-                             f"for {type(model).__name__} (its _cp_plan); split the prompts "
+            raise SystemExit(f"--context-parallel {degree}: diffusers has no context-parallel "
+                             f"plan for {type(model).__name__} (its _cp_plan); split the prompts "
                              f"across processes instead (no --context-parallel)")
         with _one_device_per_cpu_process(mesh):
             model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree,

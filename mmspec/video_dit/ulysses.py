@@ -39,8 +39,8 @@ def check_context_parallel(cp, model_name: str) -> None:
         return
     if cp.ring_degree > 1:
         raise NotImplementedError(
-            f"DraftAttention on a {model_name} with ring attention (ring_degree={cp.ring_degree}): "
-            f"each rank would see a shard of the keys, and the draft map needs them all; use "
+            f"DraftAttention on a {model_name} with ring attention "
+            f"(ring_degree={cp.ring_degree}): each rank would see a shard of the keys, and the draft map needs them all; use "
             f"Ulysses instead, ContextParallelConfig(ulysses_degree={cp.ring_degree})")
     if cp.ulysses_anything:
         raise NotImplementedError(
@@ -73,14 +73,16 @@ def _from_model_order(x: torch.Tensor, world: int, text_len: int, text_first: bo
 
 
 def _gather_key_valid(key_valid: torch.Tensor, group, world: int) -> torch.Tensor:
-    """bool `[B|1, S]` of this rank's tokens -> `[B|1, world * S]`, the ranks' one after another."""
+    """bool `[B|1, S]` of this rank's tokens -> `[B|1, world * S]`, the ranks' one after
+    another."""
     parts = [torch.empty_like(key_valid, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(parts, key_valid.to(torch.uint8).contiguous(), group=group)
     return torch.cat(parts, dim=1).bool()
 
 
-def ulysses_draft_attention(attend, q, k, v, parallel_config, *, text_len: int = 0, text_first: bool = False,
-                            key_valid: torch.Tensor | None = None, **kwargs):
+def ulysses_draft_attention(attend, q, k, v, parallel_config, *, text_len: int = 0,
+                            text_first: bool = False, key_valid: torch.Tensor | None = None,
+                            **kwargs):
     """`attend(q, k, v, text_len=, text_first=, key_valid=, **kwargs)` (a DraftAttention call on
     the whole sequence, `[B, H/N, L, D]`) run on this rank's tokens `[B, H, L/N, D]` through
     diffusers' Ulysses all-to-all; returns `[B, H, L/N, D]`, this rank's tokens for every head."""

@@ -67,8 +67,9 @@ def test_generate_context_parallel_makes_the_single_process_video(two_processes,
     two_processes, printed = two_processes
     together, alone = two_processes / "video", tmp_path / "alone"
     assert printed.count("1 of 1 videos in") == 1
-    assert generate.main(["--model", str(pipeline), "--prompts", str(two_processes / "prompts.txt"),
-                          "--out", str(alone), *GENERATE_ARGS]) == 0
+    prompts = two_processes / "prompts.txt"
+    assert generate.main(["--model", str(pipeline), "--prompts", str(prompts), "--out",
+                          str(alone), *GENERATE_ARGS]) == 0
     assert sorted(p.name for p in together.iterdir()) == ["0000.json", "0000.mp4", "0000.png"]
     meta, single = (json.loads((d / "0000.json").read_text()) for d in (together, alone))
     assert (meta["process"], meta["processes"], meta["context_parallel"]) == (0, 2, 2)
