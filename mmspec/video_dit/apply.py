@@ -13,6 +13,11 @@ layers only (cross-attention stays dense) and registers hooks:
   or with `permute_once=False`, or where frames are not whole tiles (padding slots would travel
   through every block), each sparse layer reorders with cached index tensors.
 
+diffusers' Ulysses context parallelism (`enable_parallelism`, before or after applying): the
+sparse layers run as the attention op inside diffusers' all-to-all, on the whole sequence for the
+rank's heads, reordering per layer (`ulysses.py`); the post-forward hook averages the densities
+and calibrations over the ranks. Ring attention is refused.
+
 Deliberate differences from the official code: no patched model code; the step comes from a hook,
 not from a `current_timestep` argument threaded through the model; the achieved density is
 recorded per step and layer (`DraftAttentionState.records`, or an `on_density` callback).
@@ -44,6 +49,7 @@ from .processors import (
     WanDraftAttnProcessor,
 )
 from .tiles import frame_causal_tiles, tile_layout
+from .ulysses import check_context_parallel, ulysses_config
 
 _ATTR = "_mmspec_draft_attention"
 HOOK_NAME = "mmspec_draft_attention"  # in the transformer's diffusers HookRegistry
@@ -222,6 +228,7 @@ class DraftAttentionState(_DensityReport):
         self.layout = None
         self.allowed = None  # (bool [nQ, nT], count) where the model masks blocks, else None
         self.tiled = False
+        self.context_parallel = None  # diffusers' ContextParallelConfig, read per forward
         self._last_timestep = None
         self._call_ended = False
         self._pending = []  # (step, layer, 0-d tensor or None), turned into floats on read
@@ -248,7 +255,8 @@ class DraftAttentionState(_DensityReport):
     # ------------------------------------------------------------------------------------ hooks
 
     def pre_forward(self, module, args, kwargs, context=None):
-        _refuse_context_parallel(module)  # enabled after DraftAttention was applied
+        # enabled after DraftAttention was applied, or changed since
+        self.context_parallel = _check_context_parallel(module, self.processors)
         if self._call_ended:  # the last pipeline call's records stay readable until now
             self._pending.clear()
             self._call_ended = False
@@ -277,9 +285,14 @@ class DraftAttentionState(_DensityReport):
         # processor, which does not mind the order): step caches (diffusers' FirstBlockCache,
         # PyramidAttentionBroadcast, ...) keep block residuals or attention outputs from one
         # step for the next, and these must be in the order the later step runs in.
-        self.tiled = (self.config.permute_once and self.num_layers > self.config.dense_layers
+        # Under context parallelism diffusers splits the tokens and RoPE tables inside the
+        # modules' forward, before our reorder hooks could see them whole: the sparse layers
+        # reorder the whole sequence after the Ulysses all-to-all instead (ulysses.py).
+        self.tiled = (self.config.permute_once and self.context_parallel is None
+                      and self.num_layers > self.config.dense_layers
                       and not self.layout.has_padding
-                      and (family.can_reorder is None or family.can_reorder(module, bound.arguments)))
+                      and (family.can_reorder is None
+                           or family.can_reorder(module, bound.arguments)))
         probe = self.probe_step()
         for processor in self.processors:  # read inside the blocks (see processors.py)
             processor.probe = probe and processor.layer >= self.config.dense_layers
@@ -293,6 +306,8 @@ class DraftAttentionState(_DensityReport):
 
     def post_forward(self):
         self.tiled = False
+        if self.context_parallel is not None:
+            self._average_over_ranks()
         for processor in self.processors:  # this forward's calls, in layer order
             for density in processor.densities:
                 self.record(processor.layer, density)
@@ -300,6 +315,23 @@ class DraftAttentionState(_DensityReport):
             if processor.calibrations:  # one host read per layer and run
                 processor.sparsity = float(torch.stack(processor.calibrations).mean())
                 processor.calibrations.clear()
+
+    def _average_over_ranks(self) -> None:
+        """Under Ulysses each rank's densities and calibrations are over its share of the heads,
+        the same number on every rank: their mean over the ranks is the whole model's. One
+        all-reduce per forward; every rank ran the same sparse layers, so the lists match."""
+        values = [(p.densities, i) for p in self.processors for i, d in enumerate(p.densities)
+                  if d is not None]
+        values += [(p.calibrations, i) for p in self.processors
+                   for i in range(len(p.calibrations))]
+        if not values:
+            return
+        cp = self.context_parallel
+        stacked = torch.stack([where[i].float() for where, i in values])
+        torch.distributed.all_reduce(stacked, group=cp._ulysses_mesh.get_group())
+        stacked /= cp.ulysses_degree
+        for (where, i), value in zip(values, stacked):
+            where[i] = value
 
     def layer_sparsity(self) -> dict[int, float]:
         """The sparsity of each sparse layer: `config.sparsity`, or the calibrated one."""
@@ -390,16 +422,20 @@ class DraftAttentionStates(_DensityReport):
             state.reset()
 
 
-def _refuse_context_parallel(transformer) -> None:
-    """diffusers' context parallelism (`transformer.enable_parallelism(...)`) gives each GPU a
-    shard of the tokens, and the draft map needs the whole video in every attention call."""
-    config = getattr(transformer, "_parallel_config", None)
-    if getattr(config, "context_parallel_config", None) is not None:
+def _check_context_parallel(transformer, processors):
+    """The `ContextParallelConfig` of diffusers' context parallelism on `transformer`
+    (`enable_parallelism`), or None; refused in one line where DraftAttention cannot follow it:
+    ring attention, uneven Ulysses shards, or a family whose attention (`processors`, the
+    originals' or ours) takes no `_parallel_config` (CogVideoX's in diffusers 0.42)."""
+    cp = ulysses_config(getattr(transformer, "_parallel_config", None))
+    name = type(transformer).__name__
+    check_context_parallel(cp, name)
+    if cp is not None and not all(hasattr(p, "_parallel_config") for p in processors):
         raise NotImplementedError(
-            f"DraftAttention on a {type(transformer).__name__} with context parallelism "
-            f"(enable_parallelism): each attention call would see a shard of the video's "
-            f"tokens; split the prompts across GPUs instead (accelerate launch -m "
-            f"mmspec.video_dit.generate ...)")
+            f"DraftAttention on a {name} with context parallelism: its attention processors "
+            f"take no part in it (no _parallel_config in diffusers' own); split the prompts "
+            f"across GPUs instead (accelerate launch -m mmspec.video_dit.generate ...)")
+    return cp
 
 
 def _unwrap(model):
@@ -442,7 +478,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
         on_draft_map: optional `callback(step, layer, probs)` with the draft map fp32
             `[B, H, nQueryTiles, nTiles]` (tile order, before block selection; square without
             `config.query_tile`) of every call that goes
-            through DraftAttention (the sparse layers of sparse steps).
+            through DraftAttention (the sparse layers of sparse steps). Under Ulysses context
+            parallelism each rank's map holds its own heads, `[B, H/N, ...]`.
 
     Returns:
         The `DraftAttentionState` of the transformer: `.records`, `.density_by_step()`,
@@ -470,7 +507,8 @@ def apply_draft_attention(pipe_or_transformer, config: DraftAttentionConfig | No
             raise RuntimeError(
                 f"DraftAttention is already applied to this {name}; call remove_draft_attention first"
             )
-        _refuse_context_parallel(transformer)
+        _check_context_parallel(transformer, [m.processor for m in _FAMILIES[name].layers(
+            transformer)])
     if pipe is None:
         config.dense_step_count(None)  # a fraction of steps needs a scheduler: fail now
     states = []

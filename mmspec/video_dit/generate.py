@@ -9,7 +9,10 @@ file gives `{"prompt": ..., "image": path}` per line for image-to-video pipeline
 settings; `step_seconds` has one entry per denoising-loop iteration, which asynchronous
 diffusion forcing runs more often than --steps). The JSON is written last, so a prompt with a
 JSON is finished and is skipped on rerun.
-Under `accelerate launch` the prompts are split across processes (`accelerate.PartialState`).
+Under `accelerate launch` (or `torchrun`) the prompts are split across processes
+(`accelerate.PartialState`); with `--context-parallel N` each video is made by N processes
+together (diffusers' Ulysses context parallelism, `enable_parallelism`: each holds a share of the
+tokens, and of the heads in attention), and the prompts are split across the groups of N.
 The same seed gives the same initial noise with and without DraftAttention, so a dense and a sparse
 run can be compared frame by frame with `python -m mmspec.video_dit.compare`.
 
@@ -36,6 +39,7 @@ from mmspec.zoo.paths import model_path, positive_int, zoo_kind
 from .apply import apply_draft_attention
 from .config import DraftAttentionConfig
 from .tiles import TileTooLarge
+from .ulysses import ulysses_config
 from .video_io import to_uint8, write_mp4
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -110,6 +114,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vae-tiling", action="store_true",
                    help="decode the video in overlapping tiles (the VAE's enable_tiling): less "
                         "memory at high resolution, slightly different pixels where tiles blend")
+    p.add_argument("--context-parallel", type=positive_int, default=1, metavar="N",
+                   help="make each video across N processes with diffusers' Ulysses context "
+                        "parallelism (torchrun --nproc-per-node N ...); the prompts are split "
+                        "across the groups of N processes (default 1: a video per process)")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile each transformer block with fullgraph=True, as diffusers' "
                         "compile_repeated_blocks (backend default inductor); the first prompt's "
@@ -287,6 +295,66 @@ def place_pipeline(pipe, device, cpu_offload: bool = False, vae_tiling: bool = F
         raise SystemExit(f"--cpu-offload: {type(pipe).__name__} names no model order for "
                          f"offloading (model_cpu_offload_seq)")
     pipe.enable_model_cpu_offload(device=device)
+
+
+def _share(todo: list, parts: int, part: int) -> list:
+    """Part `part` of `parts` contiguous shares of `todo`, the first ones one longer where it
+    does not divide (as accelerate's `split_between_processes`)."""
+    size, extra = divmod(len(todo), parts)
+    start = part * size + min(part, extra)
+    return todo[start:start + size + (part < extra)]
+
+
+def context_parallel_mesh(dist, degree: int):
+    """The ("ring", "ulysses") mesh of this process's group of `degree` processes (consecutive
+    ranks), for diffusers' `ContextParallelConfig(mesh=...)`."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.num_processes % degree:
+        raise SystemExit(f"--context-parallel {degree} must divide the number of processes, got "
+                         f"{dist.num_processes} (torchrun --nproc-per-node {degree} ...)")
+    mesh = init_device_mesh(torch.device(dist.device).type,
+                            (dist.num_processes // degree, 1, degree),
+                            mesh_dim_names=("prompts", "ring", "ulysses"))
+    return mesh["ring", "ulysses"]
+
+
+def enable_context_parallel(pipe, mesh) -> None:
+    """diffusers' Ulysses context parallelism on every transformer of `pipe`, over `mesh`."""
+    from diffusers import ContextParallelConfig
+
+    degree = mesh.size()
+    for name in ("transformer", "transformer_2"):
+        model = getattr(pipe, name, None)
+        if model is None:
+            continue
+        if getattr(model, "_cp_plan", None) is None:
+            raise SystemExit(f"--context-parallel {degree}: diffusers has no context-parallel "
+                             f"plan for {type(model).__name__} (its _cp_plan); split the prompts "
+                             f"across processes instead (no --context-parallel)")
+        with _one_device_per_cpu_process(mesh):
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree,
+                                                                  mesh=mesh))
+
+
+def ulysses_degree(pipe) -> int:
+    """The Ulysses degree `pipe`'s transformer runs with, read from the model (1: none)."""
+    config = getattr(getattr(pipe, "transformer", None), "_parallel_config", None)
+    context = ulysses_config(config)
+    return 1 if context is None else context.ulysses_degree
+
+
+@contextmanager
+def _one_device_per_cpu_process(mesh):
+    """diffusers places rank r on accelerator `r % torch.accelerator.device_count()`, which is
+    0 on a machine without one (gloo on the CPU): count 1 there while it sets up."""
+    real = torch.accelerator.device_count
+    if mesh.device_type == "cpu" and real() == 0:
+        torch.accelerator.device_count = lambda: 1
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = real
 
 
 def compile_blocks(pipe, backend: str = "inductor") -> None:
@@ -511,8 +579,11 @@ def main(argv=None) -> int:
         if differ:  # resuming must never mix runs or label one as the other
             raise SystemExit(f"--out {args.out}: {done.name} was made by another prompt or "
                              f"settings ({differ}); use a new --out, or delete it to redo it")
-    with dist.split_between_processes(todo) as mine:
-        mine = list(mine)
+    degree = args.context_parallel
+    mesh = context_parallel_mesh(dist, degree) if degree > 1 else None
+    # a group of `degree` processes makes each of its videos together; its first one writes
+    group, writer = dist.process_index // degree, dist.process_index % degree == 0
+    mine = _share(todo, dist.num_processes // degree, group)
     skipped = len(prompts) - len(todo)
     if dist.is_main_process and skipped:
         print(f"resuming: {skipped} of {len(prompts)} prompts already done in {args.out}")
@@ -526,12 +597,14 @@ def main(argv=None) -> int:
         raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
                          f"{str(err).strip().splitlines()[0]}") from None
     place_pipeline(pipe, dist.device, args.cpu_offload, args.vae_tiling)
+    if mesh is not None:
+        enable_context_parallel(pipe, mesh)
     # one bar per job, the prompts': the pipeline's own bar of steps nested under it wrote a line
     # of escapes per step into logs
     pipe.set_progress_bar_config(disable=True)
     try:
         state = apply_draft_attention(pipe, config) if config is not None else None
-    except (TypeError, ValueError) as err:  # an unsupported model, --dense-layers too many
+    except (TypeError, ValueError, NotImplementedError) as err:  # an unsupported model, ...
         message = str(err).replace("config.dense_layers", "--dense-layers")
         raise SystemExit(f"--model {args.model}: {message}") from None
     if args.compile is not None:
@@ -539,7 +612,8 @@ def main(argv=None) -> int:
     check_images(pipe, jobs, mine)  # every prompt of this run, before the first one runs
     try:
         # disable=None: no bar where stderr is not a terminal (a log, a pipe)
-        for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})", disable=None):
+        for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})",
+                          disable=None if writer else True):
             try:
                 result = generate_one(pipe, prompts[index], index, args, state, dist.device,
                                       jobs[index]["image"])
@@ -551,6 +625,8 @@ def main(argv=None) -> int:
             except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
                 raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
                                  f"{str(err).strip().splitlines()[0]}") from None
+            if not writer:  # the same video as its group's first process
+                continue
             if args.frames is not None and len(result["frames"]) != args.frames:
                 tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
                            f"frames for --frames {args.frames} (its own frame count rule; the "
@@ -571,7 +647,8 @@ def main(argv=None) -> int:
                 "density": result["density"], "frames": int(frames.shape[0]),
                 "height": int(frames.shape[1]), "width": int(frames.shape[2]),
                 "device": str(dist.device), "process": dist.process_index,
-                "processes": dist.num_processes, "dtype": args.dtype, "torch": torch.__version__,
+                "processes": dist.num_processes, "context_parallel": ulysses_degree(pipe),
+                "dtype": args.dtype, "torch": torch.__version__,
                 "compile": args.compile,  # the first prompt compiled in its first steps
                 "cpu_offload": args.cpu_offload,
             }

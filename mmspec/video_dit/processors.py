@@ -22,6 +22,7 @@ from einops import rearrange
 
 from .draft_map import calibrated_sparsity
 from .sparse_attention import draft_attention
+from .ulysses import ulysses_config, ulysses_draft_attention
 
 
 def _wan_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
@@ -76,7 +77,15 @@ class _DraftProcessor:
     del _original_attribute
 
     def _attend(self, q, k, v, **kwargs):
-        """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density."""
+        """q, k, v `[B, H, L, D]` -> `[B, H, L, D]`, recording the density. Under diffusers'
+        Ulysses context parallelism L is this rank's share of the tokens, and the call drafts
+        and selects for this rank's H/N heads on the whole sequence (`ulysses.py`)."""
+        parallel = getattr(self.original, "_parallel_config", None)
+        if ulysses_config(parallel) is None:
+            return self._draft(q, k, v, **kwargs)
+        return ulysses_draft_attention(self._draft, q, k, v, parallel, **kwargs)
+
+    def _draft(self, q, k, v, **kwargs):
         state, cfg = self.state, self.state.config
         on_draft_map = None
         if self.probe:

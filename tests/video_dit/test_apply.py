@@ -34,25 +34,6 @@ def test_apply_twice_and_remove_twice():
 
 
 @torch.no_grad()
-def test_context_parallelism_is_refused_by_name():
-    # enable_parallelism shards the tokens across GPUs: the grid check failed on a token count
-    # (tensor parallelism splits heads, not tokens: not refused)
-    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
-
-    model = tiny_wan()
-    # what enable_parallelism records (it needs torch.distributed to build it)
-    context = ParallelConfig(context_parallel_config=ContextParallelConfig(ring_degree=2))
-    model._parallel_config = context
-    with pytest.raises(NotImplementedError, match=r"context parallelism \(enable_parallelism\)"):
-        apply_draft_attention(model, DraftAttentionConfig(dense_steps=0))
-    model._parallel_config = None
-    apply_draft_attention(model, DraftAttentionConfig(dense_steps=0, tile=(2, 2)))
-    model._parallel_config = context  # enabled afterwards
-    with pytest.raises(NotImplementedError, match="split the prompts across GPUs"):
-        model(torch.randn(1, 4, 2, 8, 8), torch.tensor([900]), torch.randn(1, 3, 16))
-
-
-@torch.no_grad()
 def test_tile_larger_than_the_frame():
     model = tiny_wan()
     apply_draft_attention(model, DraftAttentionConfig(dense_steps=0))  # 8 x 16 tiles

@@ -454,6 +454,15 @@ def test_two_processes_split_the_prompts(model_dir, tmp_path):
     assert made == {"a red cat": 0, "a dog on the beach": 0, "a blue car": 1}
 
 
+def test_context_parallel_must_divide_the_processes(model_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n")
+    with pytest.raises(SystemExit, match=r"^--context-parallel 2 must divide the number of "
+                                         r"processes, got 1 \(torchrun --nproc-per-node 2"):
+        generate.main(["--model", str(model_dir), "--prompts", str(prompts), "--out",
+                       str(tmp_path / "out"), "--context-parallel", "2"])
+
+
 def test_a_missing_prompts_file_or_model_is_a_message(tmp_path):
     # both were tracebacks; the model's read diffusers' "not fully cached locally ... Hub"
     prompts = tmp_path / "prompts.txt"
