@@ -206,17 +206,40 @@ class BlockSparseMask:
         bq, bk = _pair(block_size)
         q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
         _check_block_flags("block_bool", block_bool, (bq, bk), q_len, kv_len)
-        mq = math.ceil(q_len / bq)
-        full_num, full_idx = _dense_to_ordered(block_bool)
-        b, h = block_bool.shape[:2]
-        dev = block_bool.device
         # valid by construction, so the index checks of __post_init__ (a handful of device
         # syncs, ~1 ms per call on a GPU, once per layer and step under DraftAttention) are skipped
+        return cls.from_full_lists(*_dense_to_ordered(block_bool), (bq, bk), q_len, kv_len)
+
+    @classmethod
+    def from_full_lists(cls, full_kv_num_blocks: torch.Tensor, full_kv_indices: torch.Tensor,
+                        block_size, q_len: int, kv_len: int) -> "BlockSparseMask":
+        """Every listed block full, from the lists `from_dense` would build: int32 counts
+        `[B, H, Mq]` and int32 indices `[B, H, Mq, W]`, each row's kept key blocks first.
+
+        For index lists built on the device (DraftAttention's fused draft writes them with its
+        selection): the shapes are checked, the values are trusted, since checking them reads
+        the device (`__post_init__` validates the masks built from their parts).
+        """
+        bq, bk = _pair(block_size)
+        q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
+        mq = math.ceil(q_len / bq)
+        num, idx = full_kv_num_blocks, full_kv_indices
+        ok = (isinstance(num, torch.Tensor) and isinstance(idx, torch.Tensor)
+              and num.dtype == idx.dtype == torch.int32 and num.ndim == 3 and idx.ndim == 4
+              and num.shape[2] == mq and idx.shape[:3] == num.shape and num.device == idx.device)
+        if not ok:
+            raise ValueError(
+                f"full_kv_num_blocks and full_kv_indices must be int32 [B, H, Mq={mq}] and "
+                f"[B, H, Mq, W] on one device for q_len={q_len} and bq={bq}, got "
+                f"{getattr(num, 'dtype', type(num).__name__)} {list(getattr(num, 'shape', []))} "
+                f"and {getattr(idx, 'dtype', type(idx).__name__)} "
+                f"{list(getattr(idx, 'shape', []))}")
+        b, h = num.shape[:2]
         return cls._unchecked(
-            torch.zeros(b, h, mq, dtype=torch.int32, device=dev),
-            torch.zeros(b, h, mq, 0, dtype=torch.int32, device=dev),
-            full_num, full_idx,
-            torch.zeros(b, h, mq, 0, bq, bk, dtype=torch.bool, device=dev),
+            torch.zeros(b, h, mq, dtype=torch.int32, device=num.device),
+            torch.zeros(b, h, mq, 0, dtype=torch.int32, device=num.device),
+            num, idx,
+            torch.zeros(b, h, mq, 0, bq, bk, dtype=torch.bool, device=num.device),
             (bq, bk), q_len, kv_len,
         )
 

@@ -17,6 +17,7 @@ import torch
 from mmspec.kernels import available_backends
 
 from .draft_map import check_mass, check_mode, check_sparsity
+from .sparse_attention import check_draft_kernel
 from .tiles import check_query_tile, check_tile
 
 
@@ -53,6 +54,9 @@ class DraftAttentionConfig:
     permute_once: bool = True
     # mmspec.kernels backend: "auto" = Triton on CUDA, torch on CPU
     backend: str = "auto"
+    # ours (issue 32): pooling, draft map, selection and block index as fused Triton kernels
+    # ("auto": on CUDA in eager mode; "triton": wherever Triton runs; "torch": never)
+    draft_kernel: str = "auto"
 
     def __post_init__(self):
         backends = ("auto", *available_backends())
@@ -60,6 +64,7 @@ class DraftAttentionConfig:
             raise ValueError(f"backend must be one of {list(backends)}, got {self.backend!r}")
         object.__setattr__(self, "sparsity", check_sparsity(self.sparsity))
         check_mode(self.mode)
+        check_draft_kernel(self.draft_kernel)
         object.__setattr__(self, "max_density", check_mass(self.max_density, "max_density"))
         if not isinstance(self.calibrate, bool):
             raise ValueError(f"calibrate must be a bool, got {self.calibrate!r}")

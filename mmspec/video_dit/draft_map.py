@@ -156,11 +156,12 @@ def top_p_blocks(probs: torch.Tensor, mass: float, max_density: float,
                  own: torch.Tensor) -> torch.Tensor:
     """Per row of `probs` `[B, H, nQ, nT]`, the fewest key tiles (own tiles first, then by
     probability) whose mass reaches `mass`, at most `ceil(max_density * nT)` of them (never fewer
-    than the own tiles) -> bool `[B, H, nQ, nT]`. Blocks outside a model mask have probability 0:
-    the caller ands the result with it."""
+    than the row's own tiles) -> bool `[B, H, nQ, nT]`. Blocks outside a model mask have
+    probability 0: the caller ands the result with it."""
     mass, max_density = check_mass(mass), check_mass(max_density, "max_density")
     n = probs.shape[-1]
-    cap = max(int(own.sum(-1).max()), math.ceil(max_density * n - 1e-9))
+    # per row, a tensor: no device sync
+    cap = own.sum(-1, keepdim=True).clamp(min=math.ceil(max_density * n - 1e-9))  # [nQ, 1]
     order = probs.masked_fill(own, 2.0).argsort(dim=-1, descending=True)  # own tiles first
     ranked = probs.gather(-1, order)  # [B, H, nQ, nT]
     mass_before = ranked.cumsum(-1) - ranked

@@ -97,7 +97,7 @@ class _DraftProcessor:
         out, density = draft_attention(
             q, k, v, state.layout, sparsity=0.0 if self.probe else self.sparsity, mode=cfg.mode,
             backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, mass=cfg.mass,
-            max_density=cfg.max_density, **kwargs,
+            max_density=cfg.max_density, draft_kernel=cfg.draft_kernel, **kwargs,
         )
         self.densities.append(None if self.probe else density)  # the probe computes every block
         return out

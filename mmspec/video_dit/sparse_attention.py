@@ -23,9 +23,33 @@ import torch
 
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
-from .draft_map import (draft_probs, live_count, live_tiles, pool_query_tiles, pool_tiles,
-                        select_blocks)
+from . import fused_draft
+from .draft_map import (check_mode, check_sparsity, draft_probs, live_count, live_tiles,
+                        pool_query_tiles, pool_tiles, select_blocks)
 from .tiles import TileLayout
+
+DRAFT_KERNELS = ("auto", "triton", "torch")
+
+
+def check_draft_kernel(draft_kernel) -> str:
+    if draft_kernel not in DRAFT_KERNELS:
+        raise ValueError(f"draft_kernel must be one of {DRAFT_KERNELS}, got {draft_kernel!r}")
+    return draft_kernel
+
+
+def _fused(draft_kernel: str, device: torch.device, layout: TileLayout) -> bool:
+    """Whether the draft side runs fused (`fused_draft.py`): on CUDA by default, where its
+    twenty-odd small torch launches cost more than the ops; `"triton"` asks for it anywhere it
+    runs (the tests, under TRITON_INTERPRET=1), `"torch"` never. Eager only by default: under
+    torch.compile the torch path is traced (and fused by the compiler) instead."""
+    if check_draft_kernel(draft_kernel) == "torch":
+        return False
+    why = fused_draft.unsupported(device, layout)
+    if draft_kernel == "auto":
+        return device.type == "cuda" and why is None and not torch.compiler.is_compiling()
+    if why is not None:
+        raise ValueError(f"draft_kernel='triton' cannot run here: {why}")
+    return True
 
 
 def _split_text(x, text_len: int, text_first: bool):
@@ -150,7 +174,7 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
                     tiled: bool = False, scale: float | None = None, backend: str = "auto",
                     on_draft_map=None, allowed: torch.Tensor | None = None,
                     allowed_count: int | None = None, mass: float | None = None,
-                    max_density: float = 1.0):
+                    max_density: float = 1.0, draft_kernel: str = "auto"):
     """DraftAttention over video tokens plus optional dense text tokens.
 
     Args:
@@ -173,6 +197,9 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             of padding only left out (`frame_causal_tiles` leaves them out).
 
         mass, max_density: `mode="top_p"`'s draft mass per row and its cap (`select_blocks`).
+        draft_kernel: `"auto"` (the fused Triton draft on CUDA, eager; the torch ops elsewhere),
+            `"triton"` (fused wherever Triton runs) or `"torch"`; the same blocks either way
+            (`fused_draft.py`, ties at the budget's edge aside).
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
@@ -202,8 +229,7 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         videos = [p[0] for p in parts]
     scale = d**-0.5 if scale is None else scale
 
-    q_hat = pool_query_tiles(videos[0], layout)  # [B, H, nQ, D]
-    k_hat = pool_tiles(videos[1], layout)  # [B, H, nT, D]
+    sparsity, mode = check_sparsity(sparsity), check_mode(mode)
     if allowed is not None and text_len:
         raise ValueError("allowed (a mask over video tiles) takes no text tokens; got text_len="
                          f"{text_len}")
@@ -222,13 +248,25 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             allowed, allowed_count = live.expand(nq, nt), live_count(layout)
         else:  # frame_causal_tiles leaves them out already, so allowed_count stays right
             allowed = allowed & live
-            allowed_count = int(allowed.sum()) if allowed_count is None else allowed_count
-    probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nQ, nT]
-    if on_draft_map is not None:
-        on_draft_map(probs)
-    kept = select_blocks(probs, sparsity, mode, allowed, allowed_count,
-                         own=layout.own_blocks() if layout.asymmetric else None, mass=mass,
-                         max_density=max_density)  # [B, H, nQ, nT]
+    if allowed is not None and allowed_count is None:
+        allowed_count = int(allowed.sum())  # a device sync: pass allowed_count to save it
+    drafted = None
+    if _fused(draft_kernel, q.device, layout):
+        drafted = fused_draft.draft_blocks(
+            videos[0], videos[1], layout, sparsity, mode, scale, allowed, allowed_count, mass,
+            max_density, return_probs=on_draft_map is not None)
+        if on_draft_map is not None:
+            on_draft_map(drafted.probs)
+        kept = drafted.kept
+    else:
+        q_hat = pool_query_tiles(videos[0], layout)  # [B, H, nQ, D]
+        k_hat = pool_tiles(videos[1], layout)  # [B, H, nT, D]
+        probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nQ, nT]
+        if on_draft_map is not None:
+            on_draft_map(probs)
+        kept = select_blocks(probs, sparsity, mode, allowed, allowed_count,
+                             own=layout.own_blocks() if layout.asymmetric else None, mass=mass,
+                             max_density=max_density)  # [B, H, nQ, nT]
     mq, mk = nq + math.ceil(text_len / bq), nt + math.ceil(text_len / bk)
     if mk > nt:  # text rows and columns stay dense
         blocks = torch.ones(b, h, mq, mk, dtype=torch.bool, device=q.device)
@@ -247,7 +285,11 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     # (under torch.compile the exact path runs instead of a data-dependent branch)
     if (key_valid is None and not layout.has_padding) or (
             not torch.compiler.is_compiling() and bool(valid.all())):
-        mask = BlockSparseMask.from_dense(blocks, (bq, bk), length, length)
+        if drafted is not None and mk == nt:  # the fused draft wrote the kernel's index
+            mask = BlockSparseMask.from_full_lists(drafted.counts, drafted.indices, (bq, bk),
+                                                   length, length)
+        else:
+            mask = BlockSparseMask.from_dense(blocks, (bq, bk), length, length)
         out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
     else:
         query_is_padding = torch.cat([~layout.valid, layout.valid.new_zeros(text_len)])
@@ -265,7 +307,7 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
     if allowed is None:
         return out, torch.count_nonzero(blocks) / blocks.numel()
-    count = int(allowed.sum()) if allowed_count is None else allowed_count
+    count = allowed_count
     if mk > nt:  # the text rows and columns, over the tiles with a real token
         count += mq * mk - nq * nt - (mq - nq) * (nt - layout.num_live_tiles)
     return out, torch.count_nonzero(blocks) / (count * b * h)
