@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.report import markdown_table, timed_interleaved, write_section
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.video_dit import draft_attention, tile_layout
+from mmspec.video_dit import DraftAttentionConfig, fused_draft
 from mmspec.video_dit.draft_map import (block_budget, draft_probs, pool_query_tiles, pool_tiles,
                                         select_blocks)
 from mmspec.video_dit.generate import check_compile_backend
@@ -80,16 +81,28 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps, device="cpu", dty
         "BlockSparseMask from the block map": lambda: BlockSparseMask.from_dense(
             kept, blocks, n, n),
     }
+    fused = {}
+    if torch.device(device).type == "cuda":  # the fused draft (the interpreter is no timing)
+        def fused_call(mode):
+            drafted = fused_draft.draft_blocks(qt, kt, layout, sparsity, mode, scale)
+            return BlockSparseMask.from_full_lists(drafted.counts, drafted.indices, blocks, n, n)
+
+        fused = {f"fused: pool + draft map + selection + index ({mode})":
+                 (lambda mode=mode: fused_call(mode)) for mode in ("global", "row")}
     calls = {
         "dense": lambda: F.scaled_dot_product_attention(q, k, v),
         **parts,
+        **fused,
         "sparse_call": lambda: block_sparse_attention(qt, kt, vt, mask),
         "whole": lambda: draft_attention(q, k, v, layout, sparsity=sparsity),
+        "whole_torch_draft": lambda: draft_attention(q, k, v, layout, sparsity=sparsity,
+                                                     draft_kernel="torch"),
     }
     t = timed_interleaved(calls, reps, device_sync(device), reduce=min)
     return {"n": n, "layout": layout, "dense": t["dense"],
-            "costs": {name: t[name] for name in parts}, "sparse_call": t["sparse_call"],
-            "whole": t["whole"], "density": mask.density()}
+            "costs": {name: t[name] for name in parts}, "fused": {name: t[name] for name in fused},
+            "sparse_call": t["sparse_call"], "whole": t["whole"],
+            "whole_torch_draft": t["whole_torch_draft"], "density": mask.density()}
 
 
 # ------------------------------------------------------ joint attention with padded text, CPU
@@ -164,7 +177,7 @@ WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 1
 
 
 def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, text_tokens=512,
-             config_kw=None, compile=None, **arch):
+             config_kw=None, compile=None, draft_kernels=("auto",), **arch):
     """Time one forward of a `WanTransformer3DModel` (`arch` overrides `WAN_1_3B`) on latents of
     token grid `grid` (T, H, W): dense, then under `apply_draft_attention` at each sparsity (step
     0 sparse, layer 0 dense). Returns rows {sparsity, density, ms, speedup} and the dense ms;
@@ -185,14 +198,14 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
                                              generator=g).to(device, dtype),
         "timestep": torch.full((batch,), 500.0, device=device),
     }
-    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile)
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels)
 
 
 COGVIDEOX_2B = {"num_layers": 30, "num_attention_heads": 30, "attention_head_dim": 64}
 
 
 def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, config_kw=None,
-                   compile=None, **arch):
+                   compile=None, draft_kernels=("auto",), **arch):
     """`wan_step` for a `CogVideoXTransformer3DModel` (`arch` overrides `COGVIDEOX_2B`: sincos
     positions, no RoPE) with its 226 text tokens in front of the video in joint attention."""
     from diffusers import CogVideoXTransformer3DModel
@@ -209,7 +222,7 @@ def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=
         "encoder_hidden_states": torch.randn(batch, 226, 4096, generator=g).to(device, dtype),
         "timestep": torch.full((batch,), 500, device=device, dtype=torch.long),
     }
-    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile)
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels)
 
 
 def _cast(model, device, dtype):
@@ -219,9 +232,11 @@ def _cast(model, device, dtype):
     return cast_keeping_fp32(model, dtype, device).eval()
 
 
-def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compile=None):
-    """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity; with
-    `compile` (a backend) every transformer block is compiled first (the warm-up compiles)."""
+def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compile=None,
+                   draft_kernels=("auto",)):
+    """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity and each
+    of `draft_kernels` (`DraftAttentionConfig.draft_kernel`); with `compile` (a backend) every
+    transformer block is compiled first (the warm-up compiles)."""
     from mmspec.video_dit import (
         DraftAttentionConfig,
         apply_draft_attention,
@@ -253,14 +268,27 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compil
     dense_ms = median_ms()
     rows = []
     for s in sparsities:
-        state = apply_draft_attention(model, DraftAttentionConfig(
-            sparsity=s, tile=tile, dense_steps=0, dense_layers=1, **(config_kw or {})))
-        ms = median_ms()
-        sparse = [r.density for r in state.records if r.density < 1.0]
-        remove_draft_attention(model)
-        rows.append({"sparsity": s, "density": sum(sparse) / max(len(sparse), 1), "ms": ms,
-                     "speedup": dense_ms / ms})
+        for kernel in draft_kernels:
+            state = apply_draft_attention(model, DraftAttentionConfig(
+                sparsity=s, tile=tile, dense_steps=0, dense_layers=1,
+                **{"draft_kernel": kernel, **(config_kw or {})}))
+            ms = median_ms()
+            sparse = [r.density for r in state.records if r.density < 1.0]
+            remove_draft_attention(model)
+            rows.append({"sparsity": s, "draft_kernel": kernel, "ms": ms,
+                         "density": sum(sparse) / max(len(sparse), 1), "speedup": dense_ms / ms})
     return rows, dense_ms
+
+
+STEPS = 50  # a denoising run (Wan's and HunyuanVideo's default step count)
+
+
+def run_speedup(step_speedup: float, steps: int = STEPS) -> float:
+    """The whole denoising loop's speedup from one sparse step's, with the default dense
+    warm-up (`DraftAttentionConfig().dense_steps`, 15 of 50 steps) at the dense step's cost;
+    text encoder and VAE decode not counted."""
+    dense = DraftAttentionConfig().dense_step_count(steps)
+    return steps / (dense + (steps - dense) / step_speedup)
 
 
 # ----------------------------------------------------------------------------- 2: fidelity
@@ -542,13 +570,18 @@ def cogvideox_section(device, grid, tile, quick, compile=None):
 
 
 def step_section(device, grid, tile, step, arch, title, model_text, compile=None):
-    """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`; with
-    `compile` (a torch.compile backend) the same again with every block compiled."""
+    """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`, the
+    draft side fused (the default on CUDA) and in torch ops, each with the whole 50-step run's
+    estimate (`run_speedup`); with `compile` (a torch.compile backend) the same again with every
+    block compiled (where the torch draft is traced: `draft_kernel="auto"` only)."""
     dtype = gpu_dtype(device)
-    rows, dense = step(device, dtype, grid, (0.75, 0.9), tile=tile, **arch)
-    table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x"]] + [
-        [f"DraftAttention {int(r['sparsity'] * 100)}%", f"{r['density']:.3f}", f"{r['ms']:.0f}",
-         f"{r['speedup']:.2f}x"] for r in rows]
+    kernels = ("auto", "torch") if torch.device(device).type == "cuda" else ("auto",)
+    rows, dense = step(device, dtype, grid, (0.75, 0.9), tile=tile, draft_kernels=kernels, **arch)
+    names = {"auto": ", fused draft", "torch": ", torch draft"} if len(kernels) > 1 else {"auto": ""}
+    table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x", "1.00x"]] + [
+        [f"DraftAttention {int(r['sparsity'] * 100)}%{names[r['draft_kernel']]}",
+         f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x",
+         f"{run_speedup(r['speedup']):.2f}x"] for r in rows]
     note = ""
     if compile is not None:
         from torch._dynamo import reset
@@ -556,19 +589,27 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
         reset()
         crows, cdense = step(device, dtype, grid, (0.75, 0.9), tile=tile, compile=compile, **arch)
         table += [[f"dense, blocks compiled ({compile})", "1.000", f"{cdense:.0f}",
-                   f"{dense / cdense:.2f}x"]] + [
+                   f"{dense / cdense:.2f}x", ""]] + [
             [f"DraftAttention {int(r['sparsity'] * 100)}%, blocks compiled", f"{r['density']:.3f}",
-             f"{r['ms']:.0f}", f"{dense / r['ms']:.2f}x ({r['speedup']:.2f}x vs compiled dense)"]
+             f"{r['ms']:.0f}", f"{dense / r['ms']:.2f}x ({r['speedup']:.2f}x vs compiled dense)",
+             f"{run_speedup(r['speedup']):.2f}x vs compiled dense"]
             for r in crows]
         note = (f" Compiled rows: every block `torch.compile(fullgraph=True, backend={compile!r})`"
                 f" (diffusers' `compile_repeated_blocks`), compiled in the warm-up.")
+    warm = DraftAttentionConfig().dense_step_count(STEPS)
     return (
         f"{title} ({device_name(device)})\n\n"
         + model_text.format(dtype=str(dtype)[6:])
         + f", {tile[0]}x{tile[1]} tiles; one transformer forward, median of 3 after a warm-up; "
-          f"layer 0 dense under DraftAttention.{note}\n\n"
+          f"layer 0 dense under DraftAttention. 'fused draft': pooling, draft map, selection and "
+          f"block index in Triton (`draft_kernel=\"auto\"` on CUDA); 'torch draft': the same "
+          f"in torch ops (`draft_kernel=\"torch\"`). The {STEPS}-step column is an estimate "
+          f"from this step's timing, {warm} dense warm-up steps (the default dense_steps=0.3) "
+          f"at the dense step's cost and {STEPS - warm} sparse ones: {STEPS} / ({warm} + "
+          f"{STEPS - warm} / per-step speedup); text encoder and VAE decode not counted.{note}\n\n"
         + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
-                          "speedup vs dense"], table) + "\n")
+                          "speedup vs dense", f"{STEPS}-step run, {warm} dense (estimate)"],
+                         table) + "\n")
 
 
 def device_name(device):
@@ -592,25 +633,43 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
     t = overhead_and_speed(big_grid, tile, heads=heads, dim=128, sparsity=0.9, reps=10,
                            device=device, dtype=dtype)
     name = device_name(device)
-    rows = [[part, f"{c * 1e3:.3f}", f"{100 * c / t['dense']:.2f}%"]
-            for part, c in t["costs"].items()]
-    per_layer = sum(c for part, c in t["costs"].items() if part != "block selection (row)")
-    rows.append(["**total, reorder per layer**", f"{per_layer * 1e3:.3f}",
-                 f"**{100 * per_layer / t['dense']:.2f}%**"])
+    def share(c):
+        return f"{c * 1e3:.3f}", f"{100 * c / t['dense']:.2f}%"
+
+    rows = [[part, *share(c)] for part, c in t["costs"].items()]
+    reorder = t["costs"]["reorder q, k, v and restore the output"]
+    unfused = sum(c for part, c in t["costs"].items() if part not in (
+        "block selection (row)", "reorder q, k, v and restore the output"))
+    # global selection, as the unfused total (no fused timing off CUDA: the --device cpu smoke)
+    fused = next(iter(t["fused"].values()), math.nan)
+    rows += [[part, *share(c)] for part, c in t["fused"].items()]
     rows += [
+        ["**draft side, torch ops** (pool, map, global selection, mask)", *share(unfused)],
+        ["**draft side, fused** (global)", *share(fused)],
+        ["**total with the reorder per layer, torch ops**", *share(reorder + unfused)],
+        ["**total with the reorder per layer, fused**", *share(reorder + fused)],
         ["dense SDPA (default backend)", f"{t['dense'] * 1e3:.3f}", "100%"],
         [f"block_sparse_attention, draft mask (density {t['density']:.3f})",
          f"{t['sparse_call'] * 1e3:.3f}", f"{t['dense'] / t['sparse_call']:.2f}x faster"],
-        ["draft_attention (reorder + draft + mask + sparse call)", f"{t['whole'] * 1e3:.3f}",
-         f"{t['dense'] / t['whole']:.2f}x faster"],
+        ["draft_attention (reorder + draft + mask + sparse call), fused draft",
+         f"{t['whole'] * 1e3:.3f}", f"{t['dense'] / t['whole']:.2f}x faster"],
+        ["draft_attention, torch draft", f"{t['whole_torch_draft'] * 1e3:.3f}",
+         f"{t['dense'] / t['whole_torch_draft']:.2f}x faster"],
     ]
+    bar = 100 * fused / t["dense"] <= 5
     parts = [
         f"### 1 and 3 on {name}: overhead and speed at {t['n']:,} tokens, {heads} heads, D=128, "
         f"{str(dtype)[6:]}, sparsity 0.9\n\n"
         f"Same parts as sections 1 and 3, at Wan2.1-1.3B's 12 heads; fastest of 10 runs of each "
         f"after a warm-up, every call (dense included) timed in turn in each run, the device "
-        f"synchronised around each.\n\n"
-        + markdown_table(["part", "ms", "% of dense"], rows) + "\n"
+        f"synchronised around each. 'fused' rows: `mmspec/video_dit/fused_draft.py` (Triton "
+        f"pooling and draft map, a per-head top-k, the block index written on the device) in "
+        f"place of the four torch parts above it; the reorder is not part of it (none with one "
+        f"reorder per forward, frames of whole tiles).\n\n"
+        + markdown_table(["part", "ms", "% of dense"], rows)
+        + f"\n\nBar (issue 32 item 4): the draft side at most 5% of a dense call: fused "
+          f"{100 * fused / t['dense']:.2f}%, torch ops {100 * unfused / t['dense']:.2f}% → "
+          f"**{'met' if bar else 'missed'}**.\n"
     ]
     print(parts[-1], flush=True)  # each part as it is measured: a long run shows progress
     for section, grids in ((wan_section, (big_grid, *extra_grids)),

@@ -8,8 +8,9 @@ Here:
 
 1. `_pool_kernel`, one launch: the mean of each query tile and each key tile, fp32
    (`pool_query_tiles`, `pool_tiles`);
-2. `_draft_row_kernel`, one launch, a program per (query tile, sample x head): the row of the
-   draft map `softmax(q_hat k_hat^T * scale)` over the allowed key tiles, then
+2. `_draft_row_kernel`, one launch, a program per 16 query tiles of a (sample, head), which read
+   the pooled keys once: each row of the draft map `softmax(q_hat k_hat^T * scale)` over the
+   allowed key tiles, then
    - `top_p`: the row's selection itself (own tiles first, then by probability, until `mass`,
      at most the cap) and its index list: nothing else runs;
    - `global` / `row`: each entry's priority (`select_blocks`'s), packed with its position into
@@ -124,84 +125,102 @@ if triton is not None:
                 + (4194303 - flat.to(tl.int64)))  # 2**22: _FLAT_BITS
 
     @triton.jit
-    def _write_lists(kept, cols, col_ok, KEPT_ROW, COUNT, IDX_ROW):
-        """The kept flags of a row (column order), their count and `from_dense`'s index list:
-        kept columns first, ascending, then the others, ascending."""
+    def _write_lists(kept, cols, ok2, KEPT_ROWS, COUNTS_ROWS, IDX_ROWS, row_ok, NT):
+        """The kept flags of `[BLOCK_Q, NT_P2]` rows (column order), their counts and
+        `from_dense`'s index lists: kept columns first, ascending, then the others, ascending.
+        `*_ROWS`: pointers to each row's start, `[BLOCK_Q]`."""
         k = kept.to(tl.int32)
-        n = tl.sum(k, 0)
-        before = tl.cumsum(k, 0) - k  # kept columns left of each column
-        pos = tl.where(kept, before, n + cols - before)
-        tl.store(IDX_ROW + pos, cols, mask=col_ok)
-        tl.store(KEPT_ROW + cols, k.to(tl.uint8), mask=col_ok)
-        tl.store(COUNT, n)
+        n = tl.sum(k, 1)  # [BLOCK_Q]
+        before = tl.cumsum(k, 1) - k  # kept columns left of each column
+        pos = tl.where(kept, before, n[:, None] + cols[None, :] - before)
+        tl.store(IDX_ROWS[:, None] + pos, tl.broadcast_to(cols[None, :], pos.shape), mask=ok2)
+        tl.store(KEPT_ROWS[:, None] + cols[None, :], k.to(tl.uint8), mask=ok2)
+        tl.store(COUNTS_ROWS, n, mask=row_ok)
 
     @triton.jit
     def _draft_row_kernel(QH, KH, ALLOWED, KCOUNTS, PROBS, KEYS, KEPT, COUNTS, IDX,
                           scale, mass, cap, NQ, NT, D, R, sab, sat,
                           MODE: tl.constexpr, HAS_ALLOWED: tl.constexpr, ASYM: tl.constexpr,
-                          WRITE_PROBS: tl.constexpr, NT_P2: tl.constexpr, BLOCK_D: tl.constexpr):
-        i = tl.program_id(0)  # query tile
+                          WRITE_PROBS: tl.constexpr, BLOCK_Q: tl.constexpr, NT_P2: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+        """BLOCK_Q rows of one head's draft map: the pooled keys are read once for all of
+        them, each row's logits, softmax and selection are its own."""
+        rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # query tiles
         bh = tl.program_id(1)
         cols = tl.arange(0, NT_P2)
+        row_ok = rows < NQ
         col_ok = cols < NT
-        logits = tl.zeros([NT_P2], tl.float32)
+        ok2 = row_ok[:, None] & col_ok[None, :]  # [BLOCK_Q, NT_P2]
+        logits = tl.zeros([BLOCK_Q, NT_P2], tl.float32)
         for d0 in range(0, D, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             d_ok = offs_d < D
-            qv = tl.load(QH + (bh * NQ + i) * D + offs_d, mask=d_ok, other=0.0)
-            kv = tl.load(KH + bh * NT * D + cols[:, None] * D + offs_d[None, :],
-                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [NT_P2, BLOCK_D]
-            logits += tl.sum(kv * qv[None, :], 1)
-        ok = col_ok
+            qv = tl.load(QH + (bh * NQ + rows[:, None]) * D + offs_d[None, :],
+                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_Q, BLOCK_D]
+            kv = tl.load(KH + (bh * NT + cols[None, :]) * D + offs_d[:, None],
+                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, NT_P2]
+            logits += tl.dot(qv, kv, input_precision="ieee")
+        ok = ok2
         if HAS_ALLOWED:
-            ok = ok & (tl.load(ALLOWED + i * sab + cols * sat, mask=col_ok, other=0) != 0)
+            ok = ok & (tl.load(ALLOWED + rows[:, None] * sab + cols[None, :] * sat, mask=ok2,
+                               other=0) != 0)
         logits = tl.where(ok, logits * scale, float("-inf"))
-        e = tl.where(ok, tl.exp(logits - tl.max(logits, 0)), 0.0)
-        p = e / tl.sum(e, 0)  # [NT_P2], 0 outside the allowed columns
-        row = (bh * NQ + i) * NT  # this row's offset in [B, H, nQ, nT]
+        top = tl.max(logits, 1)
+        top = tl.where(top == float("-inf"), 0.0, top)  # padding rows: no -inf - -inf
+        e = tl.where(ok, tl.exp(logits - top[:, None]), 0.0)
+        # a real row's sum is >= 1 (its largest entry is exp(0)); padding rows' 0 stays 0
+        p = e / tl.maximum(tl.sum(e, 1), 1.0)[:, None]  # 0 outside the allowed columns
+        row_start = (bh * NQ + rows) * NT  # each row's offset in [B, H, nQ, nT]
         if WRITE_PROBS:
-            tl.store(PROBS + row + cols, p, mask=col_ok)
-        own = (cols // R) == i  # the tiles inside query tile i (the diagonal when R = 1)
+            tl.store(PROBS + row_start[:, None] + cols[None, :], p, mask=ok2)
+        # the tiles inside each query tile (the diagonal when R = 1)
+        own = (cols[None, :] // R) == rows[:, None]
         if ASYM:  # tiles of padding only are nobody's own
-            own = own & (tl.load(KCOUNTS + cols, mask=col_ok, other=0.0) > 0)
+            own = own & (tl.load(KCOUNTS + cols, mask=col_ok, other=0.0) > 0)[None, :]
+        flat = rows[:, None] * NT + cols[None, :]
         if MODE == 0:  # global: the probability, own blocks first
             prio = tl.where(ok, tl.where(own, 2.0, p), float("-inf"))
-            tl.store(KEYS + row + cols, _head_key(prio, i * NT + cols), mask=col_ok)
+            tl.store(KEYS + row_start[:, None] + cols[None, :], _head_key(prio, flat), mask=ok2)
         else:
-            # the row in select_blocks' order: own tiles, then by probability; a sort key that
+            # each row in select_blocks' order: own tiles, then by probability; a sort key that
             # carries (own, allowed, probability bits, column), so the sort moves all of them
             bits = p.to(tl.int32, bitcast=True).to(tl.int64)  # p >= 0: bits are monotone
             skey = (own.to(tl.int64) * 1125899906842624 + ok.to(tl.int64) * 562949953421312
-                    + bits * 65536 + (65535 - cols))  # own * 2**50 + ok * 2**49
-            skey = tl.sort(tl.where(col_ok, skey, -1), 0, descending=True)
-            s_live = skey >= 0
+                    + bits * 65536 + (65535 - cols[None, :]))  # own * 2**50 + ok * 2**49
+            skey = tl.sort(tl.where(ok2, skey, -1), 1, descending=True)
+            s_live = (skey >= 0) & row_ok[:, None]
             s_col = 65535 - (skey & 65535).to(tl.int32)
             s_p = ((skey >> 16) & 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
             s_p = tl.where(s_live, s_p, 0.0)
             s_own = ((skey >> 50) & 1) == 1
             s_ok = ((skey >> 49) & 1) == 1
-            before = tl.cumsum(s_p, 0) - s_p  # draft mass ahead of each entry in its row
+            before = tl.cumsum(s_p, 1) - s_p  # draft mass ahead of each entry in its row
+            s_at = row_start[:, None] + s_col
             if MODE == 1:  # row: priority -(mass before), own blocks 1
                 prio = tl.where(s_ok, tl.where(s_own, 1.0, -before), float("-inf"))
-                tl.store(KEYS + row + s_col, _head_key(prio, i * NT + s_col), mask=s_live)
+                tl.store(KEYS + s_at, _head_key(prio, rows[:, None] * NT + s_col), mask=s_live)
             else:  # top_p: the fewest entries reaching `mass`, at most the cap, own ones always
-                row_cap = tl.maximum(tl.sum(own.to(tl.int32), 0), cap)
-                keep = (((before < mass) & (cols < row_cap)) | s_own) & s_ok & s_live
-                tl.store(KEPT + row + s_col, keep.to(tl.uint8), mask=s_live)
-                tl.debug_barrier()  # the row's flags, written in sorted order, read back in order
-                kept = tl.load(KEPT + row + cols, mask=col_ok, other=0) != 0
-                _write_lists(kept, cols, col_ok, KEPT + row, COUNTS + bh * NQ + i, IDX + row)
+                row_cap = tl.maximum(tl.sum(own.to(tl.int32), 1), cap)[:, None]
+                keep = (((before < mass) & (cols[None, :] < row_cap)) | s_own) & s_ok & s_live
+                tl.store(KEPT + s_at, keep.to(tl.uint8), mask=s_live)
+                tl.debug_barrier()  # the flags, written in sorted order, read back in order
+                kept = tl.load(KEPT + row_start[:, None] + cols[None, :], mask=ok2, other=0) != 0
+                _write_lists(kept, cols, ok2, KEPT + row_start, COUNTS + bh * NQ + rows,
+                             IDX + row_start, row_ok, NT)
 
     @triton.jit
-    def _index_kernel(KEYS, THRESH, KEPT, COUNTS, IDX, NQ, NT, NT_P2: tl.constexpr):
-        i = tl.program_id(0)
+    def _index_kernel(KEYS, THRESH, KEPT, COUNTS, IDX, NQ, NT, BLOCK_Q: tl.constexpr,
+                      NT_P2: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
         bh = tl.program_id(1)
         cols = tl.arange(0, NT_P2)
-        col_ok = cols < NT
-        row = (bh * NQ + i) * NT
-        key = tl.load(KEYS + row + cols, mask=col_ok, other=0)
-        kept = (key >= tl.load(THRESH + bh)) & col_ok
-        _write_lists(kept, cols, col_ok, KEPT + row, COUNTS + bh * NQ + i, IDX + row)
+        row_ok = rows < NQ
+        ok2 = row_ok[:, None] & (cols < NT)[None, :]
+        row_start = (bh * NQ + rows) * NT
+        key = tl.load(KEYS + row_start[:, None] + cols[None, :], mask=ok2, other=0)
+        kept = (key >= tl.load(THRESH + bh)) & ok2
+        _write_lists(kept, cols, ok2, KEPT + row_start, COUNTS + bh * NQ + rows,
+                     IDX + row_start, row_ok, NT)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -264,20 +283,23 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
                              f"{list(allowed.shape)}")
         allowed_arg, strides = allowed.view(torch.uint8), allowed.stride()
     cap = math.ceil(max_density * nt - 1e-9) if mode == "top_p" else 0
-    warps = 4 if nt_p2 <= 256 else 8
-    _draft_row_kernel[(nq, b * h)](
+    block_q = 16  # tl.dot's least; the rows of a program share one read of the pooled keys
+    warps = 4 if block_q * nt_p2 <= 2048 else 8 if block_q * nt_p2 <= 8192 else 16
+    grid = (triton.cdiv(nq, block_q), b * h)
+    _draft_row_kernel[grid](
         q_hat, k_hat, allowed_arg, layout.counts, probs if return_probs else kept,
         keys if keys is not None else kept, kept, counts, indices,
         scale, mass or 0.0, cap, nq, nt, d, layout.tiles_per_query_tile, *strides,
         MODE=("global", "row", "top_p").index(mode), HAS_ALLOWED=allowed is not None,
-        ASYM=layout.asymmetric, WRITE_PROBS=return_probs, NT_P2=nt_p2,
-        BLOCK_D=min(triton.next_power_of_2(d), max(16, 8192 // nt_p2)), num_warps=warps)
+        ASYM=layout.asymmetric, WRITE_PROBS=return_probs, BLOCK_Q=block_q, NT_P2=nt_p2,
+        BLOCK_D=min(max(16, triton.next_power_of_2(d)), max(16, 8192 // nt_p2)),
+        num_warps=warps)
     if keys is not None:
         total = nq * nt if allowed is None else allowed_count
         budget = (block_budget(nt, sparsity, nq) if allowed is None
                   else min(total, max(nt, round((1.0 - sparsity) * total))))
         # the budget-th largest key of each head: exactly `budget` keys reach it (unique keys)
         thresh = keys.view(b, h, nq * nt).topk(budget, dim=-1, sorted=False).values.amin(-1)
-        _index_kernel[(nq, b * h)](keys, thresh.contiguous(), kept, counts, indices, nq, nt,
-                                   NT_P2=nt_p2, num_warps=warps)
+        _index_kernel[grid](keys, thresh.contiguous(), kept, counts, indices, nq, nt,
+                            BLOCK_Q=block_q, NT_P2=nt_p2, num_warps=warps)
     return DraftBlocks(kept.view(torch.bool), counts, indices, probs)

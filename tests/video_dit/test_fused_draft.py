@@ -1,6 +1,7 @@
 """The fused Triton draft (`mmspec/video_dit/fused_draft.py`) against the torch draft path, under
-TRITON_INTERPRET=1 on the CPU (slow: tiny maps, a handful of calls), and the draft side's host
-syncs (none, either way)."""
+TRITON_INTERPRET=1 on the CPU (slow: tiny maps, a handful of calls) or compiled on a GPU
+(`benchmarks/gpu_session.sh`'s draft_tests step), and the draft side's host syncs (none, either
+way)."""
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from mmspec.video_dit.tiles import frame_causal_tiles
 
 pytest.importorskip("triton")
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # square: 8 tiles of 8 tokens; asymmetric: 2x4 tiles under 4x8 query tiles, frames of 6 rows
 # padded to 8, so a quarter of the tiles hold padding only (dead)
-SQUARE = dict(grid=(2, 4, 8), tile=(2, 4))
-ASYM = dict(grid=(2, 6, 8), tile=(2, 4), query_tile=(4, 8))
+SQUARE = dict(grid=(2, 4, 8), tile=(2, 4), device=DEVICE)
+ASYM = dict(grid=(2, 6, 8), tile=(2, 4), query_tile=(4, 8), device=DEVICE)
 
 
 _SYNCS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
@@ -40,7 +42,7 @@ class _SyncCounter(TorchDispatchMode):
 
 def _tiled_qk(layout, b, h, d=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [layout.to_tiles(torch.randn(b, h, layout.num_tokens, d, generator=g))
+    return [layout.to_tiles(torch.randn(b, h, layout.num_tokens, d, generator=g).to(DEVICE))
             for _ in range(2)]
 
 
@@ -88,7 +90,7 @@ def test_fused_draft_selects_the_torch_paths_blocks_and_index(shape, mode, b, ca
 def test_draft_attention_builds_its_mask_from_the_fused_index():
     layout = tile_layout(**SQUARE)
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 1, layout.num_tokens, 8, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, 1, layout.num_tokens, 8, generator=g).to(DEVICE) for _ in range(3))
     maps = []
     with _SyncCounter() as syncs:  # whole tiles: no padding correction, no sync at all
         out, density = draft_attention(q, k, v, layout, sparsity=0.7, draft_kernel="triton",
@@ -103,13 +105,13 @@ def test_draft_attention_builds_its_mask_from_the_fused_index():
 
 def test_a_bad_draft_kernel_is_named():
     layout = tile_layout(**SQUARE)
-    q = torch.zeros(1, 1, layout.num_tokens, 8)
+    q = torch.zeros(1, 1, layout.num_tokens, 8, device=DEVICE)
     with pytest.raises(ValueError, match="draft_kernel must be one of .* got 'cuda'"):
         draft_attention(q, q, q, layout, sparsity=0.5, draft_kernel="cuda")
     with pytest.raises(ValueError, match="draft_kernel must be one of .* got 'fused'"):
         DraftAttentionConfig(draft_kernel="fused")
     with pytest.raises(ValueError, match="allowed needs allowed_count"):
-        draft_blocks(q, q, layout, 0.5, allowed=torch.ones(8, 8, dtype=torch.bool))
+        draft_blocks(q, q, layout, 0.5, allowed=torch.ones(8, 8, dtype=torch.bool, device=DEVICE))
 
 
 @pytest.mark.parametrize("mode", ["global", "row", "top_p"])

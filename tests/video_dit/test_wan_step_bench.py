@@ -132,5 +132,16 @@ def test_overhead_and_speed_times_dense_and_sparse_in_turn(monkeypatch):
                         logged("sparse", bench.block_sparse_attention))
     monkeypatch.setattr(bench, "draft_attention", logged("whole", bench.draft_attention))
     t = bench.overhead_and_speed((2, 8, 16), (4, 4), heads=1, dim=32, sparsity=0.5, reps=2)
-    assert calls[1:] == ["dense", "sparse", "whole"] * 3  # after the mask's own call: warm-up + 2
+    # after the mask's own call: warm-up + 2, the whole call with each draft kernel
+    assert calls[1:] == ["dense", "sparse", "whole", "whole"] * 3
     assert t["dense"] > 0 and t["sparse_call"] > 0 and t["whole"] > 0
+    assert t["whole_torch_draft"] > 0 and t["fused"] == {}  # no fused timing off CUDA
+
+
+def test_run_speedup_counts_the_dense_warm_up_steps():
+    from benchmarks.draft_attention import run_speedup
+
+    # the default warm-up: 15 of 50 steps dense (dense_steps=0.3)
+    assert run_speedup(1.0) == pytest.approx(1.0)
+    assert run_speedup(2.0) == pytest.approx(50 / (15 + 35 / 2))
+    assert run_speedup(2.19) == pytest.approx(1.61, abs=0.005)  # BENCHMARKS.md's estimate
