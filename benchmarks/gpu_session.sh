@@ -14,6 +14,14 @@
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
 #             (section engine_speed_gpu)
 #   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted
+# Issue 32 item 4, by name (STEPS="draft_tests draft", about 5-6 minutes; needs diffusers):
+#   draft_tests  tests/video_dit/test_fused_draft.py compiled on the GPU: the fused Triton draft
+#                selects the torch path's blocks and writes its index, with no host sync
+#   draft    benchmarks/draft_attention.py --gpu-only: the draft side's cost as % of a dense
+#            call at 32,256 tokens, fused against torch ops, and one Wan-sized denoising step
+#            dense / 75% / 90% with either draft, next to its 50-step estimate with the default
+#            15 dense warm-up steps, at 32k, 480x832 and 720x1280 and CogVideoX-2B's 480x720
+#            (section draft_attention_gpu, the grids of its last run)
 # Earlier sessions' steps, by name only (STEPS="compiled padded_text tiles"):
 #   compiled DraftAttention against compiled dense, Wan and CogVideoX sizes; padded_text
 #   HunyuanVideo 1.5's padded-text skip; tiles the sparse call at 128-, 64- and 32-token blocks
@@ -28,7 +36,8 @@ set -uo pipefail
 if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
     mkdir -p .whl
     for spec in transformers==5.24.0 accelerate==1.15.0 huggingface_hub==2.4.0 \
-                tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex; do
+                tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex \
+                diffusers==0.42.1 safetensors==0.8.0; do
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
             --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
@@ -59,6 +68,9 @@ $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.
 step kernels 270 $PY benchmarks/kernels.py --gpu-only --write --points "$OUT/kernel_points.json"
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 step tests 90 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py
+step draft_tests 120 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/video_dit/test_fused_draft.py
+step draft 420 $PY benchmarks/draft_attention.py --gpu-only --write \
+    --extra-grids 21x30x52,21x45x80 --cogvideox-grids 13x30x45
 step compiled 300 $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
 step padded_text 120 $PY benchmarks/draft_attention.py --padded-text --write
