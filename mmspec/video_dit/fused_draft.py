@@ -20,11 +20,12 @@ Here:
    kept flags, their count and the ordered index list `BlockSparseMask.from_dense` builds (kept
    blocks first, ascending, then the rest), padded to the fixed width nT.
 
-Identical to the torch path (`select_blocks` + `from_dense`) wherever no two priorities tie at the
-budget's edge, which random inputs never do (tested, `tests/video_dit/test_fused_draft.py`).
-Deliberate difference: ties are broken by position (the lower flat index wins), where
-`torch.topk` and `argsort` leave the order unspecified; the pooled sums and the draft map are
-fp32 as there, summed in another order (last-bit differences).
+Identical to the torch path (`select_blocks` + `from_dense`) wherever no two priorities tie, or
+come within a few last bits of each other, at the budget's edge, which random inputs do not
+(tested, `tests/video_dit/test_fused_draft.py`). Deliberate differences: ties are broken by
+position (the lower flat index wins), where `torch.topk` and `argsort` leave the order
+unspecified; the pooled sums, the draft map and the row's running mass are fp32 as there, summed
+in another order (last-bit differences).
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
 
     nt_p2 = max(16, triton.next_power_of_2(nt))
     keys = torch.empty(b, h, nq, nt, device=dev, dtype=torch.int64) if mode != "top_p" else None
-    kept = torch.zeros(b, h, nq, nt, device=dev, dtype=torch.uint8)
+    kept = torch.empty(b, h, nq, nt, device=dev, dtype=torch.uint8)  # every entry written
     counts = torch.empty(b, h, nq, device=dev, dtype=torch.int32)
     indices = torch.empty(b, h, nq, nt, device=dev, dtype=torch.int32)
     probs = torch.empty(b, h, nq, nt, device=dev, dtype=torch.float32) if return_probs else None
