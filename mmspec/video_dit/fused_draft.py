@@ -46,7 +46,10 @@ except ImportError:  # Linux-only; the torch path covers the rest
     triton = None
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_MAX_TILES = 4096  # a draft row lives in registers: [nT] keys, [nT, BLOCK_D] pooled keys
+# a program holds 16 draft rows as int64 sort keys, [16, nT padded to a power of 2]: 128 KB of
+# registers and shared memory at 1,024 tiles (HunyuanVideo at 720p, 129 frames: 990); larger
+# maps take the torch path
+_MAX_TILES = 1024
 _FLAT_BITS = 22  # the position inside a head's map, in the low bits of its key: nQ * nT < 4M
 
 

@@ -110,6 +110,11 @@ def test_a_bad_draft_kernel_is_named():
         draft_attention(q, q, q, layout, sparsity=0.5, draft_kernel="cuda")
     with pytest.raises(ValueError, match="draft_kernel must be one of .* got 'fused'"):
         DraftAttentionConfig(draft_kernel="fused")
+    big = tile_layout((2, 64, 128), (2, 4), device=DEVICE)  # 2,048 tiles: the torch path's
+    q_big = torch.zeros(1, 1, big.num_tokens, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="draft_kernel='triton' cannot run here: draft maps of "
+                                         "at most 1024 tiles a row .* got 2048 x 2048"):
+        draft_attention(q_big, q_big, q_big, big, sparsity=0.5, draft_kernel="triton")
     with pytest.raises(ValueError, match="allowed needs allowed_count"):
         draft_blocks(q, q, layout, 0.5, allowed=torch.ones(8, 8, dtype=torch.bool, device=DEVICE))
 
