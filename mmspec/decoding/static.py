@@ -199,9 +199,10 @@ def _measure(target, input_ids, attention_mask):
             attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
             attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
             dtype = next(target.parameters()).dtype
-            mask = dense_tree_mask(attends, NODE_BUCKET, length, dtype)
-            depth = torch.tensor([[1, 1, 2] + [0] * (NODE_BUCKET - 3)], device=ids.device)
-            tokens = torch.nn.functional.pad(ids[:, n:], (0, NODE_BUCKET - 3))
+            p = _round_up(3, NODE_BUCKET)
+            mask = dense_tree_mask(attends, p, length, dtype)
+            depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
+            tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
             got = target(input_ids=tokens, attention_mask=mask,
                          position_ids=pos[..., -1:] + depth, use_cache=True, return_dict=True,
                          **kwargs).logits[0, :3]
