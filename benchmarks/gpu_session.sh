@@ -12,7 +12,10 @@
 #             the machine, D 128 and 64, random and causal masks (section kernels_gpu, and the
 #             measured points as JSON for `auto`'s table)
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
-#             (section engine_speed_gpu)
+#             (section engine_speed_gpu), then with --compile: generate(compile=True) against
+#             the eager engine on it (section engine_compile_gpu; goal: compiled rounds >= 1.5x
+#             faster). With the compile run the three default steps need more than one
+#             10-minute call: run STEPS="engine" alone, then "kernels tests"
 #   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted
 # Earlier sessions' steps, by name only (STEPS="compiled padded_text tiles"):
 #   compiled DraftAttention against compiled dense, Wan and CogVideoX sizes; padded_text
@@ -48,14 +51,16 @@ export PYTHONUNBUFFERED=1
 step() {  # name, seconds, command...: run, keep the log, go on after a failure or a time-out
     local name=$1 limit=$2; shift 2
     [[ " $STEPS " == *" $name "* ]] || return 0
+    local log="$OUT/${STEP_LOG:-$name}.log"  # STEP_LOG: a second command of one step
     echo "== $name: $*"
     local start=$SECONDS
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-    echo "   rc $? in $((SECONDS - start)) s (log $OUT/$name.log)"
+    timeout "$limit" "$@" >"$log" 2>&1
+    echo "   rc $? in $((SECONDS - start)) s (log $log)"
 }
 $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
 step kernels 270 $PY benchmarks/kernels.py --gpu-only --write --points "$OUT/kernel_points.json"
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
+STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
 step tests 90 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py
 step compiled 300 $PY benchmarks/draft_attention.py --gpu-only --compile --write \
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
