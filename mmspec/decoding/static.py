@@ -67,7 +67,7 @@ def check_compile(compile) -> CompileConfig | None:
 
 def compiled_forward(target, config: CompileConfig):
     """The target's compiled `__call__` (transformers caches it on the model)."""
-    if config.mode is None:
+    if config.mode is None and config.backend == "inductor":  # CUDA graphs where they exist
         device = next(target.parameters()).device
         config = CompileConfig(**{**config.to_dict(),
                                   "mode": "reduce-overhead" if device.type == "cuda" else "default"})

@@ -142,16 +142,18 @@ def test_compile_must_be_a_bool_or_a_compile_config(value):
         generate(tiny_llama(0), RandomDrafter(4), torch.tensor([[5, 6, 7]]), compile=value)
 
 
-def _compiled_run(backend):
+def _compiled_run(backend, device="cpu"):
     torch._dynamo.reset()
     counters = importlib.import_module("torch._dynamo.utils").counters
     counters.clear()
-    target = tiny_llama(0, layers=1, init_std=identity.SHARP)
-    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    target = tiny_llama(0, layers=1, init_std=identity.SHARP).to(device)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).to(device)
     ref = target.generate(ids, do_sample=False, max_new_tokens=NEW)
-    config = CompileConfig(backend=backend, dynamic=False, fullgraph=False)
+    # reduce-overhead: CUDA graphs on a GPU (inductor's default on a CPU)
+    config = CompileConfig(backend=backend, dynamic=False, fullgraph=False,
+                           mode="reduce-overhead" if backend == "inductor" else None)
     for drafter in (OracleDrafter(ref[:, 8:], [8], 3, "tree"),  # 7 nodes: one bucket of 8
-                    ModelDrafter(tiny_llama(1), 4)):  # 5 nodes, then fewer at the budget's end
+                    ModelDrafter(tiny_llama(1).to(device), 4)):  # 5 nodes, fewer at the end
         out = generate(target, drafter, ids, max_new_tokens=NEW, compile=config)
         assert torch.equal(out.sequences, ref)
         assert out.stats.rounds > 3
@@ -163,8 +165,12 @@ def test_a_compiled_graph_serves_every_round():
     _compiled_run("eager")
 
 
-@pytest.mark.skipif(os.environ.get("MMSPEC_INDUCTOR") != "1",
-                    reason="a cold inductor compile takes minutes on the 2-core machine; "
-                           "MMSPEC_INDUCTOR=1 runs it")
-def test_inductor_compiled_rounds_are_token_identical():
-    _compiled_run("inductor")
+_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.skipif(
+    os.environ.get("MMSPEC_INDUCTOR") != "1", reason="a cold inductor compile takes minutes on "
+    "the 2-core machine; MMSPEC_INDUCTOR=1 runs it")), _CUDA])
+def test_inductor_compiled_rounds_are_token_identical(device):
+    _compiled_run("inductor", device)
