@@ -459,7 +459,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         remaining = [max_new_tokens - c - 1 if live else -1 for c, live in zip(rows.count, rows.live)]
         depth_cap = max(remaining)
         state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
-                           hidden, model_kwargs, generator, asked_eos, sampling)
+                           hidden, model_kwargs, generator, asked_eos, sampling,
+                           None if static is None else static.config)
         ta = clock.now()
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(b, device)
         tb = clock.now()

@@ -50,7 +50,7 @@ NODE_BUCKET = 8
 LENGTH_BUCKET = 64
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
@@ -108,12 +108,47 @@ def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> to
     return additive_mask(full, dtype)[:, None]
 
 
+def padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x `[..., N]` zero-padded to `[..., width]`, a new tensor of standard strides (a view's
+    strides would be guarded by the compiled graph: a step's token, sliced from a longer row,
+    recompiled it every round)."""
+    out = x.new_zeros(*x.shape[:-1], width)
+    out[..., : x.shape[-1]] = x
+    return out
+
+
+def grow(cache: StaticCache, needed: int, length: int) -> int:
+    """The cache's length after making room for `needed` slots: `length` where they fit, else
+    every layer reallocated (entries kept) to a larger whole bucket."""
+    if needed <= length:
+        return length
+    length = round_up(max(needed, length * 3 // 2), LENGTH_BUCKET)
+    for layer in cache.layers:
+        layer.max_cache_len = length
+        if not layer.is_initialized:
+            continue
+        for name in ("keys", "values"):
+            old = getattr(layer, name)  # [B, H, length, D]
+            new = old.new_zeros(*old.shape[:2], length, old.shape[3])
+            new[:, :, : old.shape[2]] = old
+            torch._dynamo.mark_static_address(new)
+            setattr(layer, name, new)
+    return length
+
+
+def static_layers_only(model) -> bool:
+    """Whether transformers' `StaticCache` holds every layer of `model` in a `StaticLayer`."""
+    kinds = {type(layer).__name__ for layer in StaticCache(config=model.config,
+                                                           max_cache_len=1).layers}
+    return kinds == {"StaticLayer"}
+
+
 class StaticVerifier:
     """The engine's static cache and compiled verification forward for one `generate` call."""
 
     def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int):
-        self.target = target
-        self.length = _round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
+        self.target, self.config = target, config
+        self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
         self.cache = StaticCache(config=target.config, max_cache_len=self.length)
         self.forward = compiled_forward(target, config)
         self.dtype = next(target.parameters()).dtype
@@ -127,32 +162,19 @@ class StaticVerifier:
 
     def _fit(self, needed: int) -> None:
         """Grow every layer to at least `needed` slots (a batch's holes; module docstring)."""
-        if needed <= self.length:
-            return
-        length = _round_up(max(needed, self.length * 3 // 2), LENGTH_BUCKET)
-        for layer in self.cache.layers:
-            layer.max_cache_len = length
-            if not layer.is_initialized:
-                continue
-            for name in ("keys", "values"):
-                old = getattr(layer, name)  # [B, H, length, D]
-                new = old.new_zeros(*old.shape[:2], length, old.shape[3])
-                new[:, :, : old.shape[2]] = old
-                torch._dynamo.mark_static_address(new)
-                setattr(layer, name, new)
-        self.length = length
+        self.length = grow(self.cache, needed, self.length)
 
     def verify(self, tree, cache_valid, position_ids, need_hidden: bool):
         """The verification forward of `tree` (N nodes) padded to P; returns `.logits`
         `[B, N, V]` and `.hidden_states` (each `[B, N, H]`) of the N nodes."""
         b, n = tree.tokens.shape
         c = cache_valid.shape[1]
-        p = _round_up(n, NODE_BUCKET)
+        p = round_up(n, NODE_BUCKET)
         self._fit(c + p)
         attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
         mask = dense_tree_mask(attends, p, self.length, self.dtype)  # [B, 1, P, length]
-        tokens = torch.nn.functional.pad(tree.tokens, (0, p - n))  # [B, P]
-        depth = torch.nn.functional.pad(tree.depth * tree.valid, (0, p - n))  # padding: the root's
+        tokens = padded(tree.tokens, p)  # [B, P]
+        depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
         out = self.forward(input_ids=tokens, attention_mask=mask,
                            position_ids=position_ids + depth,  # [..., B, P]
                            **cache_kwargs(self.target.forward, self.cache), use_cache=True,
@@ -185,7 +207,7 @@ def _measure(target, input_ids, attention_mask):
             plain = admission._plain(target, ids[:, :n + 1])[-1:]  # x after the prompt
             ref_yz = admission._plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
             want = torch.cat([plain, ref_yz])  # [3, V]
-            length = _round_up(n + NODE_BUCKET, LENGTH_BUCKET)
+            length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
             cache = StaticCache(config=target.config, max_cache_len=length)
             kwargs = cache_kwargs(target.forward, cache)
             prompt = ids[:, :n]
@@ -199,7 +221,7 @@ def _measure(target, input_ids, attention_mask):
             attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
             attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
             dtype = next(target.parameters()).dtype
-            p = _round_up(3, NODE_BUCKET)
+            p = round_up(3, NODE_BUCKET)
             mask = dense_tree_mask(attends, p, length, dtype)
             depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
             tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
