@@ -7,7 +7,8 @@ its `StaticCache` (each `StaticLayer` preallocates `[B, H, length, D]` and write
 its `cumulative_length`), and the forward is `model.get_compiled_call(CompileConfig(...))`, the
 compiled `__call__` that `model.generate` decodes with (`dynamic=False`; `mode="reduce-overhead"`
 on CUDA, which records CUDA graphs, and inductor's default elsewhere). The prefill stays eager, as
-in `model.generate`.
+in `model.generate`. A `ModelDrafter` chain runs its own model the same way (`DraftState.compile`;
+`drafters/model_drafter.py`).
 
 One shape per round: every verification forward feeds `P` nodes, the tree's node count rounded up
 to `NODE_BUCKET` (padding nodes attend only to themselves and are never committed), against all
