@@ -67,12 +67,20 @@ def check_compile(compile) -> CompileConfig | None:
 
 
 def compiled_forward(target, config: CompileConfig):
-    """The target's compiled `__call__` (transformers caches it on the model)."""
+    """The target's compiled `__call__` (transformers caches it on the model), each call a new
+    step of the CUDA graphs: the engine and `ModelDrafter` keep no output of a compiled call past
+    the next one (what they keep, they gather or copy), so a replay may reuse its buffers."""
     if config.mode is None and config.backend == "inductor":  # CUDA graphs where they exist
         device = next(target.parameters()).device
         config = CompileConfig(**{**config.to_dict(),
                                   "mode": "reduce-overhead" if device.type == "cuda" else "default"})
-    return target.get_compiled_call(config)
+    compiled = target.get_compiled_call(config)
+
+    def call(**kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(**kwargs)
+
+    return call
 
 
 def refuse(target, windows) -> None:
