@@ -27,8 +27,14 @@ lookup (`prompt_lookup_num_tokens=7`, no model), beside mmspec's `PromptLookupDr
 CPU: the zoo text target (fp32). GPU (`--gpu`): a Llama-7B-sized random-weight target in bf16
 (hidden 4096, 32 layers, 32 heads, FFN 11008, vocabulary 32000), built on the GPU.
 
-    python benchmarks/engine_speed.py [--write] [--threads 2] [--new-tokens 96]
-    python benchmarks/engine_speed.py --gpu [--write]        # section engine_speed_gpu
+`--compile` measures instead `generate(compile=True)` beside the eager engine at tau = 4, chain
+and tree, and target-only greedy, in one run (section engine_compile / engine_compile_gpu): the round time of each (wall time of
+the call minus its prefill, over its rounds; the drafter is the oracle, nearly free), their ratio,
+and the first compiled call's time (tracing, compiling and, on CUDA, recording the graphs). Goal
+on the GPU: compiled rounds >= 1.5x faster than eager ones.
+
+    python benchmarks/engine_speed.py [--write] [--threads 2] [--new-tokens 96] [--compile]
+    python benchmarks/engine_speed.py --gpu [--write] [--compile]  # section engine_speed_gpu
 """
 
 from __future__ import annotations
@@ -172,20 +178,30 @@ def zoo_target():
     return entry.model.eval(), "the zoo text target, fp32", entry.tokenizer
 
 
-def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list, dict]:
-    vocab = target.get_output_embeddings().weight.shape[0]
-    greedy = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def baseline(target, ids, new_tokens: int, repeats: int, device) -> dict:
+    """Target-only greedy: its time and output, and the reference the oracle drafts from."""
     target.generation_config.eos_token_id = None  # EOS off: every call makes new_tokens
 
     def target_only(n=new_tokens):
-        return target.generate(ids, max_new_tokens=n, **greedy)
+        return target.generate(ids, max_new_tokens=n, **GREEDY)
 
     target_only(8)  # warm-up
-    reference = target.generate(ids, max_new_tokens=new_tokens + CHAIN + 2, **greedy)
+    reference = target.generate(ids, max_new_tokens=new_tokens + CHAIN + 2, **GREEDY)
     t_base, base_out = wall(target_only, device, repeats)
-    t_step = t_base / new_tokens
     print(f"target-only greedy: {t_base * 1e3:.0f} ms for {new_tokens} tokens "
-          f"({t_step * 1e3:.2f} ms a token)", flush=True)
+          f"({t_base / new_tokens * 1e3:.2f} ms a token)", flush=True)
+    return {"reference": reference, "base_out": base_out, "t_base": t_base}
+
+
+def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list, dict]:
+    vocab = target.get_output_embeddings().weight.shape[0]
+    greedy = GREEDY
+    base = baseline(target, ids, new_tokens, repeats, device)
+    reference, base_out, t_base = base["reference"], base["base_out"], base["t_base"]
+    t_step = t_base / new_tokens
     rows, plot_rows, raw = [], [], {"t_step_ms": t_step * 1e3}
     for shape in ("chain", "tree"):
         for tau in TAUS:
@@ -250,6 +266,46 @@ def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list,
     return rows, lookup_rows, raw
 
 
+COMPILE_TAU = 4.0
+
+
+def run_compiled(target, ids, new_tokens: int, repeats: int, device) -> list:
+    """`compile=True` against the eager engine, side by side, at `COMPILE_TAU` (module
+    docstring). The first compiled call has the timed calls' length: the static cache is sized
+    by the prompt and `max_new_tokens`, so a shorter warm-up would compile another graph."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    raw = baseline(target, ids, new_tokens, repeats, device)
+    rows = []
+    for shape in ("chain", "tree"):
+        drafter = OracleDrafter(raw["reference"], COMPILE_TAU, shape, vocab)
+
+        def spec(compile, d=drafter):
+            return generate(target, d, ids, max_new_tokens=new_tokens, eos_token_id=[],
+                            pad_token_id=0, compile=compile)
+
+        spec(False)  # warm-up
+        t_first, _ = wall(lambda: spec(True), device, 1)  # compiles
+        t_eager, eager = wall(lambda: spec(False), device, repeats)
+        t_comp, comp = wall(lambda: spec(True), device, repeats)
+        round_e = (eager.stats.total_time - eager.stats.prefill_time) / eager.stats.rounds
+        round_c = (comp.stats.total_time - comp.stats.prefill_time) / comp.stats.rounds
+        same = (torch.equal(eager.sequences, raw["base_out"])
+                and torch.equal(comp.sequences, raw["base_out"]))
+        rows.append([shape, f"{comp.stats.mean_accepted:.2f}", comp.stats.rounds,
+                     f"{round_e * 1e3:.2f}", f"{round_c * 1e3:.2f}", f"{round_e / round_c:.2f}x",
+                     f"{raw['t_base'] / t_eager:.2f}x", f"{raw['t_base'] / t_comp:.2f}x",
+                     f"{t_first:.1f}", "yes" if same else "no"])
+        print(f"{shape:5s} compiled: round {round_c * 1e3:.2f} ms vs eager {round_e * 1e3:.2f} "
+              f"ms ({round_e / round_c:.2f}x); first compiled call {t_first:.1f} s; "
+              f"identical: {same}", flush=True)
+    return rows
+
+
+COMPILE_HEADER = ["draft", "tau", "rounds", "eager round (ms)", "compiled round (ms)",
+                  "compiled vs eager rounds", "eager speedup", "compiled speedup",
+                  "first compiled call (s)", "= target-only"]
+
+
 HEADER = ["draft", "tau asked", "tau measured", "rounds", "decode step (ms)",
           "verify forward (ms)", "round, free drafter (ms)", "drafter (ms)",
           "engine / verify forward", "speedup", "ideal", "efficiency", "= target-only"]
@@ -267,6 +323,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=None,
                    help="timed calls per method, median (default 1 on the CPU, 3 on the GPU)")
+    p.add_argument("--compile", action="store_true",
+                   help="instead: generate(compile=True) against the eager engine at tau 4")
     args = p.parse_args(argv)
     if args.gpu and not torch.cuda.is_available():  # noqa: SIM102
         p.error("--gpu needs a CUDA device; none is visible")
@@ -281,6 +339,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         target, what, tokenizer = zoo_target()
         ids = heldout_code_prompt(tokenizer, args.prompt_tokens)
+    if args.compile:
+        with torch.inference_mode():
+            rows = run_compiled(target, ids, new_tokens, repeats, device)
+        return _write_compiled(args, rows, what, new_tokens, repeats, device)
     with torch.inference_mode():
         rows, lookup_rows, raw = run(target, ids, new_tokens, repeats, device)
     eff = {(r[0], r[1]): float(r[11]) for r in rows}
@@ -309,6 +371,31 @@ def main(argv=None) -> int:
         write_section(name, title, body)
     return 0
 
+
+def _write_compiled(args, compile_rows, what, new_tokens, repeats, device) -> int:
+    ratios = [float(r[5][:-1]) for r in compile_rows]
+    body = (
+        f"Target: {what}; a {args.prompt_tokens}-token prompt, {new_tokens} new tokens, greedy, "
+        f"EOS off; median of {repeats} timed call(s) after a warm-up and a first compiled call, "
+        f"every method in this one run; oracle drafter (as in the engine efficiency section) at "
+        f"tau {COMPILE_TAU:g}. `compile=True`: the KV in a StaticCache, every verification "
+        f"forward padded to one shape and torch.compiled (dynamic=False, "
+        f"{'mode reduce-overhead: CUDA graphs' if device.type == 'cuda' else 'inductor'}); the "
+        f"drafter is not compiled. A round is the call's wall time minus its prefill, over its "
+        f"rounds; speedups are over target-only greedy.\n\n"
+        + markdown_table(COMPILE_HEADER, compile_rows) + "\n")
+    if args.gpu:
+        body += (f"\nGoal (GPU): compiled rounds >= 1.5x faster than eager (chain "
+                 f"{ratios[0]:.2f}x, tree {ratios[1]:.2f}x: "
+                 f"{'met' if min(ratios) >= 1.5 else 'missed'}).\n")
+    print(body)
+    if args.write:
+        name = "engine_compile_gpu" if args.gpu else "engine_compile"
+        title = ("compile=True against the eager engine, GPU (`benchmarks/engine_speed.py "
+                 "--gpu --compile`)" if args.gpu else "compile=True against the eager engine, "
+                 "CPU (`benchmarks/engine_speed.py --compile`)")
+        write_section(name, title, body)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

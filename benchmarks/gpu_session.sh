@@ -12,8 +12,13 @@
 #             the machine, D 128 and 64, random and causal masks (section kernels_gpu, and the
 #             measured points as JSON for `auto`'s table)
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
-#             (section engine_speed_gpu)
-#   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted
+#             (section engine_speed_gpu), then with --compile: generate(compile=True) against
+#             the eager engine on it (section engine_compile_gpu; goal: compiled rounds >= 1.5x
+#             faster). With the compile run the three default steps need more than one
+#             10-minute call: run STEPS="engine" alone, then "kernels tests"
+#   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted; the
+#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama (exact, one
+#             graph for every round)
 # Issue 32 item 4, by name (STEPS="draft_tests draft", about 5-6 minutes; needs diffusers):
 #   draft_tests  tests/video_dit/test_fused_draft.py compiled on the GPU: the fused Triton draft
 #                selects the torch path's blocks and writes its index, with no host sync
@@ -59,15 +64,18 @@ export PYTHONUNBUFFERED=1
 step() {  # name, seconds, command...: run, keep the log, go on after a failure or a time-out
     local name=$1 limit=$2; shift 2
     [[ " $STEPS " == *" $name "* ]] || return 0
+    local log="$OUT/${STEP_LOG:-$name}.log"  # STEP_LOG: a second command of one step
     echo "== $name: $*"
     local start=$SECONDS
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-    echo "   rc $? in $((SECONDS - start)) s (log $OUT/$name.log)"
+    timeout "$limit" "$@" >"$log" 2>&1
+    echo "   rc $? in $((SECONDS - start)) s (log $log)"
 }
 $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
 step kernels 270 $PY benchmarks/kernels.py --gpu-only --write --points "$OUT/kernel_points.json"
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
-step tests 90 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py
+STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
+step tests 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
+    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical"
 step draft_tests 120 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/video_dit/test_fused_draft.py
 step draft 420 $PY benchmarks/draft_attention.py --gpu-only --write \
     --extra-grids 21x30x52,21x45x80 --cogvideox-grids 13x30x45

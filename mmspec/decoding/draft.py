@@ -90,6 +90,8 @@ class DraftState:
     sampling:       the call's `SamplingConfig` (temperature, top-k, top-p) when it samples, None
                     when it is greedy: a drafter proposing from the same warped distribution gets
                     the most accepted (`ModelDrafter(sample=True)`).
+    compile:        the call's transformers `CompileConfig` under `generate(compile=True)`, else
+                    None: a drafter that can run its model compiled does (`ModelDrafter` chains).
     """
 
     input_ids: torch.Tensor
@@ -102,6 +104,7 @@ class DraftState:
     generator: torch.Generator | None = None
     eos_token_id: tuple[int, ...] | None = None
     sampling: SamplingConfig | None = None
+    compile: object | None = None
 
 
 @dataclass

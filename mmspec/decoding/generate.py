@@ -38,6 +38,7 @@ from mmspec.kernels.hf import (
 
 from . import admission, kv_cache
 from . import recurrent as rec
+from . import static as static_cache
 from .draft import Draft, DraftState, VerifyResult
 from .clock import Clock, fill_times
 from .positions import engine_positions, prefill_position_ids
@@ -88,9 +89,10 @@ def _hidden(out, layers):
     return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
 
-def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
+def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows, cache=None):
     """The prompt forward, as `target.generate` runs it (no mask without padding, last logits
-    only). With sliding windows, into a cache that keeps every entry (`windows.py`)."""
+    only). With sliding windows, into a cache that keeps every entry (`windows.py`); `cache`:
+    the engine's `StaticCache` under `compile=True` (`static.py`)."""
     position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
         model_kwargs = {"logits_to_keep": 1, **model_kwargs}
@@ -100,7 +102,7 @@ def _prefill(target, input_ids, attention_mask, model_kwargs, layers, windows):
         position_ids=position_ids,
         use_cache=True, is_first_iteration=True, **model_kwargs,
         **cache_kwargs(target.prepare_inputs_for_generation,
-                       admission.engine_cache(target, windows)))
+                       cache if cache is not None else admission.engine_cache(target, windows)))
     out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
     hidden = _hidden(out, layers) if layers else None
     return out.logits[:, -1], output_cache(out), position_ids, hidden
@@ -162,7 +164,7 @@ class _Rows:
 
 def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32, do_sample=None,
              temperature=None, top_k=None, top_p=None, eos_token_id=None, streamer=None,
-             pad_token_id=None, generator=None, on_round=None, profile=False,
+             pad_token_id=None, generator=None, on_round=None, profile=False, compile=False,
              **model_kwargs) -> SpecOutput:
     """Speculative decoding with `drafter`; output distributed exactly as `target.generate`'s.
 
@@ -196,6 +198,12 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
             CUDA device; otherwise they are wall time, which on a GPU counts launches, not
             kernels (no round waits for the device only to time it; `stats.total_time` does
             wait, once).
+        compile: True keeps the target's KV in a transformers `StaticCache` and runs every
+            verification forward in one shape, `torch.compile`d (`dynamic=False`; CUDA graphs
+            through `mode="reduce-overhead"` on a GPU); a transformers `CompileConfig` sets the
+            compilation itself. Off by default: compiling costs seconds to minutes at the first
+            call of each shape, which only long GPU runs earn back. Targets whose cache cannot be
+            static are refused before the first token (`static.py`).
         **model_kwargs: passed to the target's prefill (`pixel_values`, `image_grid_thw`, ...);
             as in `target.generate`, a name the model does not take is an error, and so is a
             generation setting `generate` does not apply (`no_repeat_ngram_size=`, ...).
@@ -235,26 +243,35 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    compile_config = static_cache.check_compile(compile)
     asked_eos = None if eos_token_id is None else tuple(eos.tolist())  # for the drafter
     return run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
                rule=sampling_processors(cfg, attention_mask), stop=None, eos=eos, asked_eos=asked_eos,
                sampling=cfg if cfg.do_sample else None, streamer=streamer,
                pad=0 if pad_token_id is None else pad_token_id, generator=generator,
-               on_round=on_round, profile=profile)
+               on_round=on_round, profile=profile, compile_config=compile_config)
 
 
 def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
-        **loop) -> SpecOutput:
+        compile_config=None, **loop) -> SpecOutput:
     """The checked call's admission, the target's attention switch and the drafter's `end()`
     around the loop (`_generate`'s keyword arguments in `loop`); shared by `generate` and
-    `speculative` (`hf_generate.py`)."""
+    `speculative` (`hf_generate.py`). `compile_config`: a transformers `CompileConfig` for
+    `compile=True` (`static.py`), else None."""
     windows = sliding_windows(target)
+    if compile_config is not None:
+        static_cache.refuse(target, windows)
     with engine_positions(target):  # the BART family: the engine's positions, not cache slots
         probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
+        if compile_config is not None:
+            static_cache.probe(target, input_ids, attention_mask)
         with block_sparse_attention_of(target), torch.no_grad():
             try:
+                static = None if compile_config is None else static_cache.StaticVerifier(
+                    target, compile_config, input_ids.shape[1], max_new_tokens)
                 return _generate(target, drafter, input_ids, attention_mask.long(),
-                                 max_new_tokens, model_kwargs, windows, probe, **loop)
+                                 max_new_tokens, model_kwargs, windows, probe, static=static,
+                                 **loop)
             except IndexError as err:  # a learned position table (GPT-2, OPT) past its end
                 _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
                 raise
@@ -399,11 +416,12 @@ def _stop_at_criteria(rows, stop, num, hit):
 
 def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs, windows,
               probe, *, rule, stop, eos, asked_eos, sampling, streamer, pad, generator,
-              on_round, profile=False, put_prompt=True) -> SpecOutput:
+              on_round, profile=False, put_prompt=True, static=None) -> SpecOutput:
     """The loop. A round reads the device once (`host = ...tolist()`): every host decision after
     the draft (the accepted lengths, EOS, stats, streamed tokens) comes from that read, and every
     one before it from the previous round's. What the drafter and the target's forward do inside
-    is theirs (`tests/decoding/test_syncs.py` counts both)."""
+    is theirs (`tests/decoding/test_syncs.py` counts both). `static`: the `StaticVerifier` of
+    `compile=True`, which holds the cache and runs the verification forwards."""
     device = input_ids.device
     stats = SpecStats()
     clock = Clock(device, profile)
@@ -416,8 +434,13 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
 
     p0 = clock.now()
     logits, cache, prompt_pos, hidden = _prefill(target, input_ids, attention_mask, model_kwargs,
-                                                 layers, windows)
-    recurrent = admission.check_cache(target, cache)  # before the first token
+                                                 layers, windows,
+                                                 None if static is None else static.cache)
+    if static is not None:
+        static.check_prefill(cache)
+        recurrent = False
+    else:
+        recurrent = admission.check_cache(target, cache)  # before the first token
     state_layers = rec.recurrent_layers(cache) if recurrent else []
     # where trees or holes do not verify exactly: each draft's main path, and the rows of a batch
     # commit alike (no holes)
@@ -443,7 +466,8 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         remaining = [max_new_tokens - c - 1 if live else -1 for c, live in zip(rows.count, rows.live)]
         depth_cap = max(remaining)
         state = DraftState(slots.ids, slots.valid.long(), depth_cap, slots.root_pos, stats.rounds,
-                           hidden, model_kwargs, generator, asked_eos, sampling)
+                           hidden, model_kwargs, generator, asked_eos, sampling,
+                           None if static is None else static.config)
         ta = clock.now()
         draft = drafter.propose(state) if depth_cap > 0 else Draft.empty(b, device)
         tb = clock.now()
@@ -455,7 +479,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         # finished row
         remaining_t = torch.tensor(remaining, device=device)
         tree.valid &= (rows.live_t[:, None] & (tree.depth <= remaining_t[:, None])) | (tree.depth == 0)
-        mask = _tree_mask(tree, slots, windows)
+        mask = None if static is not None else _tree_mask(tree, slots, windows)
         if recurrent and mask is not None:
             raise admission.UnsupportedTarget(
                 f"{type(target).__name__}: its cache holds recurrent state (linear attention "
@@ -463,7 +487,10 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
                 f"(ModelDrafter(top_k=1), PromptLookupDrafter)")
         saved = rec.snapshot(state_layers) if recurrent else None
         tc = clock.now()
-        out = _verify_forward(target, tree, slots, cache, need_hidden, mask, probe)
+        if static is not None:
+            out = static.verify(tree, slots.cache_valid, slots.root_pos, need_hidden)
+        else:
+            out = _verify_forward(target, tree, slots, cache, need_hidden, mask, probe)
         td = clock.now()
         lengths = [[input_ids.shape[1] + rows.count[r] + d if d <= remaining[r] else -1
                     for d in tree.host_depth[r]] for r in range(b)]
@@ -497,7 +524,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
         k = max(d for d, alive in zip(depth_h, live_h) if alive) + 1
         keep, keep_valid = keep[:, :k], keep_valid[:, :k]
-        if recurrent:  # one row, a chain: replay the committed tokens where one was rejected
+        if recurrent:  # a chain, rows alike: replay the committed tokens where one was rejected
             _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock)
         else:
             kv_cache.commit_path(cache, slots.ids.shape[1] - 1, keep, in_place=tree.is_chain)

@@ -30,6 +30,7 @@ from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .generate import run
+from .static import check_compile
 from .settings import check_inputs
 from .processors import NodeProcessors, StopRule, refuse_processors
 from .sampling import SamplingConfig
@@ -92,11 +93,12 @@ def _drafter_sampling(gen) -> SamplingConfig | None:
 class Speculative:
     """The `custom_generate` callable (`speculative`). `stats`: the last call's `SpecStats`."""
 
-    def __init__(self, drafter, on_round=None, profile: bool = False):
+    def __init__(self, drafter, on_round=None, profile: bool = False, compile=False):
         if not callable(getattr(drafter, "propose", None)):
             raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, ...), "
                             f"got {type(drafter).__name__}")
         self.drafter, self.on_round, self.profile = drafter, on_round, profile
+        self.compile_config = check_compile(compile)
         self.stats = None
 
     def __call__(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
@@ -141,18 +143,19 @@ class Speculative:
                   rule=NodeProcessors(logits_processor, bool(gen.do_sample)), stop=stop,
                   eos=eos, asked_eos=tuple(eos.tolist()), sampling=_drafter_sampling(gen),
                   streamer=streamer, pad=0 if pad is None else pad, generator=generator,
-                  on_round=self.on_round, profile=self.profile, put_prompt=False)
+                  on_round=self.on_round, profile=self.profile, put_prompt=False,
+                  compile_config=self.compile_config)
         self.stats = out.stats
         if gen.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=out.sequences)
         return out.sequences
 
 
-def speculative(drafter, on_round=None, profile: bool = False) -> Speculative:
+def speculative(drafter, on_round=None, profile: bool = False, compile=False) -> Speculative:
     """A `custom_generate=` callable for `target.generate` that decodes speculatively with
     `drafter`, losslessly: the output is distributed exactly as `target.generate`'s with the same
     settings (greedy: equal). `generate`'s own arguments all apply (`max_new_tokens`, sampling
     settings, processors, stopping criteria, `streamer`, batches with `attention_mask`), plus
-    `generator=` (a `torch.Generator` for the draws). `on_round`, `profile`: as in
+    `generator=` (a `torch.Generator` for the draws). `on_round`, `profile`, `compile`: as in
     `mmspec.generate`. The last call's `SpecStats` are on `.stats`."""
     return Speculative(drafter, on_round, profile)

@@ -9,16 +9,18 @@ tokens leave holes there, which the engine masks out.
 Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` tensors (transformers'
 `DynamicCache` and its `DynamicLayer`s); the values' D may differ from the keys' (MLA models);
 `DynamicIndexedLayer`s (DSA models: GLM-MoE-DSA, DeepSeek-V3.2) also keep their indexer's keys.
-Sliding-window, static and linear-attention layers are refused: their contents cannot be compacted
-this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the engine
-instead: `windows.py`).
+A `StaticLayer` (`compile=True`, `static.py`) keeps its preallocated tensors: the path is gathered
+in place and its `cumulative_length` set back to the committed count, so the next forward writes
+over the rest. Sliding-window and linear-attention layers are refused: their contents cannot be
+compacted this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the
+engine instead: `windows.py`).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import Cache, EncoderDecoderCache
-from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer, StaticLayer
 
 
 def _layers(cache: Cache):
@@ -27,7 +29,7 @@ def _layers(cache: Cache):
     for layer in cache.layers:
         if type(layer) is DummyLayer:  # holds nothing (KV-sharing consumers, MLP-only layers)
             continue
-        if type(layer) not in (DynamicLayer, DynamicIndexedLayer):
+        if type(layer) not in (DynamicLayer, DynamicIndexedLayer, StaticLayer):
             raise TypeError(
                 f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "
                 f"needs DynamicLayer (full attention) layers"
@@ -60,7 +62,10 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
             idx = rows.expand(b, full.shape[1], k, full.shape[3])  # [B, H, K, D]
             picked = full[:, :, start:].gather(2, idx)  # [B, H, K, D]
             full[:, :, start : start + k] = picked
-            setattr(layer, name, full[:, :, : start + k])
+            if type(layer) is not StaticLayer:
+                setattr(layer, name, full[:, :, : start + k])
+        if type(layer) is StaticLayer:
+            layer.cumulative_length.fill_(start + k)
         if getattr(layer, "is_indexer_initialized", False):  # DSA: the indexer's keys too
             keys = layer.indexer_keys  # [B, start + N, D]
             idx = keep.to(keys.device)[..., None].expand(b, k, keys.shape[2])
@@ -76,6 +81,9 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
 def crop(cache: Cache, length: int) -> None:
     """Keep the first `length` entries of every layer."""
     for layer in _layers(cache):
+        if type(layer) is StaticLayer:  # the tensors stay; the next update writes from here
+            layer.cumulative_length.fill_(length)
+            continue
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]
         if getattr(layer, "is_indexer_initialized", False):

@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmspec import ModelDrafter, generate
+from mmspec.decoding import static
 from mmspec.decoding.tree import build_tree as mmspec_build_tree
 
 engine = importlib.import_module("mmspec.decoding.generate")  # the package's `generate` is the function
@@ -84,7 +85,10 @@ _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
 
 @pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_a_round_reads_the_device_once(do_sample, device, monkeypatch):
+@pytest.mark.parametrize("compile", [False, True], ids=["dynamic_cache", "static_cache"])
+def test_a_round_reads_the_device_once(do_sample, device, compile, monkeypatch):
+    if compile:  # the static path (test_static.py), without the compiler
+        monkeypatch.setattr(static, "compiled_forward", lambda target, config: target.__call__)
     target = tiny_llama(0).to(device)
     drafter = ModelDrafter(tiny_llama(1).to(device), num_tokens=4)
     counter = SyncCounter()
@@ -110,7 +114,8 @@ def test_a_round_reads_the_device_once(do_sample, device, monkeypatch):
     ids = torch.tensor([[5, 9, 11, 4, 7, 3]], device=device)
     with _Function(counter), _Dispatch(counter):
         out = generate(target, drafter, ids, max_new_tokens=16, do_sample=do_sample,
-                       eos_token_id=[], generator=torch.Generator(device).manual_seed(0))
+                       eos_token_id=[], generator=torch.Generator(device).manual_seed(0),
+                       compile=compile)
     rounds = out.stats.rounds
     print(f"\n{rounds} rounds; syncs by phase and kind: {counter.counts}")
     assert rounds > 3

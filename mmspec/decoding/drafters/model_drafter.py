@@ -25,6 +25,14 @@ round it keeps the longest prefix of cached slots that are still right (the acce
 own chain survives, and its rejected tokens stay as masked holes; see `_reusable`), crops the rest
 and feeds the new slots in one forward. It resets at round 0 of every `generate` call, and `end()`
 drops it, so no cache outlives a call.
+
+Compiled (`generate(compile=True)`, which hands its `CompileConfig` over in `DraftState.compile`):
+a chain drafter keeps its KV in a transformers `StaticCache` and runs its steps through the model's
+compiled call (`static.py`): the first round's catch-up (the prompt) eagerly, as a prefill; then
+each catch-up padded to a multiple of 8 slots and each chain step of one token, every forward
+against all the cache's slots through a dense 4-D mask, so two graphs serve every round. Trees
+(their levels go through the block-sparse layer) and models with other than full-attention
+layers stay eager.
 """
 
 from __future__ import annotations
@@ -32,12 +40,13 @@ from __future__ import annotations
 import warnings
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import use_block_sparse_attention
 
 from .. import kv_cache
+from .. import static
 from ..admission import UnsupportedTarget, _has_recurrent_layers
 from ..draft import Draft, DraftState, VerifyResult
 from ..sampling import target_probs
@@ -91,6 +100,8 @@ class ModelDrafter:
         self.recurrent = _has_recurrent_layers(model)
         self.chains_only = self.recurrent  # also set where its model cannot take a tree mask
         self.cache = None
+        self.compiled = None  # the model's compiled call, under generate(compile=True)
+        self.static_len = 0  # the StaticCache's slots then
         self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
         self.fed_valid: torch.Tensor | None = None  # bool [B, F]
 
@@ -114,6 +125,8 @@ class ModelDrafter:
         return int(bad[0]) if len(bad) else m
 
     def _forward(self, ids, attention_mask, position_ids, mask=None):
+        if self.compiled is not None and attention_mask.shape[1] > ids.shape[1]:
+            return self._widen(self._static_forward(ids, attention_mask, position_ids))
         kwargs = {} if mask is None else {"block_sparse_mask": mask}
         try:
             out = self.model(input_ids=ids, attention_mask=attention_mask,
@@ -124,7 +137,29 @@ class ModelDrafter:
             raise UnsupportedTarget(f"ModelDrafter: its model {type(self.model).__name__} "
                                     f"cannot draft trees: {err}; use top_k=1") from err
         self.cache = output_cache(out)
-        logits = out.logits.float()
+        return self._widen(out.logits)
+
+    def _static_forward(self, ids, attention_mask, position_ids):
+        """The compiled forward of `ids` `[B, M]` after the `S - M` cached slots (`attention_mask`
+        `[B, S]`), padded to one of two shapes (module docstring); logits `[B, M, V]`."""
+        b, m = ids.shape
+        start = attention_mask.shape[1] - m
+        p = 1 if m == 1 else static.round_up(m, static.NODE_BUCKET)
+        self.static_len = static.grow(self.cache, start + p, self.static_len)
+        col = torch.arange(start + m, device=ids.device)
+        causal = col <= start + torch.arange(m, device=ids.device)[:, None]  # [M, S]
+        attends = attention_mask.bool()[:, None, :] & causal  # [B, M, S]
+        mask = static.dense_tree_mask(attends, p, self.static_len, self.model.dtype)
+        out = self.compiled(input_ids=static.padded(ids, p),
+                            attention_mask=mask,  # [B, 1, P, length]
+                            position_ids=static.padded(position_ids, p),
+                            **cache_kwargs(self.model.forward, self.cache), use_cache=True,
+                            return_dict=True)
+        kv_cache.crop(self.cache, start + m)  # the padding's entries are overwritten next
+        return out.logits[:, :m]
+
+    def _widen(self, logits):
+        logits = logits.float()
         width = self.target_width
         if width is not None and width != logits.shape[-1]:  # ids the target has, no more
             extra = width - logits.shape[-1]
@@ -146,6 +181,15 @@ class ModelDrafter:
             # with sliding windows, a cache that keeps every entry (windows.py)
             self.cache = DynamicCache() if self.windows else None
             self.fed_ids = self.fed_valid = None
+            self.compiled = None
+            if state.compile is not None and self.top_k == 1 and not self.windows \
+                    and static.static_layers_only(self.model):
+                # the prompt, every new token and a padded catch-up of at most a draft + root
+                self.static_len = static.round_up(
+                    ids.shape[1] + state.max_tokens + self.num_tokens + static.NODE_BUCKET,
+                    static.LENGTH_BUCKET)
+                self.cache = StaticCache(config=self.model.config, max_cache_len=self.static_len)
+                self.compiled = static.compiled_forward(self.model, state.compile)
         start = self._reusable(ids, valid)
         if self.cache is not None:
             kv_cache.crop(self.cache, start)
@@ -259,7 +303,7 @@ class ModelDrafter:
 
     def end(self) -> None:
         """The call is over: drop the cache and give the model back its own attention."""
-        self.cache = self.fed_ids = self.fed_valid = None
+        self.cache = self.fed_ids = self.fed_valid = self.compiled = None
         if self.restore_attn is not None:
             self.restore_attn()
             self.restore_attn = None

@@ -1,0 +1,251 @@
+"""`compile=True`: the target's KV in a transformers `StaticCache`, verification forwards of one
+shape, and that forward `torch.compile`d (CUDA graphs on a GPU).
+
+The pattern of gpt-fast's speculative decoding (`generate.py` there: a static cache, a compiled
+`decode_n_tokens`/verify step, no host sync inside), with transformers' own pieces: the cache is
+its `StaticCache` (each `StaticLayer` preallocates `[B, H, length, D]` and writes the new keys at
+its `cumulative_length`), and the forward is `model.get_compiled_call(CompileConfig(...))`, the
+compiled `__call__` that `model.generate` decodes with (`dynamic=False`; `mode="reduce-overhead"`
+on CUDA, which records CUDA graphs, and inductor's default elsewhere). The prefill stays eager, as
+in `model.generate`. A `ModelDrafter` chain runs its own model the same way (`DraftState.compile`;
+`drafters/model_drafter.py`).
+
+One shape per round: every verification forward feeds `P` nodes, the tree's node count rounded up
+to `NODE_BUCKET` (padding nodes attend only to themselves and are never committed), against all
+`length` slots of the cache, through a dense 4-D mask `[B, 1, P, length]` (the tree's ancestors,
+the rows' valid slots, nothing past the tree). The mask goes through the model's own attention
+(SDPA), not the block-sparse layer: its block lists have a data-dependent width, which would give
+the compiled graph a new shape every round. The accepted path is then gathered in place inside the
+static tensors (`kv_cache.commit_path`) and `cumulative_length` set to the committed count, so the
+next tree's keys overwrite the rejected ones.
+
+`length` is prompt + max_new_tokens + one bucket, which a single row never outgrows. A batch can
+(rows leave holes where they accept fewer tokens than the round's longest path, `draft.py`): the
+cache then grows by reallocation (a new shape, so one more compiled graph).
+
+Refused with one line before the prefill, where the static layout cannot hold what the engine
+needs: sliding-window layers (transformers' static sliding layers keep only the window, a
+rollback needs every entry), linear-attention / SSM state, DSA indexer caches, KV-sharing and
+encoder-decoder caches; and, from a probe on the call's prompt, models whose 4-D-masked forward on
+a `StaticCache` does not give their own logits.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers import StaticCache
+from transformers.generation.configuration_utils import CompileConfig
+
+from mmspec._cache_name import cache_kwargs, output_cache
+from mmspec.kernels.hf import additive_mask
+
+from . import admission
+
+# nodes of a verification forward: the tree's count rounded up to a multiple of this, so that a
+# drafter's usual tree (gpt-fast's speculate_k + 1, EAGLE's 60) and its budget-capped last rounds
+# share one compiled graph
+NODE_BUCKET = 8
+# cache lengths are whole multiples of this (a growth adds at least this many slots)
+LENGTH_BUCKET = 64
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def check_compile(compile) -> CompileConfig | None:
+    """`compile=` of `generate` / `speculative`: False, True or a transformers `CompileConfig`."""
+    if isinstance(compile, CompileConfig):
+        return compile
+    if compile is True:
+        return CompileConfig(fullgraph=False, dynamic=False, mode=None)  # mode: by device
+    if compile is False:
+        return None
+    raise ValueError(f"compile must be a bool or a transformers CompileConfig, got {compile!r}")
+
+
+def compiled_forward(target, config: CompileConfig):
+    """The target's compiled `__call__` (transformers caches it on the model), each call a new
+    step of the CUDA graphs: the engine and `ModelDrafter` keep no output of a compiled call past
+    the next one (what they keep, they gather or copy), so a replay may reuse its buffers."""
+    if config.mode is None and config.backend == "inductor":  # CUDA graphs where they exist
+        device = next(target.parameters()).device
+        config = CompileConfig(**{**config.to_dict(),
+                                  "mode": "reduce-overhead" if device.type == "cuda" else "default"})
+    compiled = target.get_compiled_call(config)
+
+    def call(**kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(**kwargs)
+
+    return call
+
+
+def refuse(target, windows) -> None:
+    """Before the prefill: a target whose cache cannot be a `StaticCache` of full-attention
+    `StaticLayer`s gets one line saying why."""
+    name = type(target).__name__
+    fix = "use compile=False"
+    if windows:
+        raise admission.UnsupportedTarget(
+            f"{name}: compile=True keeps the KV in a StaticCache, whose sliding-window layers "
+            f"(windows {windows}) keep only the window while a rollback needs every entry; {fix}")
+    config = target.config.get_text_config(decoder=True)
+    if getattr(config, "is_encoder_decoder", False):
+        raise admission.UnsupportedTarget(f"{name}: compile=True needs a decoder-only cache; {fix}")
+    kinds = {type(layer).__name__ for layer in StaticCache(config=target.config,
+                                                           max_cache_len=1).layers}
+    if kinds != {"StaticLayer"}:
+        raise admission.UnsupportedTarget(
+            f"{name}: compile=True keeps the KV in a StaticCache, which holds this model in "
+            f"{', '.join(sorted(kinds))} layers; the engine commits paths only in full-attention "
+            f"StaticLayers; {fix}")
+
+
+def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> torch.Tensor:
+    """attends bool `[B, N, C + N]` (the N nodes against the cached slots and themselves) -> the
+    additive mask `[B, 1, P, length]` of a forward of P >= N nodes into a cache of `length`
+    slots. Padding nodes attend only to themselves; slots past the nodes are hidden."""
+    b, n, width = attends.shape
+    full = torch.zeros(b, nodes, length, dtype=torch.bool, device=attends.device)
+    full[:, :n, :width] = attends
+    c = width - n  # cached slots before the nodes
+    pad = torch.arange(n, nodes, device=attends.device)
+    full[:, pad, c + pad] = True
+    return additive_mask(full, dtype)[:, None]
+
+
+def padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x `[..., N]` zero-padded to `[..., width]`, a new tensor of standard strides (a view's
+    strides would be guarded by the compiled graph: a step's token, sliced from a longer row,
+    recompiled it every round)."""
+    out = x.new_zeros(*x.shape[:-1], width)
+    out[..., : x.shape[-1]] = x
+    return out
+
+
+def grow(cache: StaticCache, needed: int, length: int) -> int:
+    """The cache's length after making room for `needed` slots: `length` where they fit, else
+    every layer reallocated (entries kept) to a larger whole bucket."""
+    if needed <= length:
+        return length
+    length = round_up(max(needed, length * 3 // 2), LENGTH_BUCKET)
+    for layer in cache.layers:
+        layer.max_cache_len = length
+        if not layer.is_initialized:
+            continue
+        for name in ("keys", "values"):
+            old = getattr(layer, name)  # [B, H, length, D]
+            new = old.new_zeros(*old.shape[:2], length, old.shape[3])
+            new[:, :, : old.shape[2]] = old
+            torch._dynamo.mark_static_address(new)
+            setattr(layer, name, new)
+    return length
+
+
+def static_layers_only(model) -> bool:
+    """Whether transformers' `StaticCache` holds every layer of `model` in a `StaticLayer`."""
+    kinds = {type(layer).__name__ for layer in StaticCache(config=model.config,
+                                                           max_cache_len=1).layers}
+    return kinds == {"StaticLayer"}
+
+
+class StaticVerifier:
+    """The engine's static cache and compiled verification forward for one `generate` call."""
+
+    def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int):
+        self.target, self.config = target, config
+        self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
+        self.cache = StaticCache(config=target.config, max_cache_len=self.length)
+        self.forward = compiled_forward(target, config)
+        self.dtype = next(target.parameters()).dtype
+
+    def check_prefill(self, cache) -> None:
+        """The model filled the cache it was given (not one of its own)."""
+        if cache is not self.cache:
+            raise admission.UnsupportedTarget(
+                f"{type(self.target).__name__}: compile=True gave its prefill a StaticCache and "
+                f"it returned {type(cache).__name__}; use compile=False")
+
+    def _fit(self, needed: int) -> None:
+        """Grow every layer to at least `needed` slots (a batch's holes; module docstring)."""
+        self.length = grow(self.cache, needed, self.length)
+
+    def verify(self, tree, cache_valid, position_ids, need_hidden: bool):
+        """The verification forward of `tree` (N nodes) padded to P; returns `.logits`
+        `[B, N, V]` and `.hidden_states` (each `[B, N, H]`) of the N nodes."""
+        b, n = tree.tokens.shape
+        c = cache_valid.shape[1]
+        p = round_up(n, NODE_BUCKET)
+        self._fit(c + p)
+        attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
+        mask = dense_tree_mask(attends, p, self.length, self.dtype)  # [B, 1, P, length]
+        tokens = padded(tree.tokens, p)  # [B, P]
+        depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
+        out = self.forward(input_ids=tokens, attention_mask=mask,
+                           position_ids=position_ids + depth,  # [..., B, P]
+                           **cache_kwargs(self.target.forward, self.cache), use_cache=True,
+                           output_hidden_states=need_hidden, return_dict=True)
+        hidden = tuple(h[:, :n] for h in out.hidden_states) if need_hidden else None
+        return SimpleNamespace(logits=out.logits[:, :n], hidden_states=hidden)
+
+
+def probe(target, input_ids, attention_mask) -> None:
+    """Once per target (dtype, attention implementation): the forward `StaticVerifier` runs,
+    eagerly, on the call's own prompt tokens (three nodes x, y and y's child z, padded to a
+    bucket, into a `StaticCache`) against the model's own plain forwards; a target that differs
+    is refused. The compiled graph computes what this eager forward computes."""
+    key = (next(target.parameters()).dtype, target.config._attn_implementation, "static")
+    known = admission._PROBES.setdefault(target, {})
+    if key not in known:
+        known[key] = _measure(target, input_ids, attention_mask)
+    if isinstance(known[key], admission.UnsupportedTarget):
+        raise known[key]
+
+
+def _measure(target, input_ids, attention_mask):
+    ids = admission._probe_tokens(target, input_ids, attention_mask)
+    if ids is None:
+        return None
+    n = ids.shape[1] - 3
+    name = type(target).__name__
+    try:
+        with torch.no_grad():
+            plain = admission._plain(target, ids[:, :n + 1])[-1:]  # x after the prompt
+            ref_yz = admission._plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
+            want = torch.cat([plain, ref_yz])  # [3, V]
+            length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
+            cache = StaticCache(config=target.config, max_cache_len=length)
+            kwargs = cache_kwargs(target.forward, cache)
+            prompt = ids[:, :n]
+            pos = admission._positions(target, prompt)
+            out = target(input_ids=prompt, position_ids=pos, use_cache=True, return_dict=True,
+                         **kwargs)
+            if output_cache(out) is not cache:
+                return admission.UnsupportedTarget(
+                    f"{name}: compile=True gave its prefill a StaticCache and it returned "
+                    f"{type(output_cache(out)).__name__}; use compile=False")
+            attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
+            attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+            dtype = next(target.parameters()).dtype
+            p = round_up(3, NODE_BUCKET)
+            mask = dense_tree_mask(attends, p, length, dtype)
+            depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
+            tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
+            got = target(input_ids=tokens, attention_mask=mask,
+                         position_ids=pos[..., -1:] + depth, use_cache=True, return_dict=True,
+                         **kwargs).logits[0, :3]
+    except admission._FAILURES as err:
+        line = (str(err).splitlines() or [""])[0][:200]
+        return admission.UnsupportedTarget(
+            f"{name}: compile=True verifies through a 4-D mask on a StaticCache, and that "
+            f"forward failed in the engine's probe ({type(err).__name__}: {line}); use "
+            f"compile=False")
+    if not admission._close(got, want):
+        return admission.UnsupportedTarget(
+            f"{name}: compile=True verifies through a 4-D mask on a StaticCache, which gives "
+            f"other logits than its own forward here; use compile=False")
+    return None
+

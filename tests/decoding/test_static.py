@@ -1,0 +1,209 @@
+"""`compile=True` (`mmspec/decoding/static.py`): the static-cache path is token-identical to
+`target.generate` on every family of the identity tests, eagerly (the compiled call replaced by
+the model's own `__call__`: the cache, the padded shapes, the 4-D mask and the in-place commit
+are all there, only the compiler is not), and through a real `torch.compile` graph on the tiny
+Llama: dynamo-traced (backend "eager") in the suite, inductor with `MMSPEC_INDUCTOR=1` (its test
+took 60 s with a cold inductor cache and 31 s with a warm one on the shared 2-core machine, past
+the ~40 s the suite can give it) and on CUDA (CUDA graphs; the GPU session's tests step)."""
+
+import importlib
+import os
+
+import pytest
+import torch
+import test_generate as identity
+from spec_helpers import PAD, VOCAB, OracleDrafter, RandomDrafter, tiny_llama
+from test_windows import tiny_gemma2
+from transformers.generation.configuration_utils import CompileConfig
+
+import mmspec
+from mmspec import ModelDrafter, UnsupportedTarget, generate
+from mmspec.decoding import kv_cache, static
+
+NEW = identity.NEW
+
+
+@pytest.fixture
+def eager(monkeypatch):
+    """The static path without the compiler: the model's own `__call__` in the compiled call's
+    place."""
+    monkeypatch.setattr(static, "compiled_forward", lambda target, config: target.__call__)
+
+
+DRAFTERS = ["random_tree", "perfect_in_tree", "model_chain"]
+
+
+@pytest.mark.parametrize("drafter_name", DRAFTERS)
+def test_the_static_path_is_token_identical(identity_case, eager, drafter_name):
+    name, target, ids, kwargs, ref = identity_case
+    drafter = identity.make_drafter(drafter_name, target, [ids.shape[1]], ref[:, ids.shape[1]:])
+    out = generate(target, drafter, ids, max_new_tokens=NEW, compile=True, **kwargs)
+    assert torch.equal(out.sequences, ref)
+    identity._check_acceptance(drafter_name, out.stats)
+
+
+@pytest.fixture(scope="module", params=list(identity.TARGETS))
+def identity_case(request):
+    target = identity._target(request.param)
+    ids, kwargs = identity.TARGETS[request.param][1](0)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=NEW, **kwargs)
+    return request.param, target, ids, kwargs, ref
+
+
+@pytest.fixture(scope="module", params=list(identity.TARGETS))
+def batch(request):
+    target = identity._target(request.param)
+    ids, mask, kwargs = identity.BATCHES[request.param]()
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+                          pad_token_id=PAD, **kwargs)
+    return request.param, target, ids, mask, kwargs, ref
+
+
+class _OneRowRight(OracleDrafter):
+    """The true chain in the row that runs longest, wrong tokens in the others: that row
+    accepts whole drafts while the others accept none, so they collect holes."""
+
+    def propose(self, state):
+        draft = super().propose(state)
+        right = int((self.ref != PAD).sum(1).argmax())
+        wrong = torch.arange(len(self.ref)) != right
+        draft.tokens[wrong] = (draft.tokens[wrong] + 1) % VOCAB
+        return draft
+
+
+def test_a_batch_outgrowing_the_cache_is_token_identical(batch, eager, monkeypatch):
+    # rows accepting different numbers of tokens leave holes, which need more slots than
+    # prompt + max_new_tokens: the static cache grows (reallocated, then a new graph)
+    name, target, ids, mask, kwargs, ref = batch
+    grew = []
+    fit = static.StaticVerifier._fit
+
+    def spy(self, needed):
+        grew.append(needed > self.length)
+        fit(self, needed)
+
+    monkeypatch.setattr(static.StaticVerifier, "_fit", spy)
+    monkeypatch.setattr(static, "LENGTH_BUCKET", 8)  # a tight first length
+    drafter = _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 5, "perfect")
+    out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=NEW,
+                   compile=True, **kwargs)
+    assert torch.equal(out.sequences, ref)
+    assert any(grew)
+
+
+def _show_slots_past_the_tree(attends, nodes, length, dtype, mask=static.dense_tree_mask):
+    """dense_tree_mask whose nodes also see every slot after the tree (stale and unwritten)."""
+    out = mask(attends, nodes, length, dtype)
+    out[..., attends.shape[-1]:] = 0
+    return out
+
+
+def _commit_row_0s_path(cache, start, keep, in_place=False, commit_path=kv_cache.commit_path):
+    commit_path(cache, start, keep[:1].expand_as(keep), in_place=in_place)
+
+
+@pytest.mark.parametrize("module, name, mutant", [
+    (static, "dense_tree_mask", _show_slots_past_the_tree),
+    (kv_cache, "commit_path", _commit_row_0s_path),
+], ids=["mask_shows_slots_past_the_tree", "commits_another_rows_path"])
+def test_the_static_identity_cases_notice_a_wrong_mask_or_commit(batch, eager, monkeypatch,
+                                                                 module, name, mutant):
+    _, target, ids, mask, kwargs, ref = batch
+    monkeypatch.setattr(module, name, mutant)
+    drafter = identity.make_drafter("perfect_in_tree", target, mask.sum(1).tolist(),
+                                    ref[:, ids.shape[1]:])
+    out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=NEW,
+                   compile=True, **kwargs)
+    assert not torch.equal(out.sequences, ref)
+
+
+def test_custom_generate_takes_compile(eager):
+    target = tiny_llama(0, init_std=identity.SHARP)
+    ids = torch.tensor([[PAD, PAD, 5, 9, 11, 4], [12, 7, 30, 5, 9, 8]])
+    mask = (ids != PAD).long()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                          repetition_penalty=1.3)
+    spec = mmspec.speculative(ModelDrafter(tiny_llama(1), 10, top_k=3, depth=3), compile=True)
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                          repetition_penalty=1.3, custom_generate=spec)
+    assert torch.equal(out, ref)
+
+
+def test_sliding_window_targets_are_refused_by_name():
+    target = tiny_gemma2()
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(UnsupportedTarget, match=r"Gemma2ForCausalLM: compile=True .* sliding"):
+        generate(target, RandomDrafter(4), ids, max_new_tokens=4, compile=True)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_compile_must_be_a_bool_or_a_compile_config(value):
+    with pytest.raises(ValueError, match=f"compile must be a bool or a transformers "
+                                         f"CompileConfig, got {value!r}"):
+        generate(tiny_llama(0), RandomDrafter(4), torch.tensor([[5, 6, 7]]), compile=value)
+
+
+def _compiled_run(backend, device="cpu"):
+    torch._dynamo.reset()
+    counters = importlib.import_module("torch._dynamo.utils").counters
+    counters.clear()
+    target = tiny_llama(0, layers=1, init_std=identity.SHARP).to(device)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).to(device)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=NEW)
+    # reduce-overhead: CUDA graphs on a GPU (inductor's default on a CPU)
+    config = CompileConfig(backend=backend, dynamic=False, fullgraph=False,
+                           mode="reduce-overhead" if backend == "inductor" else None)
+    for drafter in (OracleDrafter(ref[:, 8:], [8], 3, "tree"),  # 7 nodes: one bucket of 8
+                    ModelDrafter(tiny_llama(1).to(device), 4)):  # 5 nodes, fewer at the end
+        out = generate(target, drafter, ids, max_new_tokens=NEW, compile=config)
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.rounds > 3
+    # one graph for every round of both calls (same bucket, same cache length), and at most two
+    # for the drafter's model (one-token steps; padded catch-ups, after a whole draft accepted)
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+
+
+def test_a_compiled_graph_serves_every_round():
+    _compiled_run("eager")
+
+
+_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.skipif(
+    os.environ.get("MMSPEC_INDUCTOR") != "1", reason="inductor on the CPU: about a minute "
+    "cold on the 2-core machine; MMSPEC_INDUCTOR=1 runs it")), _CUDA])
+def test_inductor_compiled_rounds_are_token_identical(device):
+    _compiled_run("inductor", device)
+
+
+@pytest.mark.parametrize("batch_of", [1, 3])
+@pytest.mark.parametrize("seed", [0, 1], ids=["own_weights", "other_weights"])
+def test_a_compiled_chain_drafter_drafts_what_the_eager_one_drafts(eager, batch_of, seed):
+    # the drafter's static cache, padded catch-ups and one-token steps: the same drafts, round
+    # by round, as its own model with a DynamicCache (lossless either way, so compare the
+    # drafts). With the target's own weights every draft is accepted, so each catch-up feeds
+    # several slots (the padded shape); with other weights most feed one
+    target = tiny_llama(0, init_std=identity.SHARP)
+    if batch_of == 1:
+        ids, mask = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)), None
+    else:
+        ids, mask = identity._left_padded_batch()
+    runs = {}
+    for compile in (False, True):
+        drafter = ModelDrafter(tiny_llama(seed, init_std=identity.SHARP), 4)
+        drafts, caches = [], set()
+
+        def on_round(draft, result, stats, d=drafter, drafts=drafts, caches=caches):
+            drafts.append(draft.tokens.clone())
+            caches.add(type(d.cache).__name__)
+
+        out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=NEW,
+                       compile=compile, on_round=on_round)
+        runs[compile] = out.sequences, drafts, caches
+    assert torch.equal(runs[True][0], runs[False][0])
+    assert runs[True][2] == {"StaticCache"} and runs[False][2] == {"DynamicCache"}
+    assert len(runs[True][1]) == len(runs[False][1]) > 3
+    for a, b in zip(runs[True][1], runs[False][1]):
+        assert torch.equal(a, b)
