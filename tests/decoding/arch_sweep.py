@@ -147,6 +147,7 @@ OVERRIDES = {
     "kimi_linear": dict(layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"], linear_head_dim=16, num_key_value_heads=4),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"], lru_width=64, attention_window_size=8),
     "mamba2": dict(num_heads=8, head_dim=16, n_groups=1),
+    "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8),
     "zaya": dict(num_experts_per_tok=1),
     "dory": dict(num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"], n_input_layers=1, n_recurrent_layers=1, n_output_layers=1),
     "reformer": dict(axial_pos_shape=[16, 16], axial_pos_embds_dim=[32, 32], attn_layers=["local", "lsh"], is_decoder=True, local_attn_chunk_length=8, lsh_attn_chunk_length=8),
