@@ -1,4 +1,4 @@
-"""`python -m mmspec.kernels.tune`: measure `backend="auto"`'s timing table on this machine.
+"""`mmspec kernels tune` (`python -m mmspec.kernels.tune`): measure `backend="auto"`'s timing table on this machine.
 
 Every registered backend that accepts the inputs is timed side by side on random
 block masks, per dtype, head dim and density, and the table (`backends/timings.py`) is written to

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
+from mmspec.__main__ import main as mmspec_main
 from mmspec.kernels import tune
 from mmspec.kernels.backends import timings
 from mmspec.kernels.backends.registry import resolve_backend
@@ -124,7 +125,7 @@ def test_tune_converts_benchmark_points(table, tmp_path):
         {"head_dim": 128, "mask": "random", "density": 1.0, "dense": {}, "backends_ms": {}}]}
     src = tmp_path / "points.json"
     src.write_text(json.dumps(points))
-    assert tune.main(["--from-points", str(src)]) == 0
+    assert mmspec_main(["kernels", "tune", "--from-points", str(src)]) == 0  # the command line
     data = json.loads(timings.table_path().read_text())
     assert data["entries"] == [{"device": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16",
                                 "head_dim": 128, "density": 0.1,
