@@ -13,6 +13,8 @@ Source: https://github.com/Dao-AILab/flash-attention, `flash_attn/cute/interface
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..mask import BlockSparseMask
@@ -26,6 +28,9 @@ except (ImportError, OSError, RuntimeError):  # not installed, or no CUDA runtim
     flash_attn_func = None
 
 _BLOCK = 128
+# releases before `return_lse=` returned (out, lse) always; later ones only when asked
+_LSE_KWARG = ({"return_lse": True} if flash_attn_func is not None
+              and "return_lse" in inspect.signature(flash_attn_func).parameters else {})
 
 
 def _device(q, k, v, mask):
@@ -68,7 +73,7 @@ def fa4_backend(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0
     out, lse = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                softmax_scale=scale, softcap=softcap,
                                block_sparse_tensors=BlockSparseTensorsTorch(**fields),
-                               return_lse=True)[:2]
+                               **_LSE_KWARG)[:2]
     out = out.transpose(1, 2)
     lse = lse.float()  # [B, H, N]
     empty = ~attending_rows(mask).expand(b, hq, nq)
