@@ -10,6 +10,7 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.__main__ import main as mmspec_main
 from mmspec.kernels import tune
 from mmspec.kernels.backends import timings
+from mmspec.kernels.backends import registry
 from mmspec.kernels.backends.registry import resolve_backend
 
 CPU = timings.device_name(torch.device("cpu"))
@@ -101,11 +102,19 @@ def test_a_corrupt_table_warns_once_and_keeps_the_fixed_order(table, caplog, tex
     assert "ignoring the backend timing table" in records[0].getMessage()
 
 
-def test_the_chosen_backend_gives_the_references_answer(table):
-    table([entry(0.25, {"flex": 1.0, "torch": 2.0})])
+def test_block_sparse_attention_runs_the_chosen_backend(table, monkeypatch):
+    table([entry(0.25, {"reference": 1.0, "torch": 2.0})])
     q, k, v, mask = case(2)
-    ref = block_sparse_attention(q, k, v, mask, backend="reference")
-    torch.testing.assert_close(block_sparse_attention(q, k, v, mask), ref, atol=1e-5, rtol=1e-5)
+    real, calls = registry.get_backend("reference"), []
+
+    def spy(*args):
+        calls.append(1)
+        return real.fn(*args)
+
+    monkeypatch.setitem(registry._BACKENDS, "reference", registry.Backend("reference", spy))
+    out = block_sparse_attention(q, k, v, mask)
+    assert calls == [1]
+    torch.testing.assert_close(out, real.fn(q, k, v, mask, 16 ** -0.5, 0.0)[0])
 
 
 def test_tune_writes_a_table_that_auto_reads(table, tmp_path):
