@@ -6,7 +6,8 @@ with per-head (or per-batch) blocks takes one plan and run per head (and batch):
 the layout on the host, a sync per call. Partial blocks pass their element masks (`mask=` of
 `plan`, `[nnz, R, C]`); whole blocks only: its kernel pages keys in blocks of C and rounds query
 rows to R, so lengths that are not multiples of the block size are refused. Its lse is in base 2
-(FlashInfer's convention) and converted here to the natural log every backend returns.
+(FlashInfer's kernels fold log2(e) into the scale: flashinfer issue #2113, PR #5257, whose
+`lse_base="log2"` default keeps it) and converted here to the natural log every backend returns.
 
 Docs: https://docs.flashinfer.ai/api/sparse.html (`flashinfer/sparse.py`).
 """
