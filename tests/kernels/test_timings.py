@@ -139,6 +139,14 @@ def test_tune_converts_benchmark_points(table, tmp_path):
     assert data["entries"] == [{"device": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16",
                                 "head_dim": 128, "density": 0.1,
                                 "ms": {"triton": 2.0, "flex": 5.0}}]
+    # a second device's entries join the first's; the same device's replace its own
+    assert tune.main(["--device", "cpu", "--n", "64", "--heads", "1", "--block", "32",
+                      "--head-dims", "16", "--densities", "1", "--repeats", "1"]) == 0
+    assert tune.main(["--device", "cpu", "--n", "64", "--heads", "1", "--block", "32",
+                      "--head-dims", "8", "--densities", "1", "--repeats", "1"]) == 0
+    data = json.loads(timings.table_path().read_text())
+    assert [(e["device"], e["head_dim"]) for e in data["entries"]] == [
+        ("NVIDIA H100 80GB HBM3", 128), (CPU, 8)]
     src.write_text("[]")
     with pytest.raises(SystemExit):  # one line from argparse naming the file
         tune.main(["--from-points", str(src)])

@@ -99,10 +99,19 @@ def forget() -> None:
 
 
 def write_table(entries: list[dict], path: Path | None = None) -> Path:
-    """Check `entries` and write them as the table, atomically (a reader never sees half)."""
+    """Check `entries` and write them as the table, atomically (a reader never sees half). They
+    replace the table's entries for their devices; entries for other devices (this machine's CPU
+    next to its GPU) stay, unless the file is unreadable."""
     for entry in entries:
         _check_entry(entry)
     path = table_path() if path is None else Path(path)
+    devices = {entry["device"] for entry in entries}
+    try:
+        old = json.loads(path.read_text())
+        parse_table(old)
+        entries = [e for e in old["entries"] if e["device"] not in devices] + list(entries)
+    except (OSError, ValueError):  # none yet, or unreadable: replaced whole
+        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1))
