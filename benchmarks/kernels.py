@@ -6,7 +6,8 @@ row). Bars: >= 8x faster than dense at density 0.1; no slower than 1.3x dense at
 A mask that keeps every block goes to PyTorch's own flash attention (the dense baseline itself),
 so the density-1.0 bar is taken on the block kernel called directly, which that row also times.
 
-GPU (when CUDA is present): every GPU backend (Triton, FlexAttention) against the *fastest* dense
+GPU (when CUDA is present): every GPU backend (Triton, FlexAttention; FlashInfer and
+FlashAttention-4 where their packages import) against the *fastest* dense
 attention on the machine (SDPA's default selection, its cuDNN / flash / efficient backends,
 FlashAttention-2/3 where installed, compiled FlexAttention without a mask), bf16, B=1, H=16,
 N=32768, D=128 and 64, random and causal block masks at densities 1.0 to 0.05. Goals (issue 33):
@@ -14,6 +15,8 @@ N=32768, D=128 and 64, random and causal block masks at densities 1.0 to 0.05. G
 
     python benchmarks/kernels.py [--write] [--repeats 3]
     python benchmarks/kernels.py --gpu-only [--write] [--points P.json]   # GPU tables alone
+    python benchmarks/kernels.py --gpu-only --auto   # also: the points as auto's table, and
+                                                     # auto timed against the fastest backend
 
 A full run on a GPU machine would re-measure the CPU table on that machine's CPU; `--gpu-only`
 keeps the CPU section from the CPU machine and writes the GPU table into section `kernels_gpu`.
@@ -157,11 +160,19 @@ def dense_candidates(q, k, v, causal):
     return calls
 
 
+def gpu_backends() -> tuple[str, ...]:
+    """Triton and FlexAttention, and FlashInfer and FlashAttention-4 where their packages import."""
+    from mmspec.kernels import available_backends
+
+    return ("triton", "flex") + tuple(b for b in ("flashinfer", "fa4") if b in available_backends())
+
+
 def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05),
-              backends=("triton", "flex"), n=32768, h=16, block=128):
+              backends=None, n=32768, h=16, block=128):
     """Every backend at every density against the fastest dense call on this GPU (bf16), for
     random and causal block masks; also a JSON-able list of the measured points."""
     repeats = max(repeats, 10)
+    backends = backends or gpu_backends()
     sync = torch.cuda.synchronize
     rows, points, dense_rows = [], [], []
     for d in head_dims:
@@ -209,7 +220,8 @@ def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05
                 ideal = (0.5 if causal else 1.0) / kept if kept else float("inf")
                 row.append(f"{ideal:.1f}x")
                 rows.append(row)
-                points.append({"head_dim": d, "mask": kind, "density": kept,
+                points.append({"head_dim": d, "mask": kind, "density": kept, "asked": density,
+                               "dtype": "bfloat16",
                                "dense": {c: t * 1e3 for c, t in dense.items()},
                                "backends_ms": {b: t * 1e3 for b, t in times.items()}})
                 print("  " + " | ".join(str(c) for c in row), flush=True)
@@ -242,6 +254,48 @@ def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05
     return body, points
 
 
+def auto_table(points, repeats, n=32768, h=16, block=128):
+    """Write `points` as this machine's timing table for `backend="auto"`, then time auto against
+    each point's fastest backend, alternately on the same inputs (issue 33's goal: within 5% at
+    every measured point)."""
+    from mmspec.kernels import tune
+    from mmspec.kernels.backends import timings
+    from mmspec.kernels.backends.registry import resolve_backend
+
+    repeats = max(repeats, 10)
+    sync = torch.cuda.synchronize
+    path = timings.write_table(tune.from_points({"device": torch.cuda.get_device_name(),
+                                                 "points": points}))
+    rows, ratios = [], []
+    for d in sorted({p["head_dim"] for p in points}, reverse=True):
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, h, n, d, generator=g).to("cuda", torch.bfloat16)
+                   for _ in range(3))
+        for p in points:
+            if p["head_dim"] != d or not p["backends_ms"]:
+                continue
+            mask = (random_causal_mask if p["mask"] == "causal" else random_block_mask)(
+                h, n, block, p["asked"], "cuda")
+            fastest = min(p["backends_ms"], key=p["backends_ms"].get)
+            chosen = resolve_backend("auto", q, k, v, mask).name
+            t_auto, t_fast = timed_pair(
+                lambda: block_sparse_attention(q, k, v, mask),
+                lambda: block_sparse_attention(q, k, v, mask, backend=fastest), repeats, sync)
+            ratios.append(t_auto / t_fast)
+            rows.append([d, p["mask"], f"{p['density']:.3f}", fastest, f"{t_fast * 1e3:.2f}",
+                         chosen, f"{t_auto * 1e3:.2f}", f"{t_auto / t_fast:.3f}"])
+            print("  auto: " + " | ".join(str(c) for c in rows[-1]), flush=True)
+        q = k = v = None
+    worst = max(ratios)
+    return (f"`backend=\"auto\"` from the table these points make (written to {path.name} in "
+            "the machine's torch extension folder), timed alternately with each point's fastest "
+            f"backend (median of {repeats}):\n\n"
+            + markdown_table(["D", "mask", "kept density", "fastest backend", "its ms",
+                              "auto's choice", "auto ms", "auto / fastest"], rows)
+            + f"\n\nGoal (issue 33): auto within 5% of the fastest backend at every measured "
+              f"point: worst {worst:.3f}x ({'met' if worst <= 1.05 else 'missed'}).\n")
+
+
 DENSE_COLUMNS = ("SDPA default", "SDPA cuDNN", "SDPA flash", "SDPA efficient",
                  "FlashAttention-3", "FlashAttention-2", "FlexAttention (compiled)")
 
@@ -256,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "section kernels_gpu")
     parser.add_argument("--points", default=None,
                         help="also write the measured GPU points to this JSON file")
+    parser.add_argument("--auto", action="store_true",
+                        help="with --gpu-only: write the points as this machine's table for "
+                             "backend='auto' and time auto against the fastest backend per point")
     return parser
 
 
@@ -269,6 +326,8 @@ def main():
         if not torch.cuda.is_available():
             parser.error("--gpu-only needs a CUDA device; none is visible")
         body, points = gpu_table(args.repeats)
+        if args.auto:
+            body += "\n" + auto_table(points, args.repeats)
         print(body)
         if args.points:
             import json

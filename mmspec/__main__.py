@@ -4,6 +4,7 @@
                        the zoo text pair or any HF path (see `mmspec generate --help`)
     mmspec demo        a self-contained tour of the block-sparse attention layer
     mmspec bench       the side-by-side benchmarks, `--plot` for the charts (`mmspec bench -h`)
+    mmspec kernels tune  measure backend="auto"'s timing table on this machine
 """
 
 import sys
@@ -15,6 +16,7 @@ def main(argv=None) -> int:
         "demo": "mmspec.demo",
         "generate": "mmspec.cli.generate",
         "bench": "mmspec.cli.bench",
+        "kernels": "mmspec.cli.kernels",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())
@@ -26,7 +28,8 @@ def main(argv=None) -> int:
 
     from mmspec.interrupt import run_command
 
-    # `generate` and `demo` keep no state: rerunning is all there is to do
+    # `generate`, `demo` and `kernels tune` keep no state until the end: rerunning is all there
+    # is to do
     return run_command(importlib.import_module(commands[argv[0]]).main, argv[1:],
                        default=f"mmspec {argv[0]} stopped; it saves nothing, so rerun it to "
                                f"start again")

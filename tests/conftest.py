@@ -32,3 +32,15 @@ def interrupt_on_call(monkeypatch):
         return real
 
     return patch
+
+
+@pytest.fixture(autouse=True)
+def no_machine_timing_table(monkeypatch, tmp_path_factory):
+    """`backend="auto"` keeps its fixed order in tests: a timing table measured on this machine
+    (`python -m mmspec.kernels.tune`, or a GPU session's kernels step) would otherwise decide
+    which backends the tests run. `tests/kernels/test_timings.py` writes its own."""
+    from mmspec.kernels.backends import timings
+
+    absent = tmp_path_factory.getbasetemp() / "no_timing_table" / timings.TABLE_NAME
+    monkeypatch.setattr(timings, "table_path", lambda: absent)
+    timings.forget()

@@ -2,7 +2,8 @@
 
 Public names:
     BlockSparseMask          FlexAttention-style layout of kept key blocks (full and partial)
-    block_sparse_attention   the attention op, with backends "triton", "torch", "reference"
+    block_sparse_attention   the attention op, with backends "triton", "torch", "flex", "reference"
+                             (and "flashinfer", "fa4" where their packages import)
     causal_block_mask, tree_block_mask, prefix_block_mask, tree_ancestors, tree_depths
     register_hf_attention    route any Hugging Face decoder's attention through this layer
 """

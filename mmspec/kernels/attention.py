@@ -3,7 +3,8 @@
 The public function validates its inputs once and calls the op `mmspec::block_sparse_attention`
 (registered with `torch.library`, with a fake implementation so `torch.compile` graphs pass through
 it). The op dispatches to a backend from the registry: `"triton"` (GPU kernel), `"torch"` (fast path
-on any device), `"flex"` (FlexAttention) or `"reference"` (dense masked attention, for tests).
+on any device), `"flex"` (FlexAttention), `"reference"` (dense masked attention, for tests), and
+`"flashinfer"` / `"fa4"` where those packages import.
 """
 
 from __future__ import annotations
@@ -165,8 +166,10 @@ def block_sparse_attention(
             (Gemma 2's `attn_logit_softcapping`); None for none. Both are real numbers (Python's,
             NumPy's) or one-element tensors.
         return_lse: also return the natural-log log-sum-exp of each row, fp32 `[B, Hq, Nq]`.
-        backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"`, `"flex"`
-            (FlexAttention) or `"reference"`.
+        backend: `"auto"` (this machine's timing table where it has an entry near the call,
+            else triton on CUDA and torch elsewhere; `backends/timings.py`), `"triton"`,
+            `"torch"`, `"flex"` (FlexAttention), `"reference"`, and where their packages import
+            `"flashinfer"` and `"fa4"` (FlashAttention-4).
 
     Returns:
         `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse`.

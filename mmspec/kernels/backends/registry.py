@@ -2,7 +2,9 @@
 
 Each backend is a function `(q, k, v, mask, scale, softcap) -> (out, lse)` (softcap 0 means none)
 registered with declarative constraints. A constraint returns None when it holds and a sentence
-saying why not otherwise; `"auto"` picks the first preferred backend whose constraints all hold.
+saying why not otherwise. `"auto"` picks the first backend whose constraints all hold, in the order
+of this machine's timing table (`timings.py`: fastest first for the call's device, dtype, head dim
+and density) where it has an entry, then in the fixed order below.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ..mask import BlockSparseMask
+from . import timings
 
 BackendFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, BlockSparseMask, float, float],
@@ -32,8 +35,8 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
-# "auto" tries these in order; Triton only for CUDA tensors (never the interpreter, which is for
-# testing the kernel, not for running models)
+# without a timing table "auto" tries these in order; Triton only for CUDA tensors (never the
+# interpreter, which is for testing the kernel, not for running models)
 _AUTO_ORDER = {"cuda": ("triton", "torch")}
 _AUTO_DEFAULT = ("torch",)
 
@@ -56,7 +59,9 @@ def get_backend(name: str) -> Backend:
 
 def resolve_backend(name: str, q, k, v, mask) -> Backend:
     if name == "auto":
-        order = _AUTO_ORDER.get(q.device.type, _AUTO_DEFAULT)
+        fixed = _AUTO_ORDER.get(q.device.type, _AUTO_DEFAULT)
+        measured = timings.ranking(q, mask) or ()
+        order = tuple(measured) + tuple(n for n in fixed if n not in measured)
         for candidate in order:
             backend = _BACKENDS.get(candidate)
             if backend is not None and not backend.problems(q, k, v, mask):
