@@ -54,7 +54,8 @@ class EagleDrafter(nn.Module):
     def __init__(self, config: EagleConfig, target, embed_weight: torch.Tensor | None = None):
         super().__init__()
         self.config = config
-        self.target = target
+        # not a submodule: the drafter's .float(), .train() and state_dict leave the target alone
+        object.__setattr__(self, "target", target)
         self.head = EagleHead(config)
         embed = target.get_input_embeddings().weight if embed_weight is None else embed_weight
         # frozen, the target's unless the checkpoint has its own; not part of the head's weights
