@@ -139,3 +139,27 @@ def test_the_command_line_trains_a_causal_lm_target(llama, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--arch", "eagle3", "--text-only", "--target", "x", "--data", "y", "--out", "z"])
     assert "--text-only is for --arch vispec" in capsys.readouterr().err
+
+
+def test_resume_continues_exactly(llama, tmp_path, monkeypatch, interrupt_on_call):
+    from mmspec.vision import train as train_mod
+
+    samples = [{"input_ids": p} for p in _prompts(3, 2)]
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 6, "checkpoint_every": 3})
+
+    def fresh():
+        torch.manual_seed(0)
+        return new_eagle3_drafter(llama, draft_vocab_size=48)
+
+    full = fresh()
+    train(full, llama, samples, cfg, out_dir=tmp_path / "full", fit_vocabulary=True)
+    original = interrupt_on_call(train_mod, "sample_loss", 5)  # crashes on step 5
+    with pytest.raises(KeyboardInterrupt, match=r"cut is at step 3 of 6"):
+        train(fresh(), llama, samples, cfg, out_dir=tmp_path / "cut", fit_vocabulary=True)
+    monkeypatch.setattr(train_mod, "sample_loss", original)
+    resumed = fresh()
+    losses = train(resumed, llama, samples, cfg, out_dir=tmp_path / "cut", resume=True,
+                   fit_vocabulary=True)
+    assert len(losses) == 3  # steps 4-6 only
+    a, b = full.head.state_dict(), resumed.head.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
