@@ -92,10 +92,10 @@ def test_training_passes_are_the_drafters_tree_forward(llama, monkeypatch):
         drafter.end()
 
 
-def _trained(target, samples, out_dir, vocab=48):
+def _trained(target, samples, out_dir, cfg=CFG):
     torch.manual_seed(0)
-    drafter = new_eagle3_drafter(target, draft_vocab_size=vocab)
-    losses = train(drafter, target, samples, CFG, out_dir=out_dir, fit_vocabulary=True)
+    drafter = new_eagle3_drafter(target, draft_vocab_size=48)
+    losses = train(drafter, target, samples, cfg, out_dir=out_dir, fit_vocabulary=True)
     return drafter, losses
 
 
@@ -121,8 +121,9 @@ def test_a_tiny_run_trains_saves_loads_and_decodes_exactly(llama, tmp_path):
 def test_a_vlm_target_trains_through_its_images(llava, tmp_path):
     samples = [{"input_ids": ids, **extras}
                for ids, extras in (llava_prompt(images=1, seed=s) for s in range(3))]
-    drafter, losses = _trained(llava, samples, tmp_path / "run")
-    assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), losses
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 30, "answer_tokens": 8})
+    drafter, losses = _trained(llava, samples, tmp_path / "run", cfg)
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
     ids, extras = llava_prompt(images=1, seed=7)  # not trained on
     _check_lossless(llava, tmp_path / "run", drafter, ids, extras)
 
