@@ -18,6 +18,7 @@ answers' most frequent tokens (`--draft-vocab-size`), and the training-time test
 passes that feed the drafter its own outputs, EAGLE-3's default 6), with EAGLE-3's loss (the
 feature, tv, rank and ce weights and the noise are ViSpec's and do not apply). It saves in the
 speculators format, which `EagleDrafter.from_pretrained` loads and `vllm serve` serves.
+
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay.
 Checkpoints (`<out>/checkpoint`, swapped in whole) resume with `--resume` (without it an existing
 checkpoint is refused, never overwritten); the answers are saved as they come. Held-out tau
@@ -805,8 +806,7 @@ def main(argv=None) -> None:
                            lambda m: "--" + m[1].replace("_", "-"), str(err)))
     else:
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
-    # fp32 master weights whatever the target's dtype (its features are cast)
-    (drafter.head if eagle3 else drafter).float()
+    drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
     try:
         train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out,
               resume=args.resume, fit_vocabulary=eagle3)
