@@ -14,6 +14,7 @@ to target-only greedy. The EAGLE-3 drafter is not shipped (the zoo's 40 MB budge
 
     python benchmarks/eagle3_text.py --eagle3 PATH [--prompts 8] [--prompt-tokens 256]
                                      [--new-tokens 96] [--threads 1] [--repeats 1] [--write]
+    python benchmarks/eagle3_text.py --make-data PATH [--samples 320]   # its training prompts
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ TREE = {"depth": 4, "top_k": 4, "total_tokens": 17}  # ModelDrafter tree's 16 no
 CHAIN = {"depth": 5, "top_k": 1, "total_tokens": 6}  # ModelDrafter chain's 5 tokens
 
 
+def make_data(path: Path, samples: int, length: int = 64, seed: int = 0) -> None:
+    """Training prompts for the EAGLE-3 drafter: `samples` random `length`-token windows of
+    the train split's token stream (`mmspec.zoo.data`), as `.pt` samples for
+    `python -m mmspec.vision.train --data`."""
+    from mmspec.zoo.data import token_stream
+
+    stream = token_stream(zoo.load("text-target").tokenizer, "train")
+    starts = torch.randint(0, len(stream) - length, (samples,),
+                           generator=torch.Generator().manual_seed(seed))
+    torch.save([{"input_ids": stream[s:s + length][None].clone()} for s in starts.tolist()], path)
+
+
 def build_methods(target, drafter_model, tree_drafter_model, eagle3_path: Path, eos: int):
     def hf_run(ids, n):
         return target.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=eos,
@@ -78,8 +91,10 @@ def build_methods(target, drafter_model, tree_drafter_model, eagle3_path: Path, 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--eagle3", type=Path, required=True,
-                        help="an EAGLE-3 drafter folder for text-target")
+    parser.add_argument("--eagle3", type=Path, help="an EAGLE-3 drafter folder for text-target")
+    parser.add_argument("--make-data", type=Path, metavar="PATH",
+                        help="write the drafter's training prompts to PATH (.pt) and stop")
+    parser.add_argument("--samples", type=int, default=320, help="with --make-data")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=96)
@@ -87,6 +102,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=1, help="best of R timed runs per prompt")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     args = parser.parse_args()
+    if args.make_data is not None:
+        make_data(args.make_data, args.samples)
+        return
+    if args.eagle3 is None:
+        parser.error("--eagle3 PATH is required (or --make-data PATH)")
     torch.set_num_threads(args.threads)
     import transformers
 
