@@ -13,8 +13,9 @@ ablation baseline (no adaptor, no global vector). Training: `python -m mmspec.vi
 
 Files: `config.py` (ViSpecConfig), `targets.py` (per-class adapters), `adaptor.py` (learnable-query
 image compression), `sequence.py` (the draft sequence: pairs, compressed images, global vectors),
-`head.py` (EAGLE draft head), `rope.py` (1-D / M-RoPE), `tree.py` (EAGLE-2 dynamic tree),
-`drafter.py` (the drafter contract), `losses.py` + `train.py` (online training).
+`head.py` (EAGLE draft head), `rope.py` (1-D / M-RoPE), `drafter.py` (the drafter contract),
+`losses.py` + `train.py` (online training). The EAGLE-2 dynamic tree is
+`mmspec.decoding.dynamic_tree`, shared with `ModelDrafter`.
 `eagle.py`, `eagle_head.py`, `eagle_checkpoint.py`: SafeAILab EAGLE-1/2 and EAGLE-3 checkpoints
 as drafters for any causal LM target (`EagleDrafter.from_pretrained(path, target)`).
 `vispec_official.py`: the ViSpec authors' checkpoints, in their semantics (`ViSpecDrafter.

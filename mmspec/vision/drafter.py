@@ -1,8 +1,8 @@
 """`ViSpecDrafter`: ViSpec (Kang et al. 2025, arXiv 2509.15235) as an mmspec drafter.
 
 EAGLE-2 draft head + vision adaptor + global image vector (`head.py`, `adaptor.py`,
-`sequence.py`), drafting an EAGLE-2 dynamic tree (`tree.py`) that `mmspec.generate` verifies
-losslessly. It works on unmodified transformers targets (`targets.py`), any batch size, several
+`sequence.py`), drafting an EAGLE-2 dynamic tree (`mmspec.decoding.dynamic_tree`) that
+`mmspec.generate` verifies losslessly. It works on unmodified transformers targets (`targets.py`), any batch size, several
 images per prompt.
 
 Round 0 the drafter reads the whole prompt: the target's hidden states (`DraftState.target_hidden`),
@@ -36,7 +36,7 @@ from .config import ViSpecConfig
 from .head import DraftHead
 from .sequence import Entries, decode_entries, prompt_entries
 from .targets import adapter_for, signature_mismatch, target_signature
-from .tree import dynamic_tree
+from mmspec.decoding.dynamic_tree import dynamic_tree
 from .vispec_official import OfficialViSpecDrafter
 
 CONFIG_NAME = "vispec_config.json"
@@ -307,7 +307,7 @@ class ViSpecDrafter(nn.Module):
         return out
 
     def _tree_step(self):
-        """The `step` of `tree.dynamic_tree`: frontier entries over the draft cache + tree entries."""
+        """The `step` of `dynamic_tree`: frontier entries over the draft cache + tree entries."""
         cache = self._cache
         tree_kv: list = []
 

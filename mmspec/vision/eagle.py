@@ -16,12 +16,13 @@ The head (`eagle_head.py`) follows the reference forward (SafeAILab/EAGLE `cnets
   `midlayer` (no `fc`);
 - EAGLE-3 features: the target's `hidden_states` entries 2, L // 2, L - 3 (`eagle_checkpoint.py`),
   the draft vocabulary mapped back with `d2t`.
-The tree is EAGLE-2's dynamic tree (`tree.py`, shared with ViSpec), verified by `mmspec.generate`.
+The tree is EAGLE-2's dynamic tree (`mmspec.decoding.dynamic_tree`, shared with ViSpec and
+`ModelDrafter`), verified by `mmspec.generate`.
 
 Deliberate differences from the reference: any batch size (ragged rows, holes of rejected tokens
 masked, positions counted over each row's valid slots), ties in the final node pick broken toward
-the parent (`tree.py`), `depth` counts draft levels (the reference's `depth` + 1, as everywhere in
-mmspec), and the checks of `eagle_checkpoint.py`.
+the parent (`dynamic_tree.py`), `depth` counts draft levels (the reference's `depth` + 1, as
+everywhere in mmspec), and the checks of `eagle_checkpoint.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from .eagle_checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
 from .eagle_head import EagleConfig, EagleHead
 from .eagle_speculators import is_speculators, read_speculators, write_speculators
-from .tree import dynamic_tree
+from mmspec.decoding.dynamic_tree import dynamic_tree
 
 
 @dataclass
@@ -53,7 +54,8 @@ class EagleDrafter(nn.Module):
     def __init__(self, config: EagleConfig, target, embed_weight: torch.Tensor | None = None):
         super().__init__()
         self.config = config
-        self.target = target
+        # not a submodule: the drafter's .float(), .train() and state_dict leave the target alone
+        object.__setattr__(self, "target", target)
         self.head = EagleHead(config)
         embed = target.get_input_embeddings().weight if embed_weight is None else embed_weight
         # frozen, the target's unless the checkpoint has its own; not part of the head's weights
@@ -207,7 +209,7 @@ class EagleDrafter(nn.Module):
                 (count - 1).clamp_min(0))
 
     def _tree_step(self, root_pos: torch.Tensor):
-        """The `step` of `tree.dynamic_tree`: frontier nodes over the draft cache + tree nodes."""
+        """The `step` of `dynamic_tree`: frontier nodes over the draft cache + tree nodes."""
         cache = self._cache
         tree_kv: list = []
 

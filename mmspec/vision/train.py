@@ -11,6 +11,14 @@ One step on one sample:
     loss             = L(pred) + sum over rollouts of L(drafter(pred shifted right by one))
     L                = w_f SmoothL1(feature) + w_tv sum|p_d - p_t| + w_rank ListMLE(top 10) + w_ce CE
 The rollout is ViSpec's anti-shortcut pass (`--rollout-steps`, README: 1).
+
+`--arch eagle3` trains an EAGLE-3 drafter instead (`eagle3_train.py`), for a VLM or a text-only
+causal LM target: three target layers' features fused by `fc`, a draft vocabulary of the
+answers' most frequent tokens (`--draft-vocab-size`), and the training-time test (`--rollout-steps`
+passes that feed the drafter its own outputs, EAGLE-3's default 6), with EAGLE-3's loss (the
+feature, tv, rank and ce weights and the noise are ViSpec's and do not apply). It saves in the
+speculators format, which `EagleDrafter.from_pretrained` loads and `vllm serve` serves.
+
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
 (`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,
 accelerate's saved state and the step, swapped in whole) resume with `--resume` (without it an
@@ -52,6 +60,11 @@ from mmspec.train_scaffold import (META, RunExists, RunRefused, checkpoint_dirs,
                                    rates_at_resume, save_swapped, settle)
 
 from .drafter import ViSpecDrafter
+from .eagle import EagleDrafter
+from .eagle3_train import (DRAFT_VOCAB_SIZE, ROLLOUT_STEPS, eagle3_loss, fit_draft_vocabulary,
+                           new_eagle3_drafter)
+from .eagle_checkpoint import check_state, read_config, read_weights
+from .eagle_speculators import read_speculators
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
 
 # a sample is one unpadded row: its attention mask (if a processor returned one) is all ones and is
@@ -260,6 +273,8 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
     ids = torch.cat([prompt, answer[None].to(prompt)], 1).to(device)  # [1, T]
     extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k not in NOT_EXTRAS},
                             ids.shape[1])
+    if isinstance(drafter, EagleDrafter):
+        return eagle3_loss(drafter, target, ids, prompt.shape[1], extras, cfg.rollout_steps)
     mask = torch.ones_like(ids)
     with torch.no_grad():
         out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True, **extras)
@@ -377,10 +392,15 @@ class ResumeError(RunRefused):
     """A checkpoint that this run cannot continue (its settings differ, or it does not load)."""
 
 
-def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
-          held_out: list | None = None, out_dir=None, resume: bool = False) -> list:
+def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: TrainConfig,
+          held_out: list | None = None, out_dir=None, resume: bool = False,
+          fit_vocabulary: bool = False) -> list:
     """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
     the answer cache and the final drafter.
+
+    fit_vocabulary: an EAGLE-3 drafter's draft vocabulary (`d2t`) and the start of its lm_head
+    are set from the target's answers first (`eagle3_train.fit_draft_vocabulary`), as for a new
+    drafter (`new_eagle3_drafter`).
 
     Under `accelerate launch` / `torchrun` (an initialised `torch.distributed`), the processes
     split the target's answers, each step draws `cfg.batch_size` samples per process from one
@@ -412,6 +432,8 @@ def train(drafter: ViSpecDrafter, target, samples: list, cfg: TrainConfig,
                 answers[i] = a
         for p in drafter.state_dict().values():  # one start, whatever each process built
             broadcast(p, from_process=0)
+    if fit_vocabulary:  # every process has every answer: the same vocabulary everywhere
+        fit_draft_vocabulary(drafter, answers)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
     sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
@@ -535,6 +557,33 @@ def _load_checkpoint(drafter, accelerator, out_dir: Path) -> int:
         raise ResumeError(f"resume: the checkpoint in {ckpt} is of an earlier mmspec (its "
                           f"states in {META}, not accelerate's files): it cannot be resumed; "
                           f"finish it with the mmspec that wrote it, or delete it")
+    if isinstance(drafter, EagleDrafter):
+        _load_eagle3_weights(drafter, ckpt)
+    else:
+        _load_vispec_weights(drafter, ckpt)
+    accelerator.load_state(str(ckpt))
+    return int(torch.load(ckpt / META, weights_only=True)["step"])
+
+
+def _load_eagle3_weights(drafter: EagleDrafter, ckpt: Path) -> None:
+    """The saved head's weights as written (float32 master weights, not the target's dtype
+    `EagleDrafter.from_pretrained` would cast to), if they fit this run's drafter."""
+    try:
+        _, state, layers = read_speculators(read_config(ckpt), read_weights(ckpt), ckpt)
+        own = drafter.head.state_dict()
+        state = {k: v for k, v in state.items() if k in own}
+        check_state(own, state, ckpt)
+    except (FileNotFoundError, ValueError) as err:
+        raise ResumeError(f"resume: the checkpoint in {ckpt} does not load as this run's "
+                          f"EAGLE-3 drafter: {err}") from None
+    if layers is not None and tuple(layers) != drafter.config.feature_layers:
+        raise ResumeError(f"resume: the checkpoint in {ckpt} reads target layers {list(layers)}, "
+                          f"this run's drafter {list(drafter.config.feature_layers)}: resume it "
+                          f"with the settings it was started with")
+    drafter.head.load_state_dict(state)
+
+
+def _load_vispec_weights(drafter: ViSpecDrafter, ckpt: Path) -> None:
     try:
         loaded = ViSpecDrafter.from_pretrained(ckpt, drafter.adapter.target, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as err:  # its "path:"/"target:" name no flag here
@@ -550,8 +599,6 @@ def _load_checkpoint(drafter, accelerator, out_dir: Path) -> int:
         raise ResumeError(f"resume: the checkpoint in {ckpt} holds a drafter with "
                          f"{'; '.join(differ)}: resume it with the settings it was started with")
     drafter.load_state_dict(loaded.state_dict())
-    accelerator.load_state(str(ckpt))
-    return int(torch.load(ckpt / META, weights_only=True)["step"])
 
 
 # --- command line ---
@@ -636,6 +683,19 @@ def load_samples(path: Path, target_path: str, suffix: str) -> list:
     return samples
 
 
+def _load_target(path: str, dtype: torch.dtype, causal_lm: bool):
+    """The target: a VLM, or (`causal_lm`, for EAGLE-3) a text-only causal LM where the folder
+    holds no VLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    try:
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+    except ValueError:  # transformers: "Unrecognized configuration class ..." (not a VLM)
+        if not causal_lm:
+            raise
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -649,6 +709,15 @@ def main(argv=None) -> None:
                    "text-only one (stage 1) keeps its head and gets a new adaptor, or stays "
                    "text-only with --text-only")
     p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
+    p.add_argument("--arch", default="vispec", choices=["vispec", "eagle3"],
+                   help="vispec: a ViSpec drafter (a VLM target); eagle3: an EAGLE-3 drafter "
+                        "(a VLM or a causal LM target; .pt samples for the latter)")
+    p.add_argument("--draft-vocab-size", type=int, default=DRAFT_VOCAB_SIZE,
+                   help="eagle3: the draft vocabulary, the answers' most frequent tokens "
+                        "(default: %(default)s, EAGLE-3's, at most the target's vocabulary)")
+    p.add_argument("--feature-layers", type=int, nargs=3, default=None, metavar="ID",
+                   help="eagle3: the target layers whose inputs are the features (default: "
+                        "2, L//2, L-3 as EAGLE-3; 1, L//2, L-1 for targets under 7 layers)")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
     p.add_argument("--suffix", default=LONG_ANSWER,
                    help="appended to every jsonl prompt (default: %(default)r, ViSpec's "
@@ -662,10 +731,24 @@ def main(argv=None) -> None:
         if f.name == "warmup_steps":  # default None: min(the config's, --steps), as the zoo does
             p.add_argument("--warmup-steps", type=int, default=None,
                            help=f"linear warm-up steps (default: {f.default}, at most --steps)")
+        elif f.name == "rollout_steps":  # default None: per --arch
+            p.add_argument("--rollout-steps", type=int, default=None,
+                           help=f"passes that feed the drafter its own outputs (default: "
+                                f"{f.default} for vispec as its README, {ROLLOUT_STEPS} for "
+                                f"eagle3 as its trainer)")
         elif f.name != "betas":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
                            default=f.default, help="default: %(default)s")
     args = p.parse_args(argv)
+    eagle3 = args.arch == "eagle3"
+    if args.rollout_steps is None:
+        args.rollout_steps = ROLLOUT_STEPS if eagle3 else TrainConfig.rollout_steps
+    for flag, given in (("--drafter", args.drafter), ("--text-only", args.text_only)):
+        if eagle3 and given:
+            p.error(f"{flag} is for --arch vispec; --arch eagle3 trains a new EAGLE-3 drafter")
+    if not eagle3 and (args.feature_layers is not None
+                       or args.draft_vocab_size != DRAFT_VOCAB_SIZE):
+        p.error("--feature-layers and --draft-vocab-size are for --arch eagle3")
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
     if args.warmup_steps is None:  # a warm-up longer than the run never reaches the peak LR
@@ -683,7 +766,6 @@ def main(argv=None) -> None:
                          message.replace("TrainConfig: ", ""))
         p.error(message)
     from accelerate import PartialState
-    from transformers import AutoModelForImageTextToText
 
     # under `accelerate launch` / torchrun this joins the process group that `train` uses
     if args.device is not None:
@@ -699,11 +781,11 @@ def main(argv=None) -> None:
     if not args.data.is_file():
         p.error(f"--data {args.data}: no such file")  # before a big target loads
     try:
-        target = AutoModelForImageTextToText.from_pretrained(
-            args.target, dtype=getattr(torch, args.dtype)).to(args.device)
+        target = _load_target(args.target, getattr(torch, args.dtype), eagle3).to(args.device)
     except (OSError, ValueError) as err:  # no such folder or hub id, no weights, not a VLM
         where = "" if Path(args.target).is_dir() else " (no such folder; tried as a hub id)"
-        p.error(f"--target {args.target}: cannot load it as a vision-language model{where}: "
+        kind = "a vision-language or causal LM" if eagle3 else "a vision-language model"
+        p.error(f"--target {args.target}: cannot load it as {kind}{where}: "
                 f"{str(err).strip().splitlines()[0]}")
     try:
         samples = [{k: v.to(args.device) for k, v in s.items()}
@@ -719,12 +801,19 @@ def main(argv=None) -> None:
         except (FileNotFoundError, ValueError) as err:  # nothing saved there, another target
             named = str(err) if str(err).startswith("--") else f"--drafter {args.drafter}: {err}"
             p.error(named)
+    elif eagle3:
+        try:
+            drafter = new_eagle3_drafter(target, args.draft_vocab_size,
+                                         args.feature_layers and tuple(args.feature_layers))
+        except ValueError as err:  # "draft_vocab_size: ..." / "feature_layers: ..."
+            p.error(re.sub(r"^(draft_vocab_size|feature_layers)\b",
+                           lambda m: "--" + m[1].replace("_", "-"), str(err)))
     else:
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
     drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
     try:
         train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out,
-              resume=args.resume)
+              resume=args.resume, fit_vocabulary=eagle3)
     except (RunExists, ResumeError) as err:  # --out holds a run; a resume that cannot be
         p.error(str(err))
 

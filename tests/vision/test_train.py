@@ -324,8 +324,9 @@ def main_train(monkeypatch):
     """Runs `main` up to `train`, recording what it would train on."""
     seen = {}
 
-    def record(drafter, target, train_set, cfg, held_out, out_dir, resume):
-        seen.update(train=len(train_set), held=len(held_out), cfg=cfg, drafter=drafter)
+    def record(drafter, target, train_set, cfg, held_out, out_dir, resume, fit_vocabulary):
+        seen.update(train=len(train_set), held=len(held_out), cfg=cfg, drafter=drafter,
+                    fit_vocabulary=fit_vocabulary)
 
     monkeypatch.setattr(train_mod, "train", record)
     return seen

@@ -6,7 +6,8 @@ the verifier, which then uses the min(1, p/q) rule. With `sample=True` it sample
 `generate` call, from the call's own warped distribution (temperature, top-k, top-p: q has the
 target's form, so the drafter is judged on its logits alone) and is greedy under a greedy call.
 
-Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec.md §1.5). Each of
+Tree (`top_k > 1`): EAGLE-2's context-aware dynamic tree (Li et al. 2024, vispec.md §1.5), built
+by `mmspec.decoding.dynamic_tree` as for ViSpec and EAGLE. Each of
 `depth` levels expands the current top-k frontier by its top-k children, scores nodes by
 cumulative draft log-probability, keeps the best `top_k` as the next frontier, and finally the best
 `num_tokens` nodes over all levels form the tree. Frontier nodes are fed through the shared
@@ -14,11 +15,8 @@ block-sparse layer with a tree mask (so a tree drafter switches its model to the
 implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed, from its first
 `propose` of a call to `end()`, which `generate` calls when the call is over, also on error; the
 switch costs about 1 ms for a 24-layer model, so it is not done per round). Tree nodes are chosen,
-not sampled: a point-mass proposal.
-One deliberate difference from EAGLE: the kept set is always closed under parents (EAGLE can keep
-an orphan on exact ties). A child's score is at most its parent's (minus a tiny epsilon, which
-float32 loses below about -32), and the final pick sorts stably, so on a tie the parent, always
-the earlier candidate, ranks first.
+not sampled: a point-mass proposal. The kept set is always closed under parents
+(`dynamic_tree.py`).
 
 KV cache "in step": the drafter keeps its cache in the engine's slot layout (`draft.py`). At each
 round it keeps the longest prefix of cached slots that are still right (the accepted part of its
@@ -49,13 +47,13 @@ from .. import kv_cache
 from .. import static
 from ..admission import UnsupportedTarget, _has_recurrent_layers
 from ..draft import Draft, DraftState, VerifyResult
+from ..dynamic_tree import dynamic_tree
 from ..sampling import target_probs
 from ..tree import BLOCK_SIZE
 from ..windows import block_masks, sliding_windows
 
 # vispec.md §1.5: ViSpec/EAGLE-2 use depth 3 below the root, i.e. 4 draft levels
 DEFAULT_TREE_DEPTH = 4
-_EPS = 1e-6  # score decrease along a path where float32 can represent it
 
 
 def _is_int(value) -> bool:
@@ -250,53 +248,27 @@ class ModelDrafter:
     def _tree(self, state, logits, depth) -> Draft:
         valid = state.attention_mask.bool()  # [B, S]
         b, s = valid.shape
-        k = self.top_k
         root_pos = valid.long().sum(-1, keepdim=True) - 1  # [B, 1]
-        logp, tok = logits.log_softmax(-1).topk(k, dim=-1)  # [B, K]
-        cand_tok, cand_score = [tok], [logp]
-        cand_parent = [torch.full((b, k), -1, dtype=torch.long, device=tok.device)]
-        front = torch.arange(k, device=tok.device).expand(b, k)  # candidate ids of the frontier
-        front_tok, front_score = tok, logp
-        fed_anc = torch.zeros(b, 0, 0, dtype=torch.bool, device=tok.device)  # [B, M, M]
-        front_fed = torch.zeros(b, k, dtype=torch.long, device=tok.device)  # unused at level 0
-        n_cand = k
-        for level in range(1, depth):
-            # ancestors of the frontier among fed tree nodes: parent's row plus itself
-            m = fed_anc.shape[1]
-            rows = torch.arange(b, device=tok.device)[:, None]
-            parent_rows = fed_anc[rows, front_fed] if level > 1 else fed_anc.new_zeros(b, k, 0)
-            new_rows = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=tok.device).expand(b, k, k)], -1)
-            fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(b, m, k)], -1), new_rows], 1)
-            token_mask = torch.cat([valid[:, None, :].expand(b, k, s), new_rows], -1)  # [B, K, S+M+K]
-            def positions(level=level, m=m):  # queries at root + level; fed nodes by level
-                fed_pos = root_pos + 1 + torch.arange(m + k, device=tok.device) // k  # [B, M+K]
-                return root_pos + level, torch.cat([valid.long().cumsum(-1) - 1, fed_pos], -1)
+        slot_pos = valid.long().cumsum(-1) - 1  # [B, S]
+
+        def step(tokens, features, depth, ancestors):
+            """Feed the frontier `[B, K]` at tree level depth + 1 after the T = depth * K nodes
+            fed before (the cache holds them past the committed slots, level by level)."""
+            k, t = tokens.shape[1], ancestors.shape[2]
+            eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
+            token_mask = torch.cat([valid[:, None, :].expand(b, k, s), ancestors, eye], -1)
+
+            def positions():  # queries at root + level; fed nodes by their level
+                fed_pos = root_pos + 1 + torch.arange(t + k, device=tokens.device) // k
+                return root_pos + depth + 1, torch.cat([slot_pos, fed_pos], -1)
 
             mask = block_masks(token_mask, BLOCK_SIZE, self.windows, positions)
-            attn = torch.cat([valid, valid.new_ones(b, m + k)], 1).long()
-            lg = self._forward(front_tok, attn, root_pos + level, mask)  # [B, K, V]
-            child_logp, child_tok = lg.log_softmax(-1).topk(k, dim=-1)  # [B, K, K]
-            score = front_score[..., None] + child_logp.clamp_max(-_EPS)
-            cand_tok.append(child_tok.flatten(1))
-            cand_score.append(score.flatten(1))
-            cand_parent.append(front[..., None].expand(b, k, k).flatten(1))
-            best = score.flatten(1).topk(k, dim=-1).indices  # [B, K] among the K*K children
-            front = n_cand + best
-            front_fed = m + best // k  # fed index of each new frontier node's parent
-            front_tok = child_tok.flatten(1).gather(1, best)
-            front_score = score.flatten(1).gather(1, best)
-            n_cand += k * k
+            attn = torch.cat([valid, valid.new_ones(b, t + k)], 1).long()
+            return self._forward(tokens, attn, root_pos + depth + 1, mask), None  # [B, K, V]
+
+        draft = dynamic_tree(step, logits, None, self.top_k, depth, self.num_tokens)
         kv_cache.crop(self.cache, s)  # tree entries are not committed slots
-        tokens, scores = torch.cat(cand_tok, 1), torch.cat(cand_score, 1)  # [B, C]
-        parents = torch.cat(cand_parent, 1)
-        n = min(self.num_tokens, tokens.shape[1])
-        # a stable sort: on a tie the parent (an earlier candidate) ranks before its child
-        order = scores.sort(dim=-1, descending=True, stable=True).indices
-        sel = order[:, :n].sort(-1).values  # [B, N], parents first
-        where = torch.full_like(tokens, -1).scatter(1, sel, torch.arange(n, device=sel.device).expand(b, n))
-        par = parents.gather(1, sel)
-        new_par = torch.where(par < 0, -1, where.gather(1, par.clamp_min(0)))
-        return Draft(tokens.gather(1, sel), new_par)
+        return draft
 
     def update(self, result: VerifyResult) -> None:
         """Nothing to do: `propose` re-syncs the cache from the committed slots."""

@@ -1,8 +1,13 @@
-"""EAGLE-2 dynamic tree: the kept nodes are the best by cumulative log-probability, as a tree."""
+"""EAGLE-2 dynamic tree: the kept nodes are the best by cumulative log-probability, as a tree.
+
+One builder serves every tree drafter: `ModelDrafter` here, ViSpec and EAGLE in tests/vision."""
 
 import torch
+from spec_helpers import tiny_llama
 
-from mmspec.vision.tree import dynamic_tree
+from mmspec import ModelDrafter
+from mmspec.decoding.draft import DraftState
+from mmspec.decoding.dynamic_tree import dynamic_tree
 
 V = 5
 
@@ -36,14 +41,14 @@ def _tree(top_k, levels, num_nodes):
     return dynamic_tree(step, root, torch.zeros(1, levels + 1), top_k, levels, num_nodes)
 
 
-def _brute_force(top_k, levels, num_nodes):
+def _brute_force(top_k, levels, num_nodes, logits_for=_logits_for):
     """EAGLE-2 by enumeration: expand the per-level top-k frontier, keep the best nodes."""
     cands = []  # (score, level, path)
     frontier = [((), 0.0)]
     for level in range(levels):
         children = []
         for path, score in frontier:
-            logp = torch.log_softmax(_logits_for(path), -1)
+            logp = torch.log_softmax(logits_for(path), -1)
             top = logp.topk(top_k)
             for v, t in zip(top.values.tolist(), top.indices.tolist()):
                 children.append((path + (t,), score + v))
@@ -77,3 +82,21 @@ def test_tree_size_is_capped_by_the_candidates():
     assert draft.tokens.shape[1] == 2 + 2 * 2
     assert all(p < i for i, p in enumerate(draft.parents[0].tolist()))  # parents first
     assert set(_paths(draft)) == _brute_force(2, 2, 100)  # every candidate, rightly linked
+
+
+def test_model_drafter_tree_is_eagle2s_best_nodes_of_its_model():
+    """ModelDrafter's tree (cache, tree mask, levels through `dynamic_tree`) equals the
+    enumeration over whole-prefix forwards of its model, for a row with left padding too."""
+    model = tiny_llama(3, init_std=0.5)
+    prompt = [5, 17, 9, 31, 2, 44]
+    for pad in (0, 3):
+        ids = torch.tensor([[0] * pad + prompt])
+        mask = torch.tensor([[0] * pad + [1] * len(prompt)])
+        draft = ModelDrafter(model, num_tokens=10, top_k=3, depth=3).propose(
+            DraftState(ids, mask, 8, round=0))
+
+        def logits_for(path):
+            with torch.no_grad():
+                return model(torch.tensor([prompt + list(path)])).logits[0, -1].float()
+
+        assert set(_paths(draft)) == _brute_force(3, 3, 10, logits_for)
