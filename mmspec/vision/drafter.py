@@ -10,7 +10,8 @@ the image features (recomputed from `DraftState.extras` by the target's own visi
 builds its KV cache over text tokens plus Q - 1 compressed tokens per image: its length does not
 grow with the number of image tokens. Later rounds append the pairs committed in the previous round.
 Tree nodes only live in a temporary KV list that is dropped after the round; each tree level
-attends through the shared block-sparse layer (`tree_attention.py`).
+attends through the shared block-sparse layer where that is not slower (off a CPU;
+`tree_attention.py`).
 
 Deliberate differences from the reference code: batch size > 1 (ragged rows, holes in the slot
 layout are masked), M-RoPE positions in the drafter for Qwen2.5-VL, per-image spans for several
@@ -324,7 +325,7 @@ class ViSpecDrafter(nn.Module):
                     for i, (ck, cv) in enumerate(cache.kv)]
             eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
             attends = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
-            mask = level_mask(attends)  # the shared block-sparse layer (tree_attention.py)
+            mask = level_mask(attends)  # the shared block-sparse layer where not slower
             positions = (cache.root_positions + depth).expand(-1, -1, k)
             hidden, new_kv = self.head(x, positions, past, mask)
             for i, (nk, nv) in enumerate(new_kv):

@@ -18,7 +18,7 @@ The head (`eagle_head.py`) follows the reference forward (SafeAILab/EAGLE `cnets
   the draft vocabulary mapped back with `d2t`.
 The tree is EAGLE-2's dynamic tree (`mmspec.decoding.dynamic_tree`, shared with ViSpec and
 `ModelDrafter`), verified by `mmspec.generate`; each tree level attends through the shared
-block-sparse layer (`tree_attention.py`).
+block-sparse layer where that is not slower (off a CPU; `tree_attention.py`).
 
 Deliberate differences from the reference: any batch size (ragged rows, holes of rejected tokens
 masked, positions counted over each row's valid slots), ties in the final node pick broken toward
@@ -223,7 +223,7 @@ class EagleDrafter(nn.Module):
                     for i, (ck, cv) in enumerate(cache.kv)]
             eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
             attends = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
-            mask = level_mask(attends)  # the shared block-sparse layer (tree_attention.py)
+            mask = level_mask(attends)  # the shared block-sparse layer where not slower
             positions = (root_pos[:, None] + depth).expand(b, k)
             hidden, new_kv = self.head(x, embeds, positions, past, mask)
             for i, (nk, nv) in enumerate(new_kv):

@@ -21,9 +21,9 @@ Module and parameter names are the checkpoints' own (`fc`, `layers.N.self_attn.q
 `midlayer.hidden_norm`, `d2t`, ...), so a SafeAILab state dict loads without renaming.
 
 Attention is over the drafter's short sequence with an explicit KV prefix, as in `head.py`: dense
-SDPA with a boolean mask, tree levels through the shared block-sparse layer (`tree_attention.py`).
-Deliberate differences from the reference code: batched rows with
-per-row masks and positions, and the attention softmax in the input dtype (the reference upcasts
+SDPA with a boolean mask, tree levels off a CPU through the shared block-sparse layer
+(`tree_attention.py`). Deliberate differences from the reference code: batched rows with per-row
+masks and positions, and the attention softmax in the input dtype (the reference upcasts
 to fp32; fp32 drafters are identical).
 """
 

@@ -9,8 +9,8 @@ as `[I | 0]`, so a head without image information behaves like the text drafter 
 Compressed image tokens from the vision adaptor skip `fc` and enter the layers directly.
 
 The first layer has no input RMSNorm (EAGLE). Attention over the drafter's own short sequence
-(text tokens plus one entry per image) is dense SDPA, except over a tree level, which goes through
-the shared block-sparse layer (`tree_attention.py`, which says where each runs and why).
+(text tokens plus one entry per image) is dense SDPA, except over a tree level off a CPU, which
+goes through the shared block-sparse layer (`tree_attention.py` says where each runs and why).
 """
 
 from __future__ import annotations

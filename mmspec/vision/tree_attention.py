@@ -1,5 +1,5 @@
 """Attention of the EAGLE-style draft heads (`head.py`, `eagle_head.py`): tree levels through the
-shared block-sparse layer, everything else through dense SDPA.
+shared block-sparse layer where it is not slower, everything else through dense SDPA.
 
 A tree level is one `step` of `mmspec.decoding.dynamic_tree`: K frontier nodes per row against the
 draft cache, the nodes of earlier levels and themselves. Each node sees the row's valid cached
@@ -8,13 +8,13 @@ way the engine builds its verification mask (`BlockSparseMask.from_token_mask`, 
 `decoding/tree.BLOCK_SIZE`), and `attend` hands it to `mmspec.kernels.block_sparse_attention`
 (its `auto` backend, as `ModelDrafter`'s tree levels get through `mmspec.kernels.hf`).
 
-Dense SDPA with the token mask stays where the block layout has nothing to skip:
+Dense SDPA with the same token mask (identical outputs on a CPU) stays where the block layout
+has nothing to skip or costs more than it saves:
 - committed entries (the prompt at round 0, the accepted tokens of later rounds): a causal mask
   over the drafter's own sequence plus padding, the case the engine leaves to SDPA for chains
-  (`decoding/tree.py`); on a CPU the torch backend turns a mask this small back into the token
-  mask and runs the same fused flash kernel SDPA runs, so the layer would only add the mask's
-  construction;
+  (`decoding/tree.py`);
 - a frontier of one node per row (`top_k=1`, a chain): one query row per row;
+- every tree level on a CPU (`SDPA_DEVICES`, below);
 - training (`train.py`, `eagle3_train.py`): it needs gradients, and the shared layer is
   forward-only.
 """
@@ -27,11 +27,20 @@ import torch.nn.functional as F
 from mmspec.decoding.tree import BLOCK_SIZE
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
+# Devices whose tree levels stay on SDPA. On a CPU the torch backend runs masks this small (K
+# queries against a few hundred keys) through the fused flash kernel SDPA runs too, after building
+# the block mask and turning it back into the token mask: ~1.3 ms a level against SDPA's ~0.06 ms,
+# so the zoo drafter's 30-token tree drafted 1.32x slower per round through the layer (13.5
+# against 10.2 ms, identical trees; BENCHMARKS.md `tree_levels`). Not measured on a GPU yet
+# (`benchmarks/gpu_session.sh`, step `tree_levels`).
+SDPA_DEVICES = ("cpu",)
+
 
 def level_mask(token_mask: torch.Tensor) -> BlockSparseMask | torch.Tensor:
     """bool `[B, K, C]` (K frontier nodes against C keys) -> the mask a tree level's attention
-    takes: a `BlockSparseMask`, or the token mask itself for K = 1 (dense SDPA, module docstring)."""
-    if token_mask.shape[1] == 1:
+    takes: a `BlockSparseMask`, or the token mask itself for SDPA (K = 1, or a device in
+    `SDPA_DEVICES`)."""
+    if token_mask.shape[1] == 1 or token_mask.device.type in SDPA_DEVICES:
         return token_mask
     return BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)  # [B, 1, K, C]
 

@@ -1,6 +1,6 @@
 """The draft heads' tree levels go through the shared block-sparse layer and draft exactly what
 dense SDPA with the same token mask drafts: ViSpec's head, EAGLE-1/2, EAGLE-3 and the ViSpec
-authors' layout, in a ragged batch where the target takes one; chains stay on SDPA."""
+authors' layout, in a ragged batch where the target takes one; chains and CPUs stay on SDPA."""
 
 import pytest
 import torch
@@ -87,6 +87,8 @@ def _run(drafter, target, ids, extras):
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_tree_levels_go_through_the_shared_layer_and_draft_what_dense_sdpa_drafts(
         llama, llava, tmp_path, monkeypatch, name):
+    """Off a CPU every tree level of every layer calls `block_sparse_attention`; on a CPU
+    (SDPA_DEVICES) none does, and both draft the same trees."""
     targets = {"llama": llama, "llava": llava}
     drafter, target, (ids, extras) = DRAFTERS[name](targets, tmp_path / "ckpt", depth=4, top_k=3,
                                                     total_tokens=10)
@@ -103,13 +105,14 @@ def test_tree_levels_go_through_the_shared_layer_and_draft_what_dense_sdpa_draft
         calls["attention"] += 1
         return real_attention(*args, **kwargs)
 
-    module = eagle_module if eagle else vispec_module
-    monkeypatch.setattr(module, "level_mask", counted_mask)
+    monkeypatch.setattr(eagle_module if eagle else vispec_module, "level_mask", counted_mask)
     monkeypatch.setattr(tree_attention, "block_sparse_attention", counted_attention)
+    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())  # as on a GPU
     shared, shared_drafts = _run(drafter, target, ids, extras)
     assert calls["levels"] >= 3 and calls["attention"] == layers * calls["levels"], calls
 
-    monkeypatch.setattr(module, "level_mask", lambda token_mask: token_mask)  # dense SDPA
+    monkeypatch.undo()  # SDPA_DEVICES = ("cpu",): dense SDPA with the same token masks
+    monkeypatch.setattr(tree_attention, "block_sparse_attention", counted_attention)
     calls["attention"] = 0
     dense, dense_drafts = _run(drafter, target, ids, extras)
     assert calls["attention"] == 0
@@ -119,18 +122,19 @@ def test_tree_levels_go_through_the_shared_layer_and_draft_what_dense_sdpa_draft
 
 
 def test_chains_stay_on_dense_sdpa(llama, tmp_path, monkeypatch):
-    drafter, target, (ids, extras) = _eagle(False)({"llama": llama}, tmp_path / "ckpt", depth=4, top_k=1,
-                                                   total_tokens=6)
+    drafter, target, (ids, extras) = _eagle(False)({"llama": llama}, tmp_path / "ckpt",
+                                                   depth=4, top_k=1, total_tokens=6)
 
     def refused(*args, **kwargs):
         raise AssertionError("a chain went through the block-sparse layer")
 
+    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())  # as on a GPU
     monkeypatch.setattr(tree_attention, "block_sparse_attention", refused)
     _, drafts = _run(drafter, target, ids, extras)
     assert drafts[0][1][0] == [-1, 0, 1, 2]  # round 0: a chain of depth 4
 
 
-def test_a_level_mask_attends_as_its_token_mask_with_grouped_heads():
+def test_a_level_mask_attends_as_its_token_mask_with_grouped_heads(monkeypatch):
     g = torch.Generator().manual_seed(0)
     b, heads, kv_heads, k, cached, dh = 2, 4, 2, 5, 37, 8
     keys = cached + 2 * k + k  # the cache, two earlier levels, this level
@@ -138,10 +142,12 @@ def test_a_level_mask_attends_as_its_token_mask_with_grouped_heads():
     attends[..., -k:] = torch.eye(k, dtype=torch.bool)  # each node sees itself
     q = torch.randn(b, heads, k, dh, generator=g)
     kv = [torch.randn(b, kv_heads, keys, dh, generator=g) for _ in range(2)]
+    assert tree_attention.level_mask(attends) is attends  # a CPU: SDPA
+    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())
     mask = tree_attention.level_mask(attends)
     assert isinstance(mask, BlockSparseMask) and torch.equal(mask.to_dense()[:, 0], attends)
     shared = tree_attention.attend(q, *kv, mask)
     dense = tree_attention.attend(q, *kv, attends)
-    torch.testing.assert_close(shared, dense, rtol=1e-6, atol=1e-6)
-    one_node = attends[:, :1]  # a chain's level: SDPA
+    assert torch.equal(shared, dense)  # the same fused CPU kernel under both
+    one_node = attends[:, :1]  # a chain's level: SDPA anywhere
     assert tree_attention.level_mask(one_node) is one_node
