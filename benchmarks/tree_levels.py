@@ -2,14 +2,15 @@
 
 The zoo's `vlm-vispec` drafter with the tree it was saved with (ViSpec's 30 tokens, top-8, 4
 levels, as `held_out_tau` and the card measure it) drafts on held-out scenes twice per prompt,
-interleaved in one process: as shipped (each tree level through
-`mmspec.kernels.block_sparse_attention`, `mmspec/vision/tree_attention.py`) and with
-`level_mask` swapped for the identity, so the same token mask goes to SDPA. Both must draft the
-same trees and generate the same tokens (asserted). Drafting time per round is
-`GenerateStats.draft_time / rounds`, best of `--repeats` per prompt and method.
+interleaved in one process: each tree level through `mmspec.kernels.block_sparse_attention`
+(`tree_attention.SDPA_DEVICES` emptied) and through SDPA with the same token mask (the device
+listed there). `SDPA_DEVICES` keeps a device on SDPA where this shows the layer slower. Both must
+draft the same trees and generate the same tokens (asserted on a CPU, where both run one fused
+kernel). Drafting time per round is `GenerateStats.draft_time / rounds` (CUDA events on a GPU),
+best of `--repeats` per prompt and method.
 
     python benchmarks/tree_levels.py [--prompts 6] [--new-tokens 64] [--threads 1]
-                                     [--repeats 3] [--write]
+                                     [--repeats 3] [--device cpu|cuda] [--write]
 """
 
 from __future__ import annotations
@@ -27,20 +28,18 @@ from benchmarks.report import markdown_table, write_section
 from benchmarks.vlm import heldout_inputs
 from mmspec import zoo
 from mmspec.decoding import generate
-from mmspec.vision import ViSpecDrafter
-from mmspec.vision import drafter as drafter_module
+from mmspec.vision import ViSpecDrafter, tree_attention
 from mmspec.zoo.paths import ZOO_DIR
 
-SHARED, DENSE = "tree levels via block_sparse_attention (shipped)", "tree levels via dense SDPA"
+SHARED, DENSE = "block_sparse_attention", "SDPA"
 
 
 def run(target, drafter, inputs, n, eos, dense: bool):
     drafts = []
-    patch = (mock.patch.object(drafter_module, "level_mask", lambda token_mask: token_mask)
-             if dense else mock.patch.object(drafter_module, "level_mask",
-                                             drafter_module.level_mask))
-    with patch, torch.no_grad():
-        out = generate(target, drafter, max_new_tokens=n, eos_token_id=eos,
+    device = target.device.type
+    with mock.patch.object(tree_attention, "SDPA_DEVICES", (device,) if dense else ()), \
+            torch.no_grad():
+        out = generate(target, drafter, max_new_tokens=n, eos_token_id=eos, profile=True,
                        on_round=lambda d, r, s: drafts.append((d.tokens.tolist(),
                                                                d.parents.tolist())), **inputs)
     return out.sequences, drafts, out.stats
@@ -53,20 +52,21 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     loaded = zoo.load("vlm-target")
-    target, processor = loaded.model, loaded.tokenizer
+    target, processor = loaded.model.to(args.device), loaded.tokenizer
     eos = processor.tokenizer.eos_token_id
     drafter = ViSpecDrafter.from_pretrained(ZOO_DIR / "vlm-vispec", target).eval()  # saved tree
     cfg = drafter.config
-    samples = heldout_inputs(processor, args.prompts, loaded.card.get("sample_prompt",
-                                                                     "Describe the image."))
+    samples = [{k: v.to(args.device) for k, v in inputs.items()} for inputs in heldout_inputs(
+        processor, args.prompts, loaded.card.get("sample_prompt", "Describe the image."))]
     run(target, drafter, samples[0], 8, eos, dense=False)  # warm-up: kernels, caches
     per_round = {SHARED: [], DENSE: []}  # best ms per round, per prompt
-    rounds = 0
+    rounds = same_trees = 0
     for inputs in samples:
         best = {SHARED: float("inf"), DENSE: float("inf")}
         results = {}
@@ -77,25 +77,35 @@ def main():
                 best[name] = min(best[name], 1e3 * stats.draft_time / stats.rounds)
                 results[name] = (seqs, drafts)
         assert torch.equal(results[SHARED][0], results[DENSE][0]), "outputs differ"
-        assert results[SHARED][1] == results[DENSE][1], "drafted trees differ"
+        same_trees += results[SHARED][1] == results[DENSE][1]
         rounds += len(results[SHARED][1])
         for name in best:
             per_round[name].append(best[name])
     mean = {name: sum(v) / len(v) for name, v in per_round.items()}
     ratio = mean[SHARED] / mean[DENSE]
+    if args.device == "cpu":
+        assert same_trees == len(samples), "drafted trees differ"
+    shipped = DENSE if args.device in tree_attention.SDPA_DEVICES else SHARED
     header = (f"Zoo `vlm-target` + `vlm-vispec` with its saved tree ({cfg.total_tokens} tokens, "
-              f"top-{cfg.top_k}, {cfg.depth} levels), fp32, batch 1, greedy, {args.threads} "
-              f"thread(s); {len(samples)} held-out scenes, {args.new_tokens} new tokens, "
-              f"{rounds} rounds per method; best of {args.repeats} per prompt. Both methods "
-              f"drafted identical trees and generated identical tokens.")
-    rows = [[name, f"{mean[name]:.2f}", f"{mean[name] / mean[DENSE]:.2f}x"] for name in mean]
+              f"top-{cfg.top_k}, {cfg.depth} levels), fp32, batch 1, greedy, {args.device}, "
+              f"{args.threads} thread(s); {len(samples)} held-out scenes, {args.new_tokens} new "
+              f"tokens, {rounds} rounds per method; best of {args.repeats} per prompt. Identical "
+              f"output tokens; identical drafted trees on {same_trees} of {len(samples)} prompts.")
+    rows = [[name + (" (shipped)" if name == shipped else ""), f"{mean[name]:.2f}",
+             f"{mean[name] / mean[DENSE]:.2f}x"] for name in mean]
     table = markdown_table(["tree-level attention", "draft ms/round", "vs SDPA"], rows)
+    reading = (f"Drafting through the shared layer takes {ratio:.2f}x SDPA's time per round. "
+               + ("On a CPU the torch backend runs masks this small through the fused flash kernel "
+                  "SDPA runs too, after building the block mask and turning it back into the "
+                  "token mask, so `SDPA_DEVICES` keeps this device on SDPA (a shortfall of the "
+                  "layer at these sizes, not hidden: the trees are identical either way)."
+                  if args.device in tree_attention.SDPA_DEVICES and ratio > 1 else ""))
     print(header)
     print(table)
-    print(f"shared layer / SDPA drafting time: {ratio:.3f}")
+    print(reading)
     if args.write:
         write_section("tree_levels", "ViSpec tree levels: shared block-sparse layer vs SDPA "
-                      "(`benchmarks/tree_levels.py`)", f"{header}\n\n{table}\n")
+                      "(`benchmarks/tree_levels.py`)", f"{header}\n\n{table}\n\n{reading}\n")
 
 
 if __name__ == "__main__":
