@@ -29,10 +29,10 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
 # Devices whose tree levels stay on SDPA. On a CPU the torch backend runs masks this small (K
 # queries against a few hundred keys) through the fused flash kernel SDPA runs too, after building
-# the block mask and turning it back into the token mask: ~1.3 ms a level against SDPA's ~0.06 ms,
-# so the zoo drafter's 30-token tree drafted 1.32x slower per round through the layer (13.5
-# against 10.2 ms, identical trees; BENCHMARKS.md `tree_levels`). Not measured on a GPU yet
-# (`benchmarks/gpu_session.sh`, step `tree_levels`).
+# the block mask (~0.6 ms, half of it its index checks) and turning it back into the token mask:
+# ~1.3 ms a level against SDPA's ~0.06 ms, so the zoo drafter's 30-token tree drafted 1.58x slower
+# per round through the layer (15.8 against 10.0 ms, identical trees; BENCHMARKS.md
+# `tree_levels`). Not measured on a GPU yet (`benchmarks/gpu_session.sh`, step `tree_levels`).
 SDPA_DEVICES = ("cpu",)
 
 
