@@ -34,6 +34,10 @@
 #   compiled DraftAttention against compiled dense, Wan and CogVideoX sizes; padded_text
 #   HunyuanVideo 1.5's padded-text skip; tiles the sparse call at 128-, 64- and 32-token blocks
 #   (these need diffusers: carry its wheel in .whl)
+# Issue 30 item 2 (STEPS="tree_levels", under a minute): benchmarks/tree_levels.py --device cuda,
+#   the zoo ViSpec drafter's tree levels through block_sparse_attention against SDPA (section
+#   tree_levels; on a CPU the layer is 1.3-1.6x slower there, so mmspec/vision/tree_attention.py's
+#   SDPA_DEVICES keeps CPUs on SDPA: add "cuda" to it if this shows the layer slower on a GPU too)
 # Issue 34.13 (STEPS="train", about 1 minute): mmspec.vision.train on the GPU through the training
 #   scaffold (accelerate's CUDA state), a cut run resumed to the uninterrupted run's weights
 #
@@ -87,5 +91,6 @@ step compiled 300 $PY benchmarks/draft_attention.py --gpu-only --compile --write
     --extra-grids 21x30x52 --cogvideox-grids 13x30x45
 step padded_text 120 $PY benchmarks/draft_attention.py --padded-text --write
 step train 120 $PY tests/vision/gpu_resume_check.py
+step tree_levels 120 $PY benchmarks/tree_levels.py --device cuda --write
 step tiles 200 $PY benchmarks/draft_attention.py --tiles 8x16,8x8,4x8,8x8/4x8,8x16/4x8 --write
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

@@ -9,7 +9,9 @@ Round 0 the drafter reads the whole prompt: the target's hidden states (`DraftSt
 the image features (recomputed from `DraftState.extras` by the target's own vision tower), and
 builds its KV cache over text tokens plus Q - 1 compressed tokens per image: its length does not
 grow with the number of image tokens. Later rounds append the pairs committed in the previous round.
-Tree nodes only live in a temporary KV list that is dropped after the round.
+Tree nodes only live in a temporary KV list that is dropped after the round; each tree level
+attends through the shared block-sparse layer where that is not slower (off a CPU;
+`tree_attention.py`).
 
 Deliberate differences from the reference code: batch size > 1 (ragged rows, holes in the slot
 layout are masked), M-RoPE positions in the drafter for Qwen2.5-VL, per-image spans for several
@@ -36,6 +38,7 @@ from .config import ViSpecConfig
 from .head import DraftHead
 from .sequence import Entries, decode_entries, prompt_entries
 from .targets import adapter_for, signature_mismatch, target_signature
+from .tree_attention import level_mask
 from mmspec.decoding.dynamic_tree import dynamic_tree
 from .vispec_official import OfficialViSpecDrafter
 
@@ -321,7 +324,8 @@ class ViSpecDrafter(nn.Module):
                      torch.cat([cv] + ([tree_kv[i][1]] if tree_kv else []), 2))
                     for i, (ck, cv) in enumerate(cache.kv)]
             eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
-            mask = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
+            attends = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
+            mask = level_mask(attends)  # the shared block-sparse layer where not slower
             positions = (cache.root_positions + depth).expand(-1, -1, k)
             hidden, new_kv = self.head(x, positions, past, mask)
             for i, (nk, nv) in enumerate(new_kv):

@@ -17,7 +17,8 @@ The head (`eagle_head.py`) follows the reference forward (SafeAILab/EAGLE `cnets
 - EAGLE-3 features: the target's `hidden_states` entries 2, L // 2, L - 3 (`eagle_checkpoint.py`),
   the draft vocabulary mapped back with `d2t`.
 The tree is EAGLE-2's dynamic tree (`mmspec.decoding.dynamic_tree`, shared with ViSpec and
-`ModelDrafter`), verified by `mmspec.generate`.
+`ModelDrafter`), verified by `mmspec.generate`; each tree level attends through the shared
+block-sparse layer where that is not slower (off a CPU; `tree_attention.py`).
 
 Deliberate differences from the reference: any batch size (ragged rows, holes of rejected tokens
 masked, positions counted over each row's valid slots), ties in the final node pick broken toward
@@ -38,6 +39,7 @@ from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from .eagle_checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
 from .eagle_head import EagleConfig, EagleHead
 from .eagle_speculators import is_speculators, read_speculators, write_speculators
+from .tree_attention import level_mask
 from mmspec.decoding.dynamic_tree import dynamic_tree
 
 
@@ -220,7 +222,8 @@ class EagleDrafter(nn.Module):
                      torch.cat([cv] + ([tree_kv[i][1]] if tree_kv else []), 2))
                     for i, (ck, cv) in enumerate(cache.kv)]
             eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
-            mask = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
+            attends = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
+            mask = level_mask(attends)  # the shared block-sparse layer where not slower
             positions = (root_pos[:, None] + depth).expand(b, k)
             hidden, new_kv = self.head(x, embeds, positions, past, mask)
             for i, (nk, nv) in enumerate(new_kv):

@@ -20,9 +20,10 @@ EAGLE-3 (Li et al. 2025; SafeAILab/EAGLE `eagle/model/cnets.py`), for entry i:
 Module and parameter names are the checkpoints' own (`fc`, `layers.N.self_attn.q_proj`,
 `midlayer.hidden_norm`, `d2t`, ...), so a SafeAILab state dict loads without renaming.
 
-Attention is dense SDPA over the drafter's short sequence with an explicit KV prefix and a
-boolean mask, as in `head.py`. Deliberate differences from the reference code: batched rows with
-per-row masks and positions, and the attention softmax in the input dtype (the reference upcasts
+Attention is over the drafter's short sequence with an explicit KV prefix, as in `head.py`: dense
+SDPA with a boolean mask, tree levels off a CPU through the shared block-sparse layer
+(`tree_attention.py`). Deliberate differences from the reference code: batched rows with per-row
+masks and positions, and the attention softmax in the input dtype (the reference upcasts
 to fp32; fp32 drafters are identical).
 """
 
@@ -36,6 +37,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from .rope import apply_rope, rope_cos_sin
+from .tree_attention import attend
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ class EagleAttention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, dh
 
     def forward(self, x, cos, sin, past, mask):
-        """x `[B, N, in]`, mask bool `[B, N, P + N]` -> out `[B, N, d]`, the new (k, v)
-        `[B, Hkv, N, Dh]`."""
+        """x `[B, N, in]`, mask bool `[B, N, P + N]` or a `BlockSparseMask` over the same (a tree
+        level) -> out `[B, N, d]`, the new (k, v) `[B, Hkv, N, Dh]`."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # [B, H, N, Dh]
         k, v = (p(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -98,9 +100,7 @@ class EagleAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2),
                                                     torch.cat([past[1], v], 2))
-        group = self.heads // self.kv_heads
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])
+        out = attend(q, keys, values, mask)  # [B, H, N, Dh]
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), (k, v)
 
 
@@ -176,7 +176,8 @@ class EagleHead(nn.Module):
 
     def forward(self, x, embeds, positions, past: list | None, mask):
         """x, embeds `[B, N, d]`, positions long `[B, N]`, past: per layer (k, v) or None,
-        mask bool `[B, N, P + N]` -> (hidden `[B, N, d]`, per-layer new (k, v))."""
+        mask bool `[B, N, P + N]` or a `BlockSparseMask` (a tree level, `tree_attention.py`) ->
+        (hidden `[B, N, d]`, per-layer new (k, v))."""
         cfg = self.cfg
         pos = positions[None].float() / cfg.rope_linear_factor  # [1, B, N]
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, None, x.dtype)

@@ -8,9 +8,9 @@
 as `[I | 0]`, so a head without image information behaves like the text drafter it starts from.
 Compressed image tokens from the vision adaptor skip `fc` and enter the layers directly.
 
-The first layer has no input RMSNorm (EAGLE). Attention is dense SDPA over the drafter's own short
-sequence (text tokens plus one entry per image): training needs its gradient, which
-`mmspec.kernels.block_sparse_attention` does not provide.
+The first layer has no input RMSNorm (EAGLE). Attention over the drafter's own short sequence
+(text tokens plus one entry per image) is dense SDPA, except over a tree level off a CPU, which
+goes through the shared block-sparse layer (`tree_attention.py` says where each runs and why).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torch import nn
 
 from .config import ViSpecConfig
 from .rope import apply_rope, rope_cos_sin
+from .tree_attention import attend
 
 KV = tuple  # (k, v), each `[B, H, P, Dh]`
 
@@ -38,13 +39,14 @@ class HeadAttention(nn.Module):
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
 
     def forward(self, x, cos, sin, past: KV | None, mask):
-        """x `[B, N, d]`, mask bool `[B, N, P + N]` -> out `[B, N, d]`, the new (k, v) `[B, H, N, Dh]`."""
+        """x `[B, N, d]`, mask bool `[B, N, P + N]` or a `BlockSparseMask` over the same (a tree
+        level) -> out `[B, N, d]`, the new (k, v) `[B, H, N, Dh]`."""
         b, n, _ = x.shape
         q, k, v = (p(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
                    for p in (self.q_proj, self.k_proj, self.v_proj))  # [B, H, N, Dh]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])
+        out = attend(q, keys, values, mask)  # [B, H, N, Dh]
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), (k, v)
 
 
@@ -96,7 +98,8 @@ class DraftHead(nn.Module):
 
     def forward(self, x, positions, past: list | None, mask):
         """x `[B, N, d]`, positions long `[A, B, N]`, past: per layer (k, v) `[B, H, P, Dh]` or None,
-        mask bool `[B, N, P + N]` -> (hidden `[B, N, d]`, per-layer new (k, v) `[B, H, N, Dh]`)."""
+        mask bool `[B, N, P + N]` or a `BlockSparseMask` (a tree level, `tree_attention.py`) ->
+        (hidden `[B, N, d]`, per-layer new (k, v) `[B, H, N, Dh]`)."""
         cfg = self.cfg
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)
         new_kv = []
