@@ -37,7 +37,8 @@
 # Issue 30 item 2 (STEPS="tree_levels", under a minute): benchmarks/tree_levels.py --device cuda,
 #   the zoo ViSpec drafter's tree levels through block_sparse_attention against SDPA (section
 #   tree_levels; on a CPU the layer is 1.3-1.6x slower there, so mmspec/vision/tree_attention.py's
-#   SDPA_DEVICES keeps CPUs on SDPA: add "cuda" to it if this shows the layer slower on a GPU too)
+#   SDPA_DEVICES keeps CPUs, and CUDA until this runs, on SDPA: take "cuda" out of it if this shows
+#   the layer faster on a GPU)
 # Issue 34.13 (STEPS="train", about 1 minute): mmspec.vision.train on the GPU through the training
 #   scaffold (accelerate's CUDA state), a cut run resumed to the uninterrupted run's weights
 #

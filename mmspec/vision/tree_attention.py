@@ -14,7 +14,8 @@ has nothing to skip or costs more than it saves:
   over the drafter's own sequence plus padding, the case the engine leaves to SDPA for chains
   (`decoding/tree.py`);
 - a frontier of one node per row (`top_k=1`, a chain): one query row per row;
-- every tree level on a CPU (`SDPA_DEVICES`, below);
+- every tree level on a CPU or CUDA device for now (`SDPA_DEVICES`, below: measured slower on
+  the CPU, unmeasured on a GPU);
 - training (`train.py`, `eagle3_train.py`): it needs gradients, and the shared layer is
   forward-only.
 """
@@ -32,8 +33,11 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 # the block mask (~0.6 ms, half of it its index checks) and turning it back into the token mask:
 # ~1.3 ms a level against SDPA's ~0.06 ms, so the zoo drafter's 30-token tree drafted 1.58x slower
 # per round through the layer (15.8 against 10.0 ms, identical trees; BENCHMARKS.md
-# `tree_levels`). Not measured on a GPU yet (`benchmarks/gpu_session.sh`, step `tree_levels`).
-SDPA_DEVICES = ("cpu",)
+# `tree_levels`). On CUDA the mask's index checks would also read the device back at every level,
+# against the engine's one read a round (tests/decoding/test_syncs.py), so CUDA stays on SDPA too
+# until `benchmarks/gpu_session.sh` step `tree_levels` shows the layer pays there (the tests force
+# the shared path with `SDPA_DEVICES = ()`).
+SDPA_DEVICES = ("cpu", "cuda")
 
 
 def level_mask(token_mask: torch.Tensor) -> BlockSparseMask | torch.Tensor:

@@ -107,11 +107,11 @@ def test_tree_levels_go_through_the_shared_layer_and_draft_what_dense_sdpa_draft
 
     monkeypatch.setattr(eagle_module if eagle else vispec_module, "level_mask", counted_mask)
     monkeypatch.setattr(tree_attention, "block_sparse_attention", counted_attention)
-    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())  # as on a GPU
+    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())  # the shared layer everywhere
     shared, shared_drafts = _run(drafter, target, ids, extras)
     assert calls["levels"] >= 3 and calls["attention"] == layers * calls["levels"], calls
 
-    monkeypatch.undo()  # SDPA_DEVICES = ("cpu",): dense SDPA with the same token masks
+    monkeypatch.undo()  # the default SDPA_DEVICES: dense SDPA with the same token masks
     monkeypatch.setattr(tree_attention, "block_sparse_attention", counted_attention)
     calls["attention"] = 0
     dense, dense_drafts = _run(drafter, target, ids, extras)
@@ -128,7 +128,7 @@ def test_chains_stay_on_dense_sdpa(llama, tmp_path, monkeypatch):
     def refused(*args, **kwargs):
         raise AssertionError("a chain went through the block-sparse layer")
 
-    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())  # as on a GPU
+    monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())  # the shared layer everywhere
     monkeypatch.setattr(tree_attention, "block_sparse_attention", refused)
     _, drafts = _run(drafter, target, ids, extras)
     assert drafts[0][1][0] == [-1, 0, 1, 2]  # round 0: a chain of depth 4
