@@ -109,6 +109,7 @@ def _commit_row_0s_path(cache, start, keep, in_place=False, commit_path=kv_cache
 def test_the_static_identity_cases_notice_a_wrong_mask_or_commit(batch, eager, monkeypatch,
                                                                  module, name, mutant):
     _, target, ids, mask, kwargs, ref = batch
+    static.probe(target, ids, mask)  # measured on the real code, whatever ran before
     monkeypatch.setattr(module, name, mutant)
     drafter = identity.make_drafter("perfect_in_tree", target, mask.sum(1).tolist(),
                                     ref[:, ids.shape[1]:])
