@@ -30,20 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
+from mmspec.kernels.tune import random_block_mask
 
 try:
     from report import markdown_table, timed, write_section
 except ImportError:  # run as a module from the repo root
     from benchmarks.report import markdown_table, timed, write_section
-
-
-def random_block_mask(h, n, block, density, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    nb = n // block
-    keep = max(1, round(density * nb))
-    order = torch.rand(1, h, nb, nb, generator=g).argsort(-1)[..., :keep]
-    blocks = torch.zeros(1, h, nb, nb, dtype=torch.bool).scatter_(-1, order, True)
-    return BlockSparseMask.from_dense(blocks.to(device), block, n, n)
 
 
 def timed_pair(fn_a, fn_b, repeats, sync=lambda: None, ctx_a=None):

@@ -143,11 +143,20 @@ def probe(target, input_ids, attention_mask, windows) -> Probe | None:
     with (trees then go through `block_sparse_mask` under the audit of
     `require_block_sparse_mask`). Raises `UnsupportedTarget` where the switch alone changes a
     plain forward or the model cannot verify several tokens after its cache at all."""
-    key = (next(target.parameters()).dtype, target.config._attn_implementation, windows)
+    def measure():
+        with engine_positions(target):  # as the engine runs it
+            return _measure(target, input_ids, attention_mask, windows)
+
+    return cached_probe(target, windows, measure)
+
+
+def cached_probe(target, kind, measure):
+    """`measure()`'s result, kept per target, dtype, attention implementation and `kind`; an
+    `UnsupportedTarget` result is raised (each call of the refused target raises it again)."""
+    key = (next(target.parameters()).dtype, target.config._attn_implementation, kind)
     known = _PROBES.setdefault(target, {})
     if key not in known:
-        with engine_positions(target):  # as the engine runs it
-            known[key] = _measure(target, input_ids, attention_mask, windows)
+        known[key] = measure()
     if isinstance(known[key], UnsupportedTarget):
         raise known[key]
     return known[key]
@@ -192,6 +201,16 @@ def _plain(target, ids):
                   return_dict=True).logits[0]
 
 
+def reference_logits(target, ids):
+    """The model's own plain forwards, in its own attention implementation, for the probe's
+    `prompt + x` and `prompt + y + z` (`ids` from `_probe_tokens`): the logits of `prompt + x`
+    `[n + 1, V]`, those of y and z `[2, V]`, and the three nodes' `[3, V]` (x, y, z)."""
+    n = ids.shape[1] - 3
+    plain = _plain(target, ids[:, :n + 1])
+    ref_yz = _plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
+    return plain, ref_yz, torch.cat([plain[-1:], ref_yz])
+
+
 # what a model's forward raises on inputs it cannot take (shapes, masks, cache use)
 _FAILURES = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
 
@@ -204,10 +223,7 @@ def _measure(target, input_ids, attention_mask, windows):
     name = type(target).__name__
     try:
         with torch.no_grad():
-            # the model's own forwards, in its own attention implementation
-            plain = _plain(target, ids[:, :n + 1])  # prompt + x
-            ref_yz = _plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
-            want = torch.cat([plain[-1:], ref_yz])  # [3, V]: x, y, z
+            plain, ref_yz, want = reference_logits(target, ids)
             steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
             if windows and not _close(steps[1][:1], plain[-1:]):  # x, one step after the prompt
                 return UnsupportedTarget(

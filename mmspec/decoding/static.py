@@ -197,12 +197,8 @@ def probe(target, input_ids, attention_mask) -> None:
     eagerly, on the call's own prompt tokens (three nodes x, y and y's child z, padded to a
     bucket, into a `StaticCache`) against the model's own plain forwards; a target that differs
     is refused. The compiled graph computes what this eager forward computes."""
-    key = (next(target.parameters()).dtype, target.config._attn_implementation, "static")
-    known = admission._PROBES.setdefault(target, {})
-    if key not in known:
-        known[key] = _measure(target, input_ids, attention_mask)
-    if isinstance(known[key], admission.UnsupportedTarget):
-        raise known[key]
+    admission.cached_probe(target, "static",
+                           lambda: _measure(target, input_ids, attention_mask))
 
 
 def _measure(target, input_ids, attention_mask):
@@ -213,9 +209,7 @@ def _measure(target, input_ids, attention_mask):
     name = type(target).__name__
     try:
         with torch.no_grad():
-            plain = admission._plain(target, ids[:, :n + 1])[-1:]  # x after the prompt
-            ref_yz = admission._plain(target, torch.cat([ids[:, :n], ids[:, n + 1:]], 1))[-2:]
-            want = torch.cat([plain, ref_yz])  # [3, V]
+            want = admission.reference_logits(target, ids)[2]  # [3, V]: x, y, z
             length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
             cache = StaticCache(config=target.config, max_cache_len=length)
             kwargs = cache_kwargs(target.forward, cache)
