@@ -61,7 +61,7 @@ SIZE = {
  "sliding_window": 8, "sliding_window_size": 8, "local_attention_window_len": 8, "window_size": 8,
  "vocab_size_per_layer_input": VOCAB, "unpadded_vocab_size": VOCAB, "expert_ffn_hidden_size": 32,
  "dim_ff": 128, "encoder_hash_byte_group_vocab": 512, "hidden_size_global": 64, "rotary_dim": 8,
- "codebook_size": 64, "num_experts_per_token": 2, "num_expert_group": 1, "linear_num_heads": 4,
+ "codebook_size": 64, "base_channels": 32, "num_res_blocks": 1, "mamba_chunk_size": 16, "num_experts_per_token": 2, "num_expert_group": 1, "linear_num_heads": 4,
  "linear_head_dim": 16, "layer_group_size": 2, "adapter_in_dim": 64, "adapter_out_dim": 64,
  "adapter_input_size": 64, "adapter_output_size": 64, "num_shared_experts": 1, "mamba_dt_rank": 8, "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2,
 }
@@ -77,8 +77,15 @@ def _layer_lists(d):
     lists = {k: v for k, v in d.items() if isinstance(v, list) and n and len(v) == n and n > 2}
     if not lists:
         return {}
+    # lists of layer indices (Llama 4's `moe_layers`, LFM2's `full_attn_idxs`) name layers
+    # rather than describe them: they are renumbered below, not used to choose the layers kept
+    index = {k for k, v in lists.items()
+             if all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+             and len(set(v)) == len(v) and set(v) <= set(range(n))}
     pick = [0, 1]
-    for v in lists.values():
+    for k, v in lists.items():
+        if k in index:
+            continue
         try:
             firsts = sorted({repr(x): i for i, x in reversed(list(enumerate(v)))}.values())
         except TypeError:
@@ -86,7 +93,8 @@ def _layer_lists(d):
         if len(firsts) > 1:
             pick = firsts if len(firsts) > 1 else [0, 1]
             break
-    out = {k: [v[i] for i in pick] for k, v in lists.items()}
+    out = {k: ([j for j, i in enumerate(pick) if i in v] if k in index else [v[i] for i in pick])
+           for k, v in lists.items()}
     for k in LAYER_COUNTS:
         if isinstance(d.get(k), int):
             out[k] = len(pick)
@@ -170,6 +178,8 @@ OVERRIDES = {
 _MLA = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "sarvam_mla", "youtu", "axk1", "axk2")
 for _m in _MLA:
     OVERRIDES.setdefault(_m, {})["num_key_value_heads"] = 4
+for _m in ("mamba2", "nemotron_h", "zamba2"):  # SSD chunks of 128-256 steps: slow, same sums
+    OVERRIDES.setdefault(_m, {})["chunk_size"] = 16
 
 
 PROMPTS = torch.tensor([[9, 10, 11, 12, 13, 9, 10, 11, 14, 15, 16],
