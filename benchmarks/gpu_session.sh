@@ -8,17 +8,21 @@
 #   STEPS="engine" bash benchmarks/gpu_session.sh     (some steps only)
 #
 # Default steps (issues 31 and 33), about 8 minutes on an H100/H200:
-#   kernels   every kernel backend (Triton, FlexAttention; FlashInfer and FlashAttention-4 where
+#   kernels   every kernel backend (Triton, its Hopper TMA variants triton-tma and
+#             triton-tma-persistent, FlexAttention; FlashInfer and FlashAttention-4 where
 #             installed) against the fastest dense attention on the machine, D 128 and 64, random
 #             and causal masks; then the points as the machine's table for backend="auto"
 #             (copied to $OUT/auto_table.json) and auto timed against the fastest backend at every
-#             point, issue 33's 5% goal (section kernels_gpu; the points as JSON too)
+#             point, issue 33's 5% goal (section kernels_gpu; the points as JSON too); then
+#             benchmarks/kernel_configs.py --tma: the TMA kernels' launch configs, warp
+#             specialisation off and on, at density 1 and 0.1 (log kernel_configs_tma.log only)
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
 #             (section engine_speed_gpu), then with --compile: generate(compile=True) against
 #             the eager engine on it (section engine_compile_gpu; goal: compiled rounds >= 1.5x
 #             faster). With the compile run the three default steps need more than one
 #             10-minute call: run STEPS="engine" alone, then "kernels tests"
-#   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted, and
+#   tests     the kernel tests with Triton (its TMA variants too: tests/kernels/test_triton_tma.py)
+#             and FlexAttention compiled, not interpreted, and
 #             FlashInfer's and FlashAttention-4's where their packages import; the
 #             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama (exact, one
 #             graph for every round)
@@ -81,6 +85,7 @@ step() {  # name, seconds, command...: run, keep the log, go on after a failure 
 $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
 step kernels 300 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$OUT/kernel_points.json"
 [[ " $STEPS " == *" kernels "* ]] && $PY -m mmspec.kernels.tune --show >"$OUT/auto_table.json" 2>&1
+STEP_LOG=kernel_configs_tma step kernels 120 $PY benchmarks/kernel_configs.py --tma --repeats 10
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
 step tests 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
