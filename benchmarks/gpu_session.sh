@@ -49,29 +49,57 @@
 # The GPU machine reaches no package index: the pinned Hugging Face wheels travel in .whl/
 # (ignored by git; `bash benchmarks/gpu_session.sh --download` fills it here) and are installed
 # into /tmp/site there.
+#
+# FlashInfer's and FlashAttention-4's wheels (`--download-kernels`, into .whl-kernels/, also
+# installed when present) are for a GPU machine the tree reaches without a size limit: a device
+# call of this workplace carries at most 64 MiB, and the tree (41 MB) plus .whl/ (23 MB) fill it.
+# Both stacks are on PyPI for CPython 3.12 / linux x86_64 (2026-11-26; the GPU image's python is
+# 3.12, its torch 2.11.0+cu130, with cuda-bindings, einops, ninja, nvidia-ml-py already there):
+#   FlashAttention-4 (backend "fa4", imports flash_attn.cute): flash-attn-4 0.5 MB, quack-kernels
+#     0.7 MB, apache-tvm-ffi 3.3 MB, torch-c-dlpack-ext 0.9 MB, nvidia-cutlass-dsl (+ libs-base
+#     3.1 MB, libs-core 1.6 MB, libs-cu13 92 MB: the CuTe DSL compiler for CUDA 13): ~102 MB
+#   FlashInfer (backend "flashinfer"): flashinfer-python 62 MB (pure Python; its kernels compile
+#     with the machine's nvcc at first use, minutes: flashinfer-jit-cache is not on PyPI and
+#     flashinfer-cubin is 458 MB), nccl-extensions 22.6 MB, nvidia-cudnn-frontend 11.6 MB,
+#     nccl4py 3.7 MB, cuda-tile 0.4 MB, cuda-python 8 kB, and the CuTe DSL above: ~200 MB
+# Neither pulls torch or CUDA runtime wheels (--no-deps; the GPU image has its own).
 set -uo pipefail
-if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
-    mkdir -p .whl
-    for spec in transformers==5.24.0 accelerate==1.15.0 huggingface_hub==2.4.0 \
-                tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex \
-                diffusers==0.42.1 safetensors==0.8.0; do
+download() {  # folder, specs...: wheels for CPython 3.12 on linux x86_64, no dependencies
+    local dir=$1; shift
+    mkdir -p "$dir"
+    for spec in "$@"; do
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+            --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform any -d "$dir" "$spec"
     done
+}
+if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
+    download .whl transformers==5.24.0 accelerate==1.15.0 huggingface_hub==2.4.0 \
+        tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 \
+        click==8.5.1 regex diffusers==0.42.1 safetensors==0.8.0
+    exit 0
+fi
+if [[ "${1:-}" == "--download-kernels" ]]; then  # 194 MB (14 wheels, 2026-11-26): see above
+    download .whl-kernels flash-attn-4==4.0.0b36 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
+        torch-c-dlpack-ext==0.1.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
+        nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 \
+        flashinfer-python==0.7.2.post1 nccl-extensions==0.1.0 nvidia-cudnn-frontend==1.32.0 \
+        nccl4py==0.6.0 cuda-tile==1.7.0 cuda-python==13.4.4
     exit 0
 fi
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 STEPS=${STEPS:-kernels engine tests}
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || echo "wheel install failed (pip.log)"
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
+export PYTHONPATH=$PWD
+for dir in .whl .whl-kernels; do
+    if compgen -G "$dir/*.whl" >/dev/null; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site "$dir"/*.whl >>"$OUT/pip.log" 2>&1 || echo "$dir install failed (pip.log)"
+        export PYTHONPATH=/tmp/site:$PWD
+    fi
+done
 export PYTHONUNBUFFERED=1
 step() {  # name, seconds, command...: run, keep the log, go on after a failure or a time-out
     local name=$1 limit=$2; shift 2
