@@ -46,7 +46,9 @@ def level_mask(token_mask: torch.Tensor) -> BlockSparseMask | torch.Tensor:
     `SDPA_DEVICES`)."""
     if token_mask.shape[1] == 1 or token_mask.device.type in SDPA_DEVICES:
         return token_mask
-    return BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)  # [B, 1, K, C]
+    # valid by construction and sized without reading the device: a slot per key block
+    return BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE,  # [B, 1, K, C]
+                                           pad_partials=True)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
