@@ -286,8 +286,10 @@ class BlockSparseMask:
         # element masks of the partial slots, gathered in slot order
         gather = part_idx.long()[..., None, None].expand(-1, -1, -1, -1, bq, bk)
         part_masks = torch.gather(tiles & real, 3, gather)
-        return cls._unchecked(part_num, part_idx.contiguous(), full_num, full_idx,
+        mask = cls._unchecked(part_num, part_idx.contiguous(), full_num, full_idx,
                               part_masks.contiguous(), (bq, bk), q_len, kv_len)
+        mask._keep_dense(token_bool.clone())  # its token form, which to_dense would rebuild
+        return mask
 
     @classmethod
     def from_block_flags(cls, full: torch.Tensor, partial: torch.Tensor, mask_mod, block_size,
@@ -405,10 +407,16 @@ class BlockSparseMask:
                     and all(ref() is t for ref, t in zip(last[0], tensors))):
                 return last[2]
         dense = self._build_dense()
-        if cacheable and dense.numel() <= _DENSE_CACHE_MAX:
-            _LAST_DENSE.entry = (tuple(weakref.ref(t) for t in tensors), key, dense,
-                                 dense._version)
+        self._keep_dense(dense)
         return dense
+
+    def _keep_dense(self, dense: torch.Tensor) -> None:
+        """Keep `dense` as this mask's `to_dense` result (see there), where it can be kept."""
+        versions = None if torch.is_inference_mode_enabled() else self.versions()
+        if versions is not None and dense.numel() <= _DENSE_CACHE_MAX:
+            key = (versions, self.q_len, self.kv_len, self.block_size)
+            _LAST_DENSE.entry = (tuple(weakref.ref(t) for t in self._tensors()), key, dense,
+                                 dense._version)
 
     def _build_dense(self) -> torch.Tensor:
         bq, bk = self.block_size

@@ -306,10 +306,11 @@ class DeviceReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_from_token_mask_is_trusted_and_padded_partials_read_nothing_back():
+def test_from_token_mask_is_trusted_and_padded_partials_read_nothing_back(monkeypatch):
     """Its lists come from the block flags, valid for any bool token mask: the index checks
     (device reads) are skipped, as from_dense skips them; sizing the partial lists is the one read
-    left, and `pad_partials` (draft tree levels) avoids it with the same mask."""
+    left, and `pad_partials` (draft tree levels) avoids it with the same mask. Its token form is
+    kept for `to_dense` (a copy), which the torch backend's small path would rebuild."""
     token = torch.ones(2, 1, 40, 70, dtype=torch.bool).tril(30)  # partial blocks on the diagonal
     token[1, :, 5, :3] = False  # and one more in row 1
     token[0, :, 20] = False  # an empty row
@@ -323,6 +324,10 @@ def test_from_token_mask_is_trusted_and_padded_partials_read_nothing_back():
     assert 0 < width < padded.kv_indices.shape[-1] == padded.num_kv_blocks == 5
     assert torch.equal(padded.kv_num_blocks, fitted.kv_num_blocks)
     assert torch.equal(padded.kv_indices[..., :width], fitted.kv_indices)
-    assert torch.equal(padded.to_dense(), token) and torch.equal(fitted.to_dense(), token)
+    with monkeypatch.context() as patch:
+        patch.setattr(BlockSparseMask, "_build_dense", lambda self: pytest.fail("rebuilt"))
+        kept = padded.to_dense()
+    assert torch.equal(kept, token) and kept is not token
+    assert torch.equal(padded._build_dense(), token) and torch.equal(fitted.to_dense(), token)
     with pytest.raises(ValueError, match="kv_len must be a positive int, got 0"):
         BlockSparseMask.from_token_mask(torch.ones(1, 1, 4, 0, dtype=torch.bool), 16)
