@@ -15,7 +15,9 @@
 #             (copied to $OUT/auto_table.json) and auto timed against the fastest backend at every
 #             point, issue 33's 5% goal (section kernels_gpu; the points as JSON too); then
 #             benchmarks/kernel_configs.py --tma: the TMA kernels' launch configs, warp
-#             specialisation off and on, at density 1 and 0.1 (log kernel_configs_tma.log only)
+#             specialisation off and on, D=128 at density 1 and 0.1 (log kernel_configs_tma.log
+#             only). Its two commands are capped at 330 + 100 s, tests at 150 s: STEPS="kernels
+#             tests" fits one 10-minute call
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
 #             (section engine_speed_gpu), then with --compile: generate(compile=True) against
 #             the eager engine on it (section engine_compile_gpu; goal: compiled rounds >= 1.5x
@@ -111,9 +113,9 @@ step() {  # name, seconds, command...: run, keep the log, go on after a failure 
     echo "   rc $? in $((SECONDS - start)) s (log $log)"
 }
 $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
-step kernels 300 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$OUT/kernel_points.json"
+step kernels 330 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$OUT/kernel_points.json"
 [[ " $STEPS " == *" kernels "* ]] && $PY -m mmspec.kernels.tune --show >"$OUT/auto_table.json" 2>&1
-STEP_LOG=kernel_configs_tma step kernels 120 $PY benchmarks/kernel_configs.py --tma --repeats 10
+STEP_LOG=kernel_configs_tma step kernels 100 $PY benchmarks/kernel_configs.py --tma --repeats 10
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
 step tests 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
