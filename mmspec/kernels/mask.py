@@ -14,7 +14,9 @@ shorter, and a "full" tail block means every key that exists.
 
 Deliberate differences from FlexAttention: element masks are stored as tensors (not `mask_mod`
 callables), so every backend, the Triton kernel included, reads the same data; and the class
-validates its tensors at construction, because a wrong index here is a silent wrong answer.
+validates the tensors it is given, because a wrong index here is a silent wrong answer (the
+constructors that derive the lists themselves, `from_dense` and `from_token_mask`, skip those
+checks, which read the device).
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ def _dtype(q, k, v, mask):
 
 def _tma_layout(q, k, v, mask):
     for name, t in (("q", q), ("k", k), ("v", v)):
-        strides = t.stride() if t.stride(-1) == 1 else t.contiguous().stride()  # as passed
+        b, h, n, d = t.shape  # the strides as passed: a copy where D is not unit-stride
+        strides = t.stride() if t.stride(-1) == 1 else (h * n * d, n * d, d, 1)
         if t.data_ptr() % 16 or any(s * t.element_size() % 16 or s == 0 for s in strides[:-1]):
             return (f"TMA needs {name}'s base and B/H/N strides 16-byte aligned and nonzero, got "
                     f"strides {tuple(strides)} of {t.element_size()}-byte elements")
