@@ -53,20 +53,21 @@ def test_error_budget_against_the_reference(backend, kind):
 def test_partial_masks_past_kv_len_are_never_read():
     """A mask made from its tensors may keep elements past kv_len in a ragged last block's
     element mask; they name keys that do not exist (TMA reads them as zeros, not as -inf)."""
-    q, k, v, mask = make_case(*CASE[:8], torch.float16, *CASE[8:])
+    q, k, v, mask = make_case(4, 1, 1, 1, 20, 70, 40, (16, 32), torch.bfloat16)
     bk, nk = mask.block_size[1], mask.num_kv_blocks
     last = (mask.kv_indices == nk - 1)[..., None, None]  # [B, H, Mq, P, 1, 1]
     past = torch.arange(bk) >= mask.kv_len - (nk - 1) * bk  # [bk]
     assert (last & past).any()
     mask.partial_masks.copy_(mask.partial_masks | (last & past))
     ref = block_sparse_attention(q.float(), k.float(), v.float(), mask, backend="reference")
-    torch.testing.assert_close(run("triton-tma", q, k, v, mask).float(), ref, atol=2e-3, rtol=0)
+    torch.testing.assert_close(run("triton-tma", q, k, v, mask).float(), ref, atol=2e-2, rtol=0)
 
 
-def test_whole_blocks_softcap_and_a_transposed_layout():
+@pytest.mark.parametrize("d", [32, 256])  # 256: the widest head dim, a 256-column TMA box
+def test_whole_blocks_softcap_and_a_transposed_layout(d):
     """Lengths of whole blocks (no key masking in full blocks), soft-capping, and q/k/v as the
     transposed views of [B, N, H, D] that HF attention passes: the descriptors take the strides."""
-    q, k, v, mask = make_case(5, 1, 2, 2, 32, 64, 32, (16, 32), torch.float16, kind="blocks")
+    q, k, v, mask = make_case(5, 1, 2, 2, 32, 64, d, (16, 32), torch.float16, kind="blocks")
     qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     out = run("triton-tma-persistent", qt, kt, vt, mask, softcap=2.0)
     ref = block_sparse_attention(q.float(), k.float(), v.float(), mask, backend="reference",
