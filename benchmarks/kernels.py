@@ -237,7 +237,7 @@ def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05
         got = {b: speed("random", dens, 5 + 2 * i) for i, b in enumerate(backends)
                if b.startswith("triton")}
         best = max((b for b in got if got[b]), key=got.get, default=None)
-        figures = ", ".join(f"{b} {x}x" for b, x in got.items())
+        figures = ", ".join(f"{b} {x}x" if x else f"{b} failed" for b, x in got.items())
         return f"{figures}: {'met' if best and got[best] >= bar else 'missed'}"
 
     aims = ("Goals (issue 33, D=128, random blocks): density 1.0 >= 0.9x the best dense call "
