@@ -36,12 +36,19 @@ from types import SimpleNamespace
 
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import (
+    StaticLayer,
+    StaticSlidingWindowLayer,
+    get_layer_types_and_kwargs,
+)
 from transformers.generation.configuration_utils import CompileConfig
 
 from mmspec._cache_name import cache_kwargs, output_cache
-from mmspec.kernels.hf import additive_mask
+from mmspec.kernels.hf import additive_mask, use_block_sparse_attention
 
 from . import admission
+from .tree import node_positions
+from .windows import sliding_windows, within_window
 
 # nodes of a verification forward: the tree's count rounded up to a multiple of this, so that a
 # drafter's usual tree (gpt-fast's speculate_k + 1, EAGLE's 60) and its budget-capped last rounds
@@ -83,20 +90,40 @@ def compiled_forward(target, config: CompileConfig):
     return call
 
 
+def static_cache(model, length: int) -> StaticCache:
+    """transformers' `StaticCache` for `model`, `length` slots, with each sliding-window layer a
+    full `StaticLayer`: transformers' `StaticSlidingWindowLayer` is a rolling buffer of the last
+    `window` entries, and a rollback needs the ones it overwrites. The window is the mask's
+    (`masks`)."""
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    cache.layers = [StaticLayer(max_cache_len=length) if type(layer) is StaticSlidingWindowLayer
+                    else layer for layer in cache.layers]
+    return cache
+
+
+def _layer_types(model) -> set[str]:
+    """The attention kinds of the model's layers, as its `StaticCache` reads them."""
+    return set(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
+
+
 def refuse(target, windows) -> None:
     """Before the prefill: a target whose cache cannot be a `StaticCache` of full-attention
-    `StaticLayer`s gets one line saying why."""
+    `StaticLayer`s, or whose layers need another mask than a full or a sliding-window one, gets
+    one line saying why."""
     name = type(target).__name__
     fix = "use compile=False"
-    if windows:
-        raise admission.UnsupportedTarget(
-            f"{name}: compile=True keeps the KV in a StaticCache, whose sliding-window layers "
-            f"(windows {windows}) keep only the window while a rollback needs every entry; {fix}")
     config = target.config.get_text_config(decoder=True)
     if getattr(config, "is_encoder_decoder", False):
         raise admission.UnsupportedTarget(f"{name}: compile=True needs a decoder-only cache; {fix}")
-    kinds = {type(layer).__name__ for layer in StaticCache(config=target.config,
-                                                           max_cache_len=1).layers}
+    if "chunked_attention" in _layer_types(target):
+        raise admission.UnsupportedTarget(
+            f"{name}: compile=True gives each layer a full or a sliding-window mask, and this "
+            f"model has chunked-attention layers (attention_chunk_size); {fix}")
+    if len(windows) > 1:
+        raise admission.UnsupportedTarget(
+            f"{name}: compile=True gives all sliding layers one mask, and this model has "
+            f"windows of {len(windows)} sizes {windows}; {fix}")
+    kinds = {type(layer).__name__ for layer in static_cache(target, 1).layers}
     if kinds != {"StaticLayer"}:
         raise admission.UnsupportedTarget(
             f"{name}: compile=True keeps the KV in a StaticCache, which holds this model in "
@@ -115,6 +142,28 @@ def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> to
     pad = torch.arange(n, nodes, device=attends.device)
     full[:, pad, c + pad] = True
     return additive_mask(full, dtype)[:, None]
+
+
+def masks(model):
+    """`build(attends, nodes, length, dtype, positions)` -> the `attention_mask` of a static
+    forward of `model`: `dense_tree_mask` of `attends`; with a sliding window, the same within the
+    window for sliding layers (`windows.within_window`; `positions()` gives the query and key
+    positions), passed alone where every layer slides (Mistral's forward takes one mask) and
+    otherwise as transformers' per-layer-type dict (Gemma 2 and 3, Qwen2, Cohere2: a forward
+    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own)."""
+    windows = sliding_windows(model)
+    slides_only = _layer_types(model) == {"sliding_attention"}
+
+    def build(attends, nodes, length, dtype, positions):
+        full = dense_tree_mask(attends, nodes, length, dtype)  # [B, 1, P, length]
+        if not windows:
+            return full
+        q_pos, k_pos = positions()
+        sliding = dense_tree_mask(within_window(attends, q_pos, k_pos, windows[0]), nodes,
+                                  length, dtype)
+        return sliding if slides_only else {"full_attention": full, "sliding_attention": sliding}
+
+    return build
 
 
 def padded(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -158,7 +207,8 @@ class StaticVerifier:
     def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int):
         self.target, self.config = target, config
         self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
-        self.cache = StaticCache(config=target.config, max_cache_len=self.length)
+        self.cache = static_cache(target, self.length)
+        self.masks = masks(target)
         self.forward = compiled_forward(target, config)
         self.dtype = next(target.parameters()).dtype
 
@@ -181,7 +231,8 @@ class StaticVerifier:
         p = round_up(n, NODE_BUCKET)
         self._fit(c + p)
         attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
-        mask = dense_tree_mask(attends, p, self.length, self.dtype)  # [B, 1, P, length]
+        mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] (or a dict)
+                          lambda: node_positions(tree, cache_valid))
         tokens = padded(tree.tokens, p)  # [B, P]
         depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
         out = self.forward(input_ids=tokens, attention_mask=mask,
@@ -205,32 +256,18 @@ def _measure(target, input_ids, attention_mask):
     ids = admission._probe_tokens(target, input_ids, attention_mask)
     if ids is None:
         return None
-    n = ids.shape[1] - 3
     name = type(target).__name__
     try:
         with torch.no_grad():
-            want = admission.reference_logits(target, ids)[2]  # [3, V]: x, y, z
-            length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
-            cache = StaticCache(config=target.config, max_cache_len=length)
-            kwargs = cache_kwargs(target.forward, cache)
-            prompt = ids[:, :n]
-            pos = admission._positions(target, prompt)
-            out = target(input_ids=prompt, position_ids=pos, use_cache=True, return_dict=True,
-                         **kwargs)
-            if output_cache(out) is not cache:
-                return admission.UnsupportedTarget(
-                    f"{name}: compile=True gave its prefill a StaticCache and it returned "
-                    f"{type(output_cache(out)).__name__}; use compile=False")
-            attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
-            attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
-            dtype = next(target.parameters()).dtype
-            p = round_up(3, NODE_BUCKET)
-            mask = dense_tree_mask(attends, p, length, dtype)
-            depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
-            tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
-            got = target(input_ids=tokens, attention_mask=mask,
-                         position_ids=pos[..., -1:] + depth, use_cache=True, return_dict=True,
-                         **kwargs).logits[0, :3]
+            plain, _, nodes = admission.reference_logits(target, ids)
+            want = torch.cat([plain[-2:-1], nodes])  # [4, V]: the prompt's last token, x, y, z
+            restore = use_block_sparse_attention(target)  # the attention the engine runs
+            try:
+                got = _static_logits(target, ids)
+            finally:
+                restore()
+    except admission.UnsupportedTarget as err:
+        return err
     except admission._FAILURES as err:
         line = (str(err).splitlines() or [""])[0][:200]
         return admission.UnsupportedTarget(
@@ -243,3 +280,31 @@ def _measure(target, input_ids, attention_mask):
             f"other logits than its own forward here; use compile=False")
     return None
 
+
+def _static_logits(target, ids):
+    """The logits `[4, V]` of a prefill of the probe's n prompt tokens (`ids` `[1, n + 3]`) into
+    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does."""
+    n = ids.shape[1] - 3
+    length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
+    cache = static_cache(target, length)
+    kwargs = cache_kwargs(target.forward, cache)
+    prompt = ids[:, :n]
+    pos = admission._positions(target, prompt)
+    out = target(input_ids=prompt, position_ids=pos, use_cache=True, return_dict=True, **kwargs)
+    last = out.logits[0, -1:]
+    if output_cache(out) is not cache:
+        raise admission.UnsupportedTarget(
+            f"{type(target).__name__}: compile=True gave its prefill a StaticCache and it "
+            f"returned {type(output_cache(out)).__name__}; use compile=False")
+    attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
+    attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    p = round_up(3, NODE_BUCKET)
+    depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
+    q_pos = n - 1 + depth[:, :3]  # x, y, z: the root (the prompt's last token) is at n - 1
+    k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
+    mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
+                         lambda: (q_pos, k_pos))
+    tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
+    nodes = target(input_ids=tokens, attention_mask=mask, position_ids=pos[..., -1:] + depth,
+                   use_cache=True, return_dict=True, **kwargs).logits[0, :3]
+    return torch.cat([last, nodes])

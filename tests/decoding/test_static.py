@@ -13,12 +13,13 @@ import pytest
 import torch
 import test_generate as identity
 from spec_helpers import PAD, VOCAB, OracleDrafter, RandomDrafter, tiny_llama
+import test_windows
 from test_windows import tiny_gemma2
 from transformers.generation.configuration_utils import CompileConfig
 
 import mmspec
 from mmspec import ModelDrafter, UnsupportedTarget, generate
-from mmspec.decoding import kv_cache, static
+from mmspec.decoding import kv_cache, static, windows
 
 NEW = identity.NEW
 
@@ -130,11 +131,87 @@ def test_custom_generate_takes_compile(eager):
     assert torch.equal(out, ref)
 
 
-def test_sliding_window_targets_are_refused_by_name():
-    target = tiny_gemma2()
-    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
-    with pytest.raises(UnsupportedTarget, match=r"Gemma2ForCausalLM: compile=True .* sliding"):
-        generate(target, RandomDrafter(4), ids, max_new_tokens=4, compile=True)
+# sliding-window targets (test_windows.py's, window 8): Gemma 2 (a sliding then a full layer,
+# soft-capped logits) and Gemma 3 (two sliding layers, then a full one) take a mask per layer type,
+# Mistral (every layer slides) one mask; prompts of 10 and 12 tokens, 24 new ones
+SLIDING = {"gemma2": tiny_gemma2, "mistral": lambda: test_windows._other("mistral"),
+           "gemma3": lambda: test_windows._other("gemma3")}
+
+
+@pytest.fixture(scope="module", params=list(SLIDING))
+def sliding_batch(request):
+    target = SLIDING[request.param]()
+    g = torch.Generator().manual_seed(5)
+    ids, mask = torch.full((3, 12), PAD), torch.zeros(3, 12, dtype=torch.long)
+    for b, n in enumerate([12, 5, 9]):
+        ids[b, 12 - n:] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[b, 12 - n:] = 1
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=test_windows.NEW,
+                          pad_token_id=PAD, eos_token_id=[])
+    return request.param, target, ids, mask, ref
+
+
+def _sliding_run(sliding_batch, rows, make_drafter):
+    _, target, ids, mask, ref = sliding_batch
+    ids, mask, ref = ids[rows], mask[rows], ref[rows]
+    out = generate(target, make_drafter(ref[:, ids.shape[1]:], mask.sum(1).tolist()), ids,
+                   attention_mask=mask, max_new_tokens=test_windows.NEW, pad_token_id=PAD,
+                   eos_token_id=[], compile=True)
+    return out, ref
+
+
+def test_sliding_window_targets_are_token_identical(sliding_batch, eager):
+    # a tree a round (wrong siblings and leaf: rejections to roll back) on the row of 12 tokens,
+    # whose window slides through the whole call
+    out, ref = _sliding_run(sliding_batch, [0], lambda truth, lens: OracleDrafter(
+        truth, lens, 4, "tree"))
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted >= 12
+
+
+def _with_holes(sliding_batch):
+    # rows accept different numbers of tokens: their holes shift slots against positions, in
+    # which the window counts (windows.py)
+    return _sliding_run(sliding_batch, [0, 1, 2], lambda truth, lens: _OneRowRight(
+        truth, lens, 5, "perfect"))
+
+
+def test_a_sliding_window_batch_with_holes_is_token_identical(sliding_batch, eager):
+    out, ref = _with_holes(sliding_batch)
+    assert torch.equal(out.sequences, ref)
+
+
+def _window_in_slots(token_mask, q_pos, k_pos, window, within=windows.within_window):
+    """within_window counted in cache slots (transformers' own rule), not in positions."""
+    b, n, width = token_mask.shape
+    slots = torch.arange(width).expand(b, width)
+    return within(token_mask, slots[:, width - n:], slots, window)
+
+
+@pytest.mark.parametrize("mutant", [lambda m, q, k, w: m, _window_in_slots],
+                         ids=["no_window", "window_in_slots"])
+def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, monkeypatch, mutant):
+    name, target, ids, mask, _ = sliding_batch
+    if name != "gemma2":
+        pytest.skip("one family suffices to show the identity cases see the window")
+    static.probe(target, ids, mask)  # measured on the real code, whatever ran before
+    monkeypatch.setattr(static, "within_window", mutant)
+    out, ref = _with_holes(sliding_batch)
+    assert not torch.equal(out.sequences, ref)
+
+
+def test_chunked_attention_targets_are_refused_by_name():
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    target = Llama4ForCausalLM(Llama4TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        num_local_experts=2, attention_chunk_size=8, layer_types=None)).eval()
+    with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: compile=True gives each "
+                                                r"layer a full or a sliding-window mask, and "
+                                                r"this model has chunked-attention layers"):
+        generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
+                 compile=True)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
