@@ -107,28 +107,32 @@ def _layer_types(model) -> set[str]:
 
 
 def refuse(target, windows) -> None:
-    """Before the prefill: a target whose cache cannot be a `StaticCache` of full-attention
-    `StaticLayer`s, or whose layers need another mask than a full or a sliding-window one, gets
-    one line saying why."""
-    name = type(target).__name__
-    fix = "use compile=False"
-    config = target.config.get_text_config(decoder=True)
+    """Before the prefill: one line saying why, for a target `unsupported` names a reason for."""
+    why = unsupported(target, windows)
+    if why is not None:
+        raise admission.UnsupportedTarget(f"{type(target).__name__}: {why}; use compile=False")
+
+
+def unsupported(model, windows) -> str | None:
+    """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path:
+    its cache is not a `StaticCache` of full-attention `StaticLayer`s (sliding ones replaced,
+    `static_cache`), or a layer needs another mask than a full or a sliding-window one; None
+    where it can."""
+    config = model.config.get_text_config(decoder=True)
     if getattr(config, "is_encoder_decoder", False):
-        raise admission.UnsupportedTarget(f"{name}: compile=True needs a decoder-only cache; {fix}")
-    if "chunked_attention" in _layer_types(target):
-        raise admission.UnsupportedTarget(
-            f"{name}: compile=True gives each layer a full or a sliding-window mask, and this "
-            f"model has chunked-attention layers (attention_chunk_size); {fix}")
+        return "compile=True needs a decoder-only cache"
+    if "chunked_attention" in _layer_types(model):
+        return ("compile=True gives each layer a full or a sliding-window mask, and this model "
+                "has chunked-attention layers (attention_chunk_size)")
     if len(windows) > 1:
-        raise admission.UnsupportedTarget(
-            f"{name}: compile=True gives all sliding layers one mask, and this model has "
-            f"windows of {len(windows)} sizes {windows}; {fix}")
-    kinds = {type(layer).__name__ for layer in static_cache(target, 1).layers}
+        return (f"compile=True gives all sliding layers one mask, and this model has windows of "
+                f"{len(windows)} sizes {windows}")
+    kinds = {type(layer).__name__ for layer in static_cache(model, 1).layers}
     if kinds != {"StaticLayer"}:
-        raise admission.UnsupportedTarget(
-            f"{name}: compile=True keeps the KV in a StaticCache, which holds this model in "
-            f"{', '.join(sorted(kinds))} layers; the engine commits paths only in full-attention "
-            f"StaticLayers; {fix}")
+        return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
+                f"{', '.join(sorted(kinds))} layers; the engine commits paths only in "
+                f"full-attention StaticLayers")
+    return None
 
 
 def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> torch.Tensor:
@@ -192,13 +196,6 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
             torch._dynamo.mark_static_address(new)
             setattr(layer, name, new)
     return length
-
-
-def static_layers_only(model) -> bool:
-    """Whether transformers' `StaticCache` holds every layer of `model` in a `StaticLayer`."""
-    kinds = {type(layer).__name__ for layer in StaticCache(config=model.config,
-                                                           max_cache_len=1).layers}
-    return kinds == {"StaticLayer"}
 
 
 class StaticVerifier:
