@@ -244,6 +244,22 @@ def test_a_compiled_graph_serves_every_round():
     _compiled_run("eager")
 
 
+def test_a_compiled_graph_serves_every_round_on_sliding_windows():
+    # Gemma 2's masks per layer type, a dict, through dynamo: one graph for all rounds
+    torch._dynamo.reset()
+    counters = importlib.import_module("torch._dynamo.utils").counters
+    counters.clear()
+    target = tiny_gemma2()
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=test_windows.NEW, eos_token_id=[])
+    out = generate(target, OracleDrafter(ref[:, 10:], [10], 3, "tree"), ids,
+                   max_new_tokens=test_windows.NEW, eos_token_id=[],
+                   compile=CompileConfig(backend="eager", dynamic=False, fullgraph=False))
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.rounds > 3
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
 _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])
 
