@@ -20,8 +20,8 @@
 #             10-minute call: run STEPS="engine" alone, then "kernels tests"
 #   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted, and
 #             FlashInfer's and FlashAttention-4's where their packages import; the
-#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama (exact, one
-#             graph for every round)
+#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama and a tiny
+#             Gemma 2 (sliding windows: a mask per layer type) (exact, one graph for every round)
 # Issue 32 item 4, by name (STEPS="draft_tests draft", about 5-6 minutes; needs diffusers):
 #   draft_tests  tests/video_dit/test_fused_draft.py compiled on the GPU: the fused Triton draft
 #                selects the torch path's blocks and writes its index, with no host sync
@@ -83,8 +83,9 @@ step kernels 300 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$
 [[ " $STEPS " == *" kernels "* ]] && $PY -m mmspec.kernels.tune --show >"$OUT/auto_table.json" 2>&1
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
-step tests 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
-    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical"
+step tests 210 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
+    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical" \
+    "tests/decoding/test_static.py::test_a_compiled_graph_serves_every_round_on_sliding_windows"
 step draft_tests 120 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/video_dit/test_fused_draft.py
 step draft 420 $PY benchmarks/draft_attention.py --gpu-only --write \
     --extra-grids 21x30x52,21x45x80 --cogvideox-grids 13x30x45

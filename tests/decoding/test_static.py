@@ -244,22 +244,6 @@ def test_a_compiled_graph_serves_every_round():
     _compiled_run("eager")
 
 
-def test_a_compiled_graph_serves_every_round_on_sliding_windows():
-    # Gemma 2's masks per layer type, a dict, through dynamo: one graph for all rounds
-    torch._dynamo.reset()
-    counters = importlib.import_module("torch._dynamo.utils").counters
-    counters.clear()
-    target = tiny_gemma2()
-    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
-    ref = target.generate(ids, do_sample=False, max_new_tokens=test_windows.NEW, eos_token_id=[])
-    out = generate(target, OracleDrafter(ref[:, 10:], [10], 3, "tree"), ids,
-                   max_new_tokens=test_windows.NEW, eos_token_id=[],
-                   compile=CompileConfig(backend="eager", dynamic=False, fullgraph=False))
-    assert torch.equal(out.sequences, ref)
-    assert out.stats.rounds > 3
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-
-
 _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])
 
@@ -269,6 +253,25 @@ _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     "cold on the 2-core machine; MMSPEC_INDUCTOR=1 runs it")), _CUDA])
 def test_inductor_compiled_rounds_are_token_identical(device):
     _compiled_run("inductor", device)
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+def test_a_compiled_graph_serves_every_round_on_sliding_windows(device):
+    # Gemma 2's masks per layer type, a dict, through dynamo (backend "eager" on the CPU; on
+    # CUDA inductor with CUDA graphs): one graph for every round
+    torch._dynamo.reset()
+    counters = importlib.import_module("torch._dynamo.utils").counters
+    counters.clear()
+    target = tiny_gemma2().to(device)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1)).to(device)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=test_windows.NEW, eos_token_id=[])
+    config = (CompileConfig(backend="eager", dynamic=False, fullgraph=False) if device == "cpu"
+              else CompileConfig(dynamic=False, fullgraph=False, mode="reduce-overhead"))
+    out = generate(target, OracleDrafter(ref[:, 10:], [10], 3, "tree"), ids,
+                   max_new_tokens=test_windows.NEW, eos_token_id=[], compile=config)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.rounds > 3
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
 @pytest.mark.parametrize("batch_of", [1, 3])
