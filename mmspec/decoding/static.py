@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import (
+    LinearAttentionCacheLayerMixin,
     StaticLayer,
     StaticSlidingWindowLayer,
     get_layer_types_and_kwargs,
@@ -127,7 +128,13 @@ def unsupported(model, windows) -> str | None:
     if len(windows) > 1:
         return (f"compile=True gives all sliding layers one mask, and this model has windows of "
                 f"{len(windows)} sizes {windows}")
-    kinds = {type(layer).__name__ for layer in static_cache(model, 1).layers}
+    layers = static_cache(model, 1).layers
+    kinds = {type(layer).__name__ for layer in layers}
+    if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
+        return (f"compile=True pads every verification forward to a multiple of {NODE_BUCKET} "
+                f"nodes, and this model's linear-attention / SSM layers "
+                f"({', '.join(sorted(kinds))}) would fold the padding into their recurrent "
+                f"state, which only the eager engine rolls back (snapshot and replay)")
     if kinds != {"StaticLayer"}:
         return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
                 f"{', '.join(sorted(kinds))} layers; the engine commits paths only in "

@@ -9,6 +9,7 @@ the ~40 s the suite can give it) and on CUDA (CUDA graphs; the GPU session's tes
 import importlib
 import os
 
+import arch_sweep
 import pytest
 import torch
 import test_generate as identity
@@ -197,6 +198,17 @@ def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, mo
     monkeypatch.setattr(static, "within_window", mutant)
     out, ref = _with_holes(sliding_batch)
     assert not torch.equal(out.sequences, ref)
+
+
+def test_hybrid_linear_attention_targets_are_refused_with_the_reason():
+    target = arch_sweep.build("qwen3_next")
+    with pytest.raises(UnsupportedTarget, match=r"^Qwen3NextForCausalLM: compile=True pads every "
+                                                r"verification forward .* linear-attention / SSM "
+                                                r"layers \(LinearAttentionLayer, StaticLayer\) "
+                                                r"would fold the padding into their recurrent "
+                                                r"state"):
+        generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
+                 compile=True)
 
 
 def test_chunked_attention_targets_are_refused_by_name():
