@@ -23,11 +23,23 @@ next tree's keys overwrite the rejected ones.
 (rows leave holes where they accept fewer tokens than the round's longest path, `draft.py`): the
 cache then grows by reallocation (a new shape, so one more compiled graph).
 
-Refused with one line before the prefill, where the static layout cannot hold what the engine
-needs: sliding-window layers (transformers' static sliding layers keep only the window, a
-rollback needs every entry), linear-attention / SSM state, DSA indexer caches, KV-sharing and
-encoder-decoder caches; and, from a probe on the call's prompt, models whose 4-D-masked forward on
-a `StaticCache` does not give their own logits.
+Sliding-window layers (Gemma 2 and 3, Mistral, Cohere2, ...): transformers' `StaticCache` gives
+them a `StaticSlidingWindowLayer`, a rolling buffer of the last `window` entries, which a rollback
+cannot use (the tree's rejected keys overwrite committed ones). So every layer gets a full
+`StaticLayer` (`static_cache`), and the window moves into the mask: the sliding layers' mask is the
+full one cut to `p - window < k <= p`, counted in positions as in the eager engine (`windows.py`;
+holes in a batch's slots do not count). It reaches each layer through transformers' own dispatch:
+a forward given `attention_mask={"full_attention": m, "sliding_attention": m_w}` hands each layer
+the mask of its `config.layer_types` entry (Gemma 2 and 3, Qwen2, Cohere2: `causal_mask_mapping`),
+and a model whose layers all slide gets `m_w` alone (Mistral's forward builds one mask for all).
+
+Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
+linear-attention / SSM layers (transformers' `StaticCache` holds their state, but the padded
+verification would fold padding tokens into it, and rolling it back to the accepted tokens needs
+the eager engine's snapshot and replay, `recurrent.py`), chunked attention (Llama 4: its chunks are
+not a window), DSA indexer caches, KV-sharing and encoder-decoder caches; and, from a probe on the
+call's prompt (`probe`), models whose prefill into the `StaticCache` or whose 4-D-masked forward on
+it does not give their own logits.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ and the oldest committed ones would be gone. So the engine (and `ModelDrafter`) 
 a cache of plain `DynamicLayer`s (`DynamicCache()` without a config), which keeps every entry,
 and attend through the window with a mask: `block_sparse_mask` becomes a dict from the layer's
 `sliding_window` (None for full-attention layers) to its mask, which `mmspec.kernels.hf` picks per
-layer.
+layer. Under `compile=True` the same window (`within_window`) cuts a dense 4-D mask, which
+transformers hands to the sliding layers (`static.masks`).
 
 The window is applied in positions, as transformers does it: a query at position p sees the keys
 at positions p - window < k <= p. (transformers compares cache indices, which equal positions up
