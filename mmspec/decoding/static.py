@@ -140,7 +140,11 @@ def unsupported(model, windows) -> str | None:
     if len(windows) > 1:
         return (f"compile=True gives all sliding layers one mask, and this model has windows of "
                 f"{len(windows)} sizes {windows}")
-    layers = static_cache(model, 1).layers
+    try:
+        layers = static_cache(model, 1).layers
+    except KeyError as err:  # DeepSeek-V4's compressed attention has no static layer
+        return (f"compile=True keeps the KV in transformers' StaticCache, which has no layer "
+                f"for this model's layer type {err}")
     kinds = {type(layer).__name__ for layer in layers}
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
         return (f"compile=True pads every verification forward to a multiple of {NODE_BUCKET} "

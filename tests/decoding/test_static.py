@@ -200,13 +200,18 @@ def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, mo
     assert not torch.equal(out.sequences, ref)
 
 
-def test_hybrid_linear_attention_targets_are_refused_with_the_reason():
-    target = arch_sweep.build("qwen3_next")
-    with pytest.raises(UnsupportedTarget, match=r"^Qwen3NextForCausalLM: compile=True pads every "
-                                                r"verification forward .* linear-attention / SSM "
-                                                r"layers \(LinearAttentionLayer, StaticLayer\) "
-                                                r"would fold the padding into their recurrent "
-                                                r"state"):
+@pytest.mark.parametrize("model_type, reason", [
+    ("qwen3_next", r"^Qwen3NextForCausalLM: compile=True pads every verification forward .* "
+                   r"linear-attention / SSM layers \(LinearAttentionLayer, StaticLayer\) would "
+                   r"fold the padding into their recurrent state"),
+    ("deepseek_v4", r"^DeepseekV4ForCausalLM: compile=True keeps the KV in transformers' "
+                    r"StaticCache, which has no layer for this model's layer type "
+                    r"'heavily_compressed_attention'; use compile=False$"),
+])
+def test_targets_without_a_static_cache_of_full_layers_are_refused_with_the_reason(model_type,
+                                                                                   reason):
+    target = arch_sweep.build(model_type)
+    with pytest.raises(UnsupportedTarget, match=reason):
         generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
                  compile=True)
 
