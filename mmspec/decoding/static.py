@@ -37,9 +37,11 @@ Refused with one line before the prefill (`unsupported`), where the static path 
 linear-attention / SSM layers (transformers' `StaticCache` holds their state, but the padded
 verification would fold padding tokens into it, and rolling it back to the accepted tokens needs
 the eager engine's snapshot and replay, `recurrent.py`), chunked attention (Llama 4: its chunks are
-not a window), DSA indexer caches, KV-sharing and encoder-decoder caches; and, from a probe on the
-call's prompt (`probe`), models whose prefill into the `StaticCache` or whose 4-D-masked forward on
-it does not give their own logits.
+not a window), DSA indexer caches, layer types `StaticCache` has no layer for (DeepSeek-V4) and
+encoder-decoder caches; and, from a probe on the call's prompt (`probe`), models whose prefill into
+the `StaticCache` or whose 4-D-masked forward on it does not give their own logits. KV-sharing
+layers (Gemma 4's `num_kv_shared_layers`) hold nothing in the cache (`DummyLayer`) and read the
+full layers' tensors: they run as they are.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from types import SimpleNamespace
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import (
+    DummyLayer,
     LinearAttentionCacheLayerMixin,
     StaticLayer,
     StaticSlidingWindowLayer,
@@ -129,8 +132,8 @@ def refuse(target, windows) -> None:
 def unsupported(model, windows) -> str | None:
     """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path:
     its cache is not a `StaticCache` of full-attention `StaticLayer`s (sliding ones replaced,
-    `static_cache`), or a layer needs another mask than a full or a sliding-window one; None
-    where it can."""
+    `static_cache`; KV-sharing consumers' `DummyLayer`s hold nothing), or a layer needs another
+    mask than a full or a sliding-window one; None where it can."""
     config = model.config.get_text_config(decoder=True)
     if getattr(config, "is_encoder_decoder", False):
         return "compile=True needs a decoder-only cache"
@@ -151,7 +154,7 @@ def unsupported(model, windows) -> str | None:
                 f"nodes, and this model's linear-attention / SSM layers "
                 f"({', '.join(sorted(kinds))}) would fold the padding into their recurrent "
                 f"state, which only the eager engine rolls back (snapshot and replay)")
-    if kinds != {"StaticLayer"}:
+    if kinds - {"DummyLayer"} != {"StaticLayer"}:  # DummyLayer: KV-sharing consumers
         return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
                 f"{', '.join(sorted(kinds))} layers; the engine commits paths only in "
                 f"full-attention StaticLayers")
@@ -210,7 +213,7 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
     length = round_up(max(needed, length * 3 // 2), LENGTH_BUCKET)
     for layer in cache.layers:
         layer.max_cache_len = length
-        if not layer.is_initialized:
+        if type(layer) is DummyLayer or not layer.is_initialized:  # DummyLayer: holds nothing
             continue
         for name in ("keys", "values"):
             old = getattr(layer, name)  # [B, H, length, D]

@@ -15,6 +15,7 @@ import torch
 import test_generate as identity
 from spec_helpers import PAD, VOCAB, OracleDrafter, RandomDrafter, tiny_llama
 import test_windows
+import transformers
 from test_windows import tiny_gemma2
 from transformers.generation.configuration_utils import CompileConfig
 
@@ -179,6 +180,27 @@ def _with_holes(sliding_batch):
 
 def test_a_sliding_window_batch_with_holes_is_token_identical(sliding_batch, eager):
     out, ref = _with_holes(sliding_batch)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_a_kv_sharing_target_is_token_identical(eager, monkeypatch):
+    # Gemma 4 with its last two layers reading the KV of the two before (DummyLayers in the
+    # cache), sliding windows of 8 crossed, a batch whose holes make the cache grow
+    monkeypatch.setattr(static, "LENGTH_BUCKET", 8)  # a tight first length
+    config = arch_sweep.tiny_config("gemma4_text")
+    config = type(config)(**{**config.to_dict(), "num_hidden_layers": 4,
+                             "num_kv_shared_layers": 2,
+                             "layer_types": ["sliding_attention", "full_attention"] * 2})
+    torch.manual_seed(0)
+    target = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert "DummyLayer" in {type(layer).__name__ for layer in static.static_cache(target, 8).layers}
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+                          pad_token_id=PAD, eos_token_id=[])
+    out = generate(target, _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 5,
+                                        "perfect"),
+                   ids, attention_mask=mask, max_new_tokens=NEW, pad_token_id=PAD,
+                   eos_token_id=[], compile=True)
     assert torch.equal(out.sequences, ref)
 
 
