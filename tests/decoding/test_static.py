@@ -148,8 +148,8 @@ def sliding_batch(request):
     for b, n in enumerate([12, 5, 9]):
         ids[b, 12 - n:] = torch.randint(3, VOCAB, (n,), generator=g)
         mask[b, 12 - n:] = 1
-    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=test_windows.NEW,
-                          pad_token_id=PAD, eos_token_id=[])
+    ref = target.generate(ids, attention_mask=mask, do_sample=False,
+                          max_new_tokens=test_windows.NEW, pad_token_id=PAD, eos_token_id=[])
     return request.param, target, ids, mask, ref
 
 
@@ -187,6 +187,9 @@ def test_a_kv_sharing_target_is_token_identical(eager, monkeypatch):
     # Gemma 4 with its last two layers reading the KV of the two before (DummyLayers in the
     # cache), sliding windows of 8 crossed, a batch whose holes make the cache grow
     monkeypatch.setattr(static, "LENGTH_BUCKET", 8)  # a tight first length
+    grew = []
+    monkeypatch.setattr(static, "grow", lambda cache, needed, length, grow=static.grow: (
+        grew.append(needed > length), grow(cache, needed, length))[1])
     config = arch_sweep.tiny_config("gemma4_text")
     config = type(config)(**{**config.to_dict(), "num_hidden_layers": 4,
                              "num_kv_shared_layers": 2,
@@ -202,6 +205,7 @@ def test_a_kv_sharing_target_is_token_identical(eager, monkeypatch):
                    ids, attention_mask=mask, max_new_tokens=NEW, pad_token_id=PAD,
                    eos_token_id=[], compile=True)
     assert torch.equal(out.sequences, ref)
+    assert any(grew)
 
 
 def _window_in_slots(token_mask, q_pos, k_pos, window, within=windows.within_window):
