@@ -26,8 +26,8 @@
 #   tests     the kernel tests with Triton (its TMA variants too: tests/kernels/test_triton_tma.py)
 #             and FlexAttention compiled, not interpreted, and
 #             FlashInfer's and FlashAttention-4's where their packages import; the
-#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama (exact, one
-#             graph for every round)
+#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama and a tiny
+#             Gemma 2 (sliding windows: a mask per layer type) (exact, one graph for every round)
 # Issue 32 item 4, by name (STEPS="draft_tests draft", about 5-6 minutes; needs diffusers):
 #   draft_tests  tests/video_dit/test_fused_draft.py compiled on the GPU: the fused Triton draft
 #                selects the torch path's blocks and writes its index, with no host sync
@@ -118,8 +118,9 @@ step kernels 330 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$
 STEP_LOG=kernel_configs_tma step kernels 100 $PY benchmarks/kernel_configs.py --tma --repeats 10
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
-step tests 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
-    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical"
+step tests 210 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
+    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical" \
+    "tests/decoding/test_static.py::test_a_compiled_graph_serves_every_round_on_sliding_windows"
 step draft_tests 120 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/video_dit/test_fused_draft.py
 step draft 420 $PY benchmarks/draft_attention.py --gpu-only --write \
     --extra-grids 21x30x52,21x45x80 --cogvideox-grids 13x30x45

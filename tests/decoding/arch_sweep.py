@@ -263,10 +263,11 @@ def _one_line(err: BaseException) -> str:
     return re.sub(r"\s+", " ", str(err)).strip()
 
 
-def sweep_one(model_type: str, kind: str = "causal") -> dict:
+def sweep_one(model_type: str, kind: str = "causal", compile: bool = False) -> dict:
     """-> {"built": reason or None, case: "pass" | "refused: ..." | "MISMATCH" | "CRASH: ..."}
     kind: "causal" (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`) or "vlm"
-    (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, text-only prompts)."""
+    (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, text-only prompts). compile: every case with
+    `generate(compile=True)` (see `main`)."""
     import mmspec
     from mmspec.decoding.admission import UnsupportedTarget
 
@@ -290,7 +291,7 @@ def sweep_one(model_type: str, kind: str = "causal") -> dict:
                     out = mmspec.generate(model, _drafter(case, model, refs[b], MASK[:b]),
                                           PROMPTS[:b],
                                           attention_mask=MASK[:b], max_new_tokens=NEW_TOKENS,
-                                          do_sample=False, pad_token_id=0)
+                                          do_sample=False, pad_token_id=0, compile=compile)
                 result[case] = "pass" if torch.equal(out.sequences, refs[b]) else "MISMATCH"
                 notes.update(_NOTES[k] for w in said for k in _NOTES if k in str(w.message))
             except (UnsupportedTarget, ValueError) as err:
@@ -404,22 +405,47 @@ def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _has_windows(model_type: str) -> bool:
+    from types import SimpleNamespace
+
+    from mmspec.decoding.windows import sliding_windows
+
+    try:
+        return bool(sliding_windows(SimpleNamespace(config=tiny_config(model_type))))
+    except Exception:  # noqa: BLE001 - not built tiny: the sweep reports why
+        return False
+
+
 def main(argv=None) -> None:
+    """`--write`: rewrite the tables. `--compile`: `generate(compile=True)` in every case, its
+    compiled call replaced by the model's own `__call__` (the static cache, padded shapes, 4-D
+    masks and in-place commits without the compiler's minutes, as `test_static.py`'s `eager`
+    fixture); prints the outcomes, writes nothing. `--sliding`: only classes with sliding-window
+    layers. Other arguments: model types to sweep."""
     argv = sys.argv[1:] if argv is None else argv
     only = [a for a in argv if not a.startswith("--")]
+    compile = "--compile" in argv
     torch.set_num_threads(1)
     from transformers.utils import logging
 
     logging.set_verbosity_error()
+    if compile:
+        from mmspec.decoding import static
+
+        static.compiled_forward = lambda target, config: target.__call__
     start, results = time.perf_counter(), {"causal": {}, "vlm": {}}
     for kind, mapping in MAPPINGS.items():
         for model_type in mapping:
             if only and model_type not in only:
                 continue
-            results[kind][model_type] = sweep_one(model_type, kind)
-            print(f"{kind:6s} {model_type:28s} {outcome(results[kind][model_type])}",
-                  flush=True)
-    if "--write" in argv and not only:
+            if "--sliding" in argv and not _has_windows(model_type):
+                continue
+            results[kind][model_type] = sweep_one(model_type, kind, compile)
+            result = results[kind][model_type]
+            why = {v for k, v in result.items() if k in CASES and not v.startswith("pass")}
+            print(f"{kind:6s} {model_type:28s} {outcome(result)}"
+                  + (f"  ({'; '.join(sorted(why))[:300]})" if why else ""), flush=True)
+    if "--write" in argv and not only and not compile and "--sliding" not in argv:
         write_table(results, time.perf_counter() - start)
         print(f"wrote {TABLE}")
 
