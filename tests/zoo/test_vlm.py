@@ -47,7 +47,8 @@ def test_vlm_entries_are_listed_and_load_offline(monkeypatch, target):
     assert set(VLM) <= set(mmspec.zoo.available())
     assert isinstance(target.model, LlavaForConditionalGeneration)
     assert isinstance(target.tokenizer, LlavaProcessor)
-    assert set(target.drafters) == {"vlm-vispec", "vlm-text-drafter", "vlm-assistant"}
+    assert set(target.drafters) == {"vlm-vispec", "vlm-text-drafter", "vlm-eagle3",
+                                    "vlm-assistant"}
     assert "sample_prompt" in target.card and (ZOO_DIR / "vlm-target" / "sample.png").is_file()
     assert isinstance(mmspec.zoo.load("vlm-assistant").model, LlamaForCausalLM)
     alone = mmspec.zoo.load("vlm-vispec")  # loads the card's target itself
