@@ -14,7 +14,7 @@ to target-only greedy. The EAGLE-3 drafter is not shipped (the zoo's 40 MB budge
 
     python benchmarks/eagle3_text.py --eagle3 PATH [--prompts 8] [--prompt-tokens 256]
                                      [--new-tokens 96] [--threads 1] [--repeats 1] [--write]
-    python benchmarks/eagle3_text.py --make-data PATH [--samples 320]   # its training prompts
+    python benchmarks/eagle3_text.py --make-data PATH [--samples 320] [--length 64]  # prompts
 """
 
 from __future__ import annotations
@@ -36,15 +36,13 @@ from benchmarks.text import (
     RoundLog,
     Total,
     best_runs,
+    eagle3_methods,
     heldout_prompts,
     table,
 )
-from mmspec import EagleDrafter, zoo
+from mmspec import zoo
 from mmspec.decoding import generate
 from mmspec.decoding.drafters import ModelDrafter
-
-TREE = {"depth": 4, "top_k": 4, "total_tokens": 17}  # ModelDrafter tree's 16 nodes, top-4
-CHAIN = {"depth": 5, "top_k": 1, "total_tokens": 6}  # ModelDrafter chain's 5 tokens
 
 
 def make_data(path: Path, samples: int, length: int = 64, seed: int = 0) -> None:
@@ -71,8 +69,6 @@ def build_methods(target, drafter_model, tree_drafter_model, eagle3_path: Path, 
             return out.sequences, out.stats, log
         return run
 
-    chain = EagleDrafter.from_pretrained(eagle3_path, target, **CHAIN).eval()
-    tree = EagleDrafter.from_pretrained(eagle3_path, target, **TREE).eval()
     return [
         Method(REF, "reference", hf_run, "`target.generate(do_sample=False)`"),
         Method("ModelDrafter chain", "mmspec", mm_run(lambda: ModelDrafter(drafter_model, 5)),
@@ -80,10 +76,7 @@ def build_methods(target, drafter_model, tree_drafter_model, eagle3_path: Path, 
         Method("ModelDrafter tree", "mmspec",
                mm_run(lambda: ModelDrafter(tree_drafter_model, num_tokens=16, top_k=4)),
                "text-drafter, EAGLE-2 tree: 16 nodes, top-4, depth 4"),
-        Method("EAGLE-3 chain", "mmspec", mm_run(lambda: chain),
-               f"{eagle3_path.name}, 5 tokens, greedy chain"),
-        Method("EAGLE-3 tree", "mmspec", mm_run(lambda: tree),
-               f"{eagle3_path.name}, EAGLE-2 tree: 16 nodes, top-4, depth 4"),
+        *eagle3_methods(target, eagle3_path, eos),
     ]
 
 
@@ -94,6 +87,9 @@ def main():
     parser.add_argument("--make-data", type=Path, metavar="PATH",
                         help="write the drafter's training prompts to PATH (.pt) and stop")
     parser.add_argument("--samples", type=int, default=320, help="with --make-data")
+    parser.add_argument("--length", type=int, default=64,
+                        help="with --make-data: tokens per window (the benchmark drafts at "
+                             "positions 256-352: 256 covers them)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=96)
@@ -102,7 +98,7 @@ def main():
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     args = parser.parse_args()
     if args.make_data is not None:
-        make_data(args.make_data, args.samples)
+        make_data(args.make_data, args.samples, args.length)
         return
     if args.eagle3 is None:
         parser.error("--eagle3 PATH is required (or --make-data PATH)")

@@ -15,6 +15,8 @@ interleaved per prompt so that background load hits them alike:
     DLM CPS                     DiffusionDrafter(text-dlm): CPS (paper defaults), fixed k
     DLM CPS+ADL                 DiffusionDrafter(text-dlm): CPS + ADL (paper defaults, k in [20, 30])
     DLM CPS+ADL, prefix cache   the same, prefix_cache=True (beyond the paper: prefix KV reused)
+    EAGLE-3 chain / tree        mmspec.generate, an EAGLE-3 drafter (`--eagle3 PATH`, trained
+                                with `mmspec.vision.train --arch eagle3`): 5-chain; 16-node tree
 
 tau is tokens per target verification forward, counted the same way for every method: a forward
 pre-hook counts the target's calls, and tau = (new tokens - 1) / (calls - 1) (the prefill's call
@@ -24,7 +26,10 @@ time / the method's wall time, summed over the prompts (each the best of `--repe
 output is asserted token-identical to target-only greedy; HF's outputs are compared and reported.
 
     python benchmarks/text.py [--prompts 8] [--prompt-tokens 256] [--new-tokens 96] [--threads 1]
-                              [--repeats 1] [--fixed-k 20] [--plot] [--write]
+                              [--repeats 1] [--fixed-k 20] [--eagle3 PATH] [--plot] [--write]
+
+The EAGLE-3 rows need `--eagle3 PATH` (the zoo's `text-eagle3` when it ships one): the zoo's
+40 MB budget has no room for it today (BENCHMARKS.md, `text-eagle3`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from mmspec.decoding.drafters import (
 from mmspec.decoding.drafters.adl import ADLConfig
 from mmspec.decoding.drafters.cps import search
 from mmspec.zoo.corpus import source_files, stdlib_root
+from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.registry import ZOO_DLM_K
 
 PLOTS = Path(__file__).resolve().parent / "plots"
@@ -76,6 +82,9 @@ CACHED = "DLM CPS+ADL, prefix KV cache"
 SHORT_K = ZOO_DLM_K  # the zoo preset's CPU-sized ADL range: verifying k tokens is compute-bound
 SHORT = f"DLM CPS+ADL, prefix KV cache, k in [{SHORT_K[0]}, {SHORT_K[1]}]"
 DLM_METHODS = (NAIVE, CPS, CPS_ADL, CACHED, SHORT)
+# the EAGLE-3 rows draft the ModelDrafter rows' shapes: a 5-token chain; 16 nodes, top-4, 4 deep
+EAGLE3_CHAIN = {"depth": 5, "top_k": 1, "total_tokens": 6}
+EAGLE3_TREE = {"depth": 4, "top_k": 4, "total_tokens": 17}
 
 
 # ------------------------------------------------------------------------------------- prompts
@@ -239,6 +248,27 @@ def build_methods(target, drafter_model, tree_drafter_model, dlm, eos: int, fixe
                f"the row above with ADL k in [{SHORT_K[0]}, {SHORT_K[1]}] (k_1 = {SHORT_K[1]}) "
                f"instead of the paper's [20, 30]: shorter blocks verify cheaper on a CPU"),
     ]
+
+
+def eagle3_methods(target, path: Path, eos: int) -> list:
+    """"EAGLE-3 chain" and "EAGLE-3 tree": the EAGLE-3 drafter in `path` (an `EagleDrafter`
+    folder for `target`) in the ModelDrafter rows' two shapes."""
+    from mmspec import EagleDrafter
+
+    def mm_run(drafter):
+        def run(ids, n):
+            log = RoundLog(drafter)
+            out = generate(target, log, ids, max_new_tokens=n, do_sample=False, eos_token_id=eos)
+            return out.sequences, out.stats, log
+        return run
+
+    chain = EagleDrafter.from_pretrained(path, target, **EAGLE3_CHAIN).eval()
+    tree = EagleDrafter.from_pretrained(path, target, **EAGLE3_TREE).eval()
+    return [Method("EAGLE-3 chain", "mmspec", mm_run(chain),
+                   f"{path.name}, {EAGLE3_CHAIN['depth']} tokens, greedy chain"),
+            Method("EAGLE-3 tree", "mmspec", mm_run(tree),
+                   f"{path.name}, EAGLE-2 tree: {EAGLE3_TREE['total_tokens'] - 1} nodes, "
+                   f"top-{EAGLE3_TREE['top_k']}, depth {EAGLE3_TREE['depth']}")]
 
 
 def run_method(method: Method, counter: CallCounter, ids: torch.Tensor, n: int) -> Run:
@@ -566,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=1, help="best of R timed runs per prompt")
     parser.add_argument("--fixed-k", type=int, default=20,
                         help="block length of the fixed-k DLM drafters (ADL's k_min)")
+    parser.add_argument("--eagle3", type=Path, default=None,
+                        help="an EAGLE-3 drafter folder for text-target: adds the EAGLE-3 rows "
+                             "(default: the zoo's text-eagle3 if it has one)")
     parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     return parser
@@ -592,6 +625,11 @@ def main():
     counter = CallCounter(target)
     prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.new_tokens)
     methods = build_methods(target, drafter_model, tree_drafter_model, dlm, eos, args.fixed_k)
+    eagle3 = args.eagle3
+    if eagle3 is None and (ZOO_DIR / "text-eagle3" / "card.json").is_file():
+        eagle3 = ZOO_DIR / "text-eagle3"
+    if eagle3 is not None:
+        methods += eagle3_methods(target, eagle3, eos)
     print(f"{len(prompts)} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens, "
           f"{args.threads} thread(s), load average {load_start:.2f} on {os.cpu_count()} CPUs",
           flush=True)
@@ -643,7 +681,10 @@ def main():
             "measured within this run, methods interleaved per prompt.")
     body = "\n".join([
         (f"Zoo text pair: target `text-target` (Qwen2, {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M "
-        f"parameters), AR drafter `text-drafter`, diffusion drafter `text-dlm` (Dream-style); "
+        f"parameters), AR drafter `text-drafter`, diffusion drafter `text-dlm` (Dream-style)"
+        + (f", EAGLE-3 drafter `{eagle3}` (not in the zoo: its 40 MB budget has no room)"
+           if eagle3 is not None and eagle3.parent != ZOO_DIR else "")
+        + f"; "
         f"fp32, batch 1, greedy, {args.threads} thread(s). {len(prompts)} prompts of "
         f"{args.prompt_tokens} tokens from the middle of held-out stdlib files ({files}), "
         f"{args.new_tokens} new tokens each, best of {args.repeats} per prompt and method."),

@@ -8,6 +8,7 @@ inputs in the same process, interleaved per prompt so that background load hits 
     HF assisted generation    target.generate(assistant_model=vlm-assistant)        HF's defaults
     text-only drafter         mmspec.generate, ViSpec head without the image (vlm-text-drafter)
     ViSpec                    mmspec.generate, ViSpec drafter (vlm-vispec)
+    EAGLE-3                   mmspec.generate, EAGLE-3 drafter (vlm-eagle3), the same tree
 
 tau counts target forwards with a forward pre-hook, for every method alike:
 tau = (new tokens - 1) / (target calls - 1); without the bonus token it is tau - 1 (ViSpec's
@@ -17,7 +18,7 @@ convention). Speedup = target-only wall time / the method's, summed over prompts
     python benchmarks/vlm.py [--prompts 8] [--new-tokens 128] [--threads 1] [--repeats 2]
                              [--plot] [--write]
                              [--zoo DIR --target NAME --vispec NAME --text-drafter NAME
-                              --section NAME --title TEXT]   # another zoo entry set
+                              --eagle3 NAME --section NAME --title TEXT]   # another entry set
 
 The entry options compare models trained elsewhere (e.g. `python -m mmspec.zoo.train_vlm
 vlm-target-p4 --zoo DIR`) without touching the shipped ones; `--section` names the BENCHMARKS.md
@@ -52,6 +53,7 @@ TAU_RATIO_BAR = 1.3  # issue 7: ViSpec tau >= 1.3x the text-only drafter's
 SPEEDUP_BAR = 1.5  # issue 7: ViSpec >= 1.5x over target-only
 REF, HF_ASSIST, TEXT_ONLY, VISPEC = ("target-only greedy", "HF assisted generation",
                                      "text-only drafter", "ViSpec")
+EAGLE3 = "EAGLE-3"
 VISPEC_GPU_TREE = "ViSpec, GPU tree (30 tokens)"
 
 
@@ -79,7 +81,7 @@ def heldout_inputs(processor, n: int, prompt: str) -> list[dict]:
     return [vlm_inputs(processor, render(HELDOUT_START + 20_000 + i), prompt) for i in range(n)]
 
 
-def build_methods(target, assistant, vispec, text_only, vispec_gpu_tree, eos):
+def build_methods(target, assistant, vispec, text_only, vispec_gpu_tree, eos, eagle3=None):
     kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": eos}
 
     def hf(**extra):
@@ -93,8 +95,11 @@ def build_methods(target, assistant, vispec, text_only, vispec_gpu_tree, eos):
             return out.sequences, out.stats, log
         return run
 
-    return {REF: hf(), HF_ASSIST: hf(assistant_model=assistant), TEXT_ONLY: mm(text_only),
-            VISPEC: mm(vispec), VISPEC_GPU_TREE: mm(vispec_gpu_tree)}
+    methods = {REF: hf(), HF_ASSIST: hf(assistant_model=assistant), TEXT_ONLY: mm(text_only),
+               VISPEC: mm(vispec)}
+    if eagle3 is not None:
+        methods[EAGLE3] = mm(eagle3)
+    return {**methods, VISPEC_GPU_TREE: mm(vispec_gpu_tree)}
 
 
 def plot(totals: dict, out_dir: Path, prefix: str, title: str) -> list[Path]:
@@ -108,7 +113,8 @@ def plot(totals: dict, out_dir: Path, prefix: str, title: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     ref = totals[REF].seconds
     names = list(totals)
-    colors = ["#888888", "#888888", "#ff7f0e", "#1f77b4", "#aec7e8"]
+    colors = [{TEXT_ONLY: "#ff7f0e", VISPEC: "#1f77b4", EAGLE3: "#2ca02c",
+               VISPEC_GPU_TREE: "#aec7e8"}.get(n, "#888888") for n in names]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     axes[0].barh(names, [ref / totals[n].seconds for n in names], color=colors)
     axes[0].axvline(SPEEDUP_BAR, color="red", lw=0.8, ls="--", label=f"bar {SPEEDUP_BAR}x")
@@ -127,7 +133,9 @@ def plot(totals: dict, out_dir: Path, prefix: str, title: str) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for name, color in ((TEXT_ONLY, "#ff7f0e"), (VISPEC, "#1f77b4")):
+    for name, color in ((TEXT_ONLY, "#ff7f0e"), (VISPEC, "#1f77b4"), (EAGLE3, "#2ca02c")):
+        if name not in totals:
+            continue
         per_prompt = totals[name].accepted
         rounds = sorted(len(a) for a in per_prompt)[len(per_prompt) // 2]  # half still running
         mean = [statistics.mean(a[r] + 1 for a in per_prompt if len(a) > r) for r in range(rounds)]
@@ -135,7 +143,7 @@ def plot(totals: dict, out_dir: Path, prefix: str, title: str) -> list[Path]:
     ax.set_xlabel("round (while at least half of the prompts are still generating)")
     ax.set_ylabel("τ with bonus (mean over prompts)")
     ax.legend()
-    ax.set_title(f"ViSpec vs text-only drafter, τ per round\n{title}", fontsize=10)
+    ax.set_title(f"Drafters in the zoo tree, τ per round\n{title}", fontsize=10)
     fig.tight_layout()
     paths.append(out_dir / f"{prefix}_tau_per_round.png")
     fig.savefig(paths[-1], dpi=80)
@@ -158,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vispec", default="vlm-vispec", help="the ViSpec drafter's entry")
     parser.add_argument("--text-drafter", default="vlm-text-drafter",
                         help="the text-only drafter's entry")
+    parser.add_argument("--eagle3", default="vlm-eagle3",
+                        help="the EAGLE-3 drafter's entry ('' for none: no EAGLE-3 row)")
     parser.add_argument("--assistant", default="vlm-assistant", help="HF assisted generation's")
     parser.add_argument("--section", default="vlm", help="BENCHMARKS.md section and chart prefix")
     parser.add_argument("--title", default="VLM: ViSpec side by side (`benchmarks/vlm.py`)")
@@ -185,9 +195,10 @@ def main():
     from mmspec.vision import ViSpecDrafter
 
     gpu_tree = ViSpecDrafter.from_pretrained(args.zoo / args.vispec, target).eval()
+    eagle3 = zoo.load(args.eagle3, args.zoo, target=target).model if args.eagle3 else None
     prompt = zoo_target.card.get("sample_prompt", "Describe the image.")
     samples = heldout_inputs(processor, args.prompts, prompt)
-    methods = build_methods(target, assistant, vispec, text_only, gpu_tree, eos)
+    methods = build_methods(target, assistant, vispec, text_only, gpu_tree, eos, eagle3)
     counter = CallCounter(target)
     n_image = int((samples[0]["input_ids"] == target.config.image_token_id).sum())
     print(f"{len(samples)} scenes, {samples[0]['input_ids'].shape[1]} prompt tokens "
@@ -204,8 +215,12 @@ def main():
             raise AssertionError(f"{name}: {counter.calls} target calls but {stats.rounds} rounds")
         return seqs, stats, log, seconds, counter.calls
 
-    for name in methods:  # warm-up: lazy imports and allocator growth, not timed
-        run(name, samples[0], 8)
+    # warm-up: lazy imports, allocator growth and the engine's admission probe (once per target,
+    # `decoding/admission.py`: target forwards that are no round's, so this call's count is not
+    # checked against SpecStats, as in text.py)
+    for name in methods:
+        with torch.no_grad():
+            methods[name](samples[0], 8)
     totals = {name: Total() for name in methods}
     for i, inputs in enumerate(samples):
         best = {}
@@ -273,6 +288,13 @@ def main():
             + (f"it uses its image, and the text-only drafter's τ (without the bonus) is "
                f"{1 / ratio:.2f}× ViSpec's." if uses_image else
                "it hardly uses its image, so there is little for ViSpec to gain on."))
+    if EAGLE3 in totals:
+        e3 = totals[EAGLE3]
+        lines.append(
+            f"- EAGLE-3 (`{args.eagle3}`, the same tree; no image compression, three target "
+            f"layers' features): τ {e3.tau:.2f} against ViSpec's {vis.tau:.2f} and the text-only "
+            f"drafter's {txt.tau:.2f} (with the bonus), {ref_s / e3.seconds:.2f}× over "
+            f"target-only against ViSpec's {speed:.2f}×.")
     per_token = ref_s / totals[REF].new_tokens * 1e3
     round_ms = (vis.draft_time + vis.verify_time + vis.engine_time) / vis.rounds * 1e3
     lines.append(f"- Where ViSpec's time goes: a round costs about {round_ms:.1f} ms "
@@ -283,8 +305,9 @@ def main():
     params = sum(p.numel() for p in target.parameters()) / 1e6
     body = "\n".join([
         (f"Zoo VLM `{args.target}` (tiny LLaVA, {params:.1f}M parameters, {n_image} image "
-         f"tokens per image), drafters `{args.vispec}` and `{args.text_drafter}` (trained with "
-         f"`mmspec.vision.train`), HF assistant `{args.assistant}`; "
+         f"tokens per image), drafters `{args.vispec}`, `{args.text_drafter}`"
+         + (f" and `{args.eagle3}` (EAGLE-3)" if args.eagle3 else "")
+         + f" (trained with `mmspec.vision.train`), HF assistant `{args.assistant}`; "
          f"fp32, batch 1, greedy, {args.threads} thread(s). {len(samples)} held-out scenes, "
          f"question {prompt!r}, {args.new_tokens} new tokens at most, best of {args.repeats}. "
          f"The zoo drafters draft a {ZOO_TREE['total_tokens'] - 1}-token tree of depth "

@@ -3,6 +3,7 @@
 
     mmspec generate                                  zoo VLM + ViSpec drafter on the sample scene
     mmspec generate --drafter text-only              ... with the text-only drafter (the ablation)
+    mmspec generate --drafter eagle3                 ... with its EAGLE-3 drafter (vlm-eagle3)
     mmspec generate --image scene.png --prompt "What colour is the circle?"
     mmspec generate --target text                    zoo text pair, diffusion drafter (CPS + ADL
                                                      with a CPU-sized block, prefix KV cache)
@@ -202,6 +203,8 @@ def model_folder(flag: str, path: str) -> None:
 
 # zoo entries that are no target, and what to do with them instead
 _NOT_TARGETS = {"vispec": "a ViSpec drafter: pass it as --drafter vispec:PATH with --target "
+                          "{target}",
+                "eagle3": "an EAGLE-3 drafter: pass it as --drafter eagle:PATH with --target "
                           "{target}",
                 "video-dit": "a video DiT: python -m mmspec.video_dit.generate --model PATH "
                              "makes videos with it"}

@@ -112,17 +112,22 @@ class EagleDrafter(nn.Module):
         return drafter.to(device=weight.device, dtype=weight.dtype)
 
     def save_pretrained(self, path, format: str = "speculators", *,
-                        verifier: str | None = None) -> Path:
+                        verifier: str | None = None, embedding: bool = True,
+                        dtype: torch.dtype | None = None) -> Path:
         """Write this EAGLE-3 drafter to the folder `path` in the speculators format, which
         `vllm serve PATH` serves and `EagleDrafter.from_pretrained` loads back.
 
         verifier: the target's Hugging Face id or path, recorded as the verifier vLLM loads;
-        default the target's `name_or_path` (None when it has none)."""
+        default the target's `name_or_path` (None when it has none).
+        embedding: write `embed_tokens.weight` (the target's, frozen). False leaves it out, as
+        SafeAILab's EAGLE-3 checkpoints do (their loader takes the target's), for a smaller
+        folder that `from_pretrained` binds to the target's embedding (the zoo's entries).
+        dtype: the weights' dtype on disk (default: the drafter's)."""
         if format != "speculators":
             raise ValueError(f"format must be 'speculators', got {format!r}")
         if verifier is None:
             verifier = getattr(self.target.config, "name_or_path", "") or None
-        return write_speculators(self, path, verifier)
+        return write_speculators(self, path, verifier, embedding=embedding, dtype=dtype)
 
     # --- the drafter contract ---
 

@@ -27,8 +27,9 @@ Choices and refusals:
   output before the final norm, which speculators allows) is refused: transformers' entry L is
   after the norm.
 - `speculative_tokens` is the drafter's `depth` (vLLM drafts a chain that long by default).
-- `embed_tokens.weight` is always written, so the folder does not depend on the verifier's
-  files; speculators and vLLM use it rather than the verifier's.
+- `embed_tokens.weight` is written by default, so the folder does not depend on the verifier's
+  files; speculators and vLLM use it rather than the verifier's. `embedding=False` leaves it
+  out (as SafeAILab's EAGLE-3 folders, whose loader takes the target's; the zoo's entries).
 - On load, a variant flag set true, a `transformer_layer_config` with biases, a `head_dim` other
   than hidden_size / heads, or more than one layer is refused (mmspec's head has none of these).
 """
@@ -50,8 +51,11 @@ def is_speculators(fields: dict) -> bool:
     return "speculators_model_type" in fields
 
 
-def write_speculators(drafter, path, verifier: str | None) -> Path:
-    """Write `drafter` (an EAGLE-3 `EagleDrafter`) to the folder `path`; see the module doc."""
+def write_speculators(drafter, path, verifier: str | None, embedding: bool = True,
+                      dtype: torch.dtype | None = None) -> Path:
+    """Write `drafter` (an EAGLE-3 `EagleDrafter`) to the folder `path`; see the module doc.
+    embedding False: without `embed_tokens.weight`; dtype: the floating weights' dtype on disk
+    (None: the drafter's)."""
     cfg = drafter.config
     if cfg.arch != "eagle3":
         raise ValueError(f"format: 'speculators' holds EAGLE-3 drafters only (speculators "
@@ -60,10 +64,12 @@ def write_speculators(drafter, path, verifier: str | None) -> Path:
     target_config = drafter.target.config
     text = target_config.get_text_config(decoder=True)
     head = drafter.head
-    weight = head.fc.weight
+    dtype = head.fc.weight.dtype if dtype is None else dtype
     state = {(LAYER_PREFIX[1] + k[len(LAYER_PREFIX[0]):] if k.startswith(LAYER_PREFIX[0]) else k):
-             v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    state["embed_tokens.weight"] = drafter.embed_weight.to(weight.dtype).cpu().contiguous()
+             (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
+             for k, v in head.state_dict().items()}
+    if embedding:
+        state["embed_tokens.weight"] = drafter.embed_weight.to(dtype).cpu().contiguous()
     if "d2t" in state:
         t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         t2d[torch.arange(cfg.draft_vocab_size) + state["d2t"]] = True
@@ -91,7 +97,7 @@ def write_speculators(drafter, path, verifier: str | None) -> Path:
         "eagle_aux_hidden_state_layer_ids": list(cfg.feature_layers),
         **{flag: False for flag in VARIANT_FLAGS},
         "embed_requires_grad": False,
-        "torch_dtype": str(weight.dtype).removeprefix("torch."),
+        "torch_dtype": str(dtype).removeprefix("torch."),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.depth,

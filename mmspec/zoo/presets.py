@@ -1,7 +1,8 @@
 """Ready-to-run zoo set-ups: a target, its inputs and its drafters, as `make run`, the demos and the
 benchmarks use them. Every preset reads `assets/zoo/` only (no network).
 
-    vlm_preset()   the zoo VLM (tiny LLaVA) on its sample scene, drafters ViSpec / text-only
+    vlm_preset()   the zoo VLM (tiny LLaVA) on its sample scene, drafters ViSpec / text-only /
+                   EAGLE-3
     text_preset()  the zoo text target on a held-out stdlib window, drafters DLM (CPS+ADL) / AR / PLD
 """
 
@@ -53,12 +54,13 @@ def vlm_preset(image: str | Path | None = None, prompt: str | None = None) -> Pr
                                                                     "Describe the image.")
     inputs = vlm_inputs(processor, open_image(image_path), prompt)
 
-    def vispec(name):
+    def bound(name):  # a zoo drafter bound to this target
         return lambda: load(name, target=target).model
 
     return Preset(
         name="vlm", target=target, tokenizer=processor.tokenizer, inputs=inputs,
-        drafters={"vispec": vispec("vlm-vispec"), "text-only": vispec("vlm-text-drafter")},
+        drafters={"vispec": bound("vlm-vispec"), "text-only": bound("vlm-text-drafter"),
+                  "eagle3": bound("vlm-eagle3")},
         default_drafter="vispec", eos_token_id=processor.tokenizer.eos_token_id,
         description=(f"zoo VLM `vlm-target` on {_shown(image_path)}, question {prompt!r}"),
         extras={"image": image_path, "prompt": prompt})

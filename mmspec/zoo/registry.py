@@ -3,7 +3,8 @@
 An entry is a folder of `assets/zoo/` holding a `card.json` whose `kind` has a loader here.
 Weights are safetensors only (fp16 on disk, upcast to float32 on load for CPU speed).
 VLM entries: `vlm-target` (LLaVA, with its `LlavaProcessor`), `vlm-assistant` (text-only Llama for
-HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bound to a target).
+HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bound to a target),
+`vlm-eagle3` (an EAGLE-3 `EagleDrafter`, bound alike).
 """
 
 from __future__ import annotations
@@ -196,8 +197,27 @@ def _load_vispec(name: str, directory: Path, card: dict,
                     path=directory)
 
 
+def _load_eagle3(name: str, directory: Path, card: dict,
+                 target: Optional[torch.nn.Module] = None) -> ZooModel:
+    """An `EagleDrafter` (EAGLE-3, speculators format without the embedding: the target's) bound
+    to `target`, drafting the zoo's CPU tree."""
+    from mmspec.vision import EagleDrafter  # the text zoo loads without the vision stack
+
+    target_dir = directory.parent / card["target"]
+    if target is None:
+        target = load(card["target"], directory.parent).model
+    drafter = EagleDrafter.from_pretrained(directory, target, **ZOO_TREE).eval()
+    vlm = read_card(target_dir).get("kind") == "vlm"
+    tokenizer = load_processor(target_dir) if vlm else load_tokenizer(target_dir)
+    return ZooModel(name, drafter, tokenizer, card, path=directory)
+
+
 _LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "vlm": _load_vlm,
-            "vlm-assistant": _load_assistant, "vispec": _load_vispec, "video-dit": _load_video}
+            "vlm-assistant": _load_assistant, "vispec": _load_vispec, "eagle3": _load_eagle3,
+            "video-dit": _load_video}
+
+
+_BOUND = ("vispec", "eagle3")  # drafters bound to an already loaded target (`load(target=)`)
 
 
 def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
@@ -221,7 +241,8 @@ def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
 
 
 # card fields each kind's loader reads, beyond `kind`
-_CARD_FIELDS = {"video-dit": (("training", "shift"),), "vispec": (("target",),)}
+_CARD_FIELDS = {"video-dit": (("training", "shift"),), "vispec": (("target",),),
+                "eagle3": (("target",),)}
 
 
 def _check_card(directory: Path, card: dict) -> None:
@@ -263,9 +284,9 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`, or the entry folder
     `name` itself (a path to a folder with a `card.json`; its parent is then the zoo folder).
 
-    `target`: ViSpec drafters only (`vlm-vispec`, `vlm-text-drafter`): the already loaded target
-    to bind the drafter to (it must be the card's target; its embedding signature is checked).
-    None loads the target named in the card.
+    `target`: ViSpec and EAGLE-3 drafters only (`vlm-vispec`, `vlm-text-drafter`,
+    `vlm-eagle3`): the already loaded target to bind the drafter to (it must be the card's
+    target). None loads the target named in the card.
     """
     zoo_dir = Path(zoo_dir)
     if (Path(name) / "card.json").is_file() and (isinstance(name, Path) or "/" in str(name)):
@@ -277,12 +298,12 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     directory = zoo_dir / name
     card = read_card(directory)
     _check_card(directory, card)
-    if target is not None and card["kind"] != "vispec":
-        raise ValueError(f"target: only ViSpec drafters are bound to a target; {name!r} is a "
-                         f"{card['kind']!r} entry")
+    if target is not None and card["kind"] not in _BOUND:
+        raise ValueError(f"target: only ViSpec and EAGLE-3 drafters are bound to a target; "
+                         f"{name!r} is a {card['kind']!r} entry")
     with _no_loading_bars():
-        if card["kind"] == "vispec":
-            return _load_vispec(name, directory, card, target)
+        if card["kind"] in _BOUND:
+            return _LOADERS[card["kind"]](name, directory, card, target)
         return _LOADERS[card["kind"]](name, directory, card)
 
 

@@ -40,20 +40,17 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic, write_text_atomic
-from mmspec.decoding.settings import eos_ids
 from mmspec.interrupt import run_command
 from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_old_format, refuse_other_run, refuse_past_steps,
                                    run_refusals_as_exit, saved_model_state)
 from mmspec.vision import ViSpecDrafter
 from mmspec.vision.train import (
-    AnswerCache,
     TrainConfig,
     _checkpoint_dirs,
-    _key,
     held_out_tau,
+    precompute_answers,
     refuse_to_overwrite,
-    target_fingerprint,
     train,
 )
 from mmspec.zoo.cards import write_card
@@ -503,36 +500,6 @@ def drafter_samples(processor, seeds) -> list[dict]:
         inputs = vlm_inputs(processor, render_scene(scene), question)
         out.append({"input_ids": inputs["input_ids"], "pixel_values": inputs["pixel_values"]})
     return out
-
-
-@torch.no_grad()
-def precompute_answers(target, samples: list, max_new_tokens: int, cache_path: Path,
-                       save_every_s: float = 120.0) -> None:
-    """Fill `mmspec.vision.train`'s answer cache: greedy answers, prompts of equal length batched
-    (no padding, so each row is the answer `target.generate` gives it alone: cut after its first
-    EOS, any of them when the generation config lists several). Saved every `save_every_s`
-    seconds as `target_answers` does: a rerun makes only the missing answers."""
-    cache = AnswerCache(cache_path, save_every_s)
-    fingerprint = target_fingerprint(target)  # the keys `target_answers` reads them under
-    keys = [_key(i, s, max_new_tokens, fingerprint) for i, s in enumerate(samples)]
-    groups: dict = {}
-    for i, s in enumerate(samples):
-        if keys[i] not in cache:
-            groups.setdefault(s["input_ids"].shape[1], []).append(i)
-    eos = eos_ids(target, None)  # the generation config's: None, an id or a list of ids
-    todo = [idx[j:j + 16] for idx in groups.values() for j in range(0, len(idx), 16)]
-    try:
-        for chunk in tqdm(todo, desc="target answers", file=sys.stdout, mininterval=10):
-            ids = torch.cat([samples[i]["input_ids"] for i in chunk])
-            pixels = torch.cat([samples[i]["pixel_values"] for i in chunk])
-            out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  pixel_values=pixels, do_sample=False,
-                                  max_new_tokens=max_new_tokens)
-            for row, i in zip(out[:, ids.shape[1]:].cpu(), chunk):
-                stop = torch.isin(row, eos).nonzero()
-                cache.add(keys[i], (row[:int(stop[0]) + 1] if len(stop) else row).clone())
-    finally:  # an interrupt (Ctrl-C) keeps every answer made; a kill, those of the last save
-        cache.save()
 
 
 def answers_cache_path(out: Path, spec: DrafterSpec, target_dir: Path) -> Path:

@@ -122,7 +122,7 @@ SPECS = {
                 intermediate_size=576, steps=1000, lr=1e-3, warmup=20,
                 init_from="50c0e3b:assets/zoo/vlm-target", freeze_vision=True,
                 colour_share=0.5, image_word_loss=0.3,
-                drafters=("vlm-vispec", "vlm-text-drafter", "vlm-assistant")),
+                drafters=("vlm-vispec", "vlm-text-drafter", "vlm-eagle3", "vlm-assistant")),
         # HF assisted-generation baseline: same tokenizer, sees the prompt's <image> tokens as text
         VLMSpec("vlm-assistant", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                 intermediate_size=384, steps=500, vision_layers=0),

@@ -369,6 +369,9 @@ def test_a_drafter_folder_as_the_target_is_named_in_full(tmp_path):
     with pytest.raises(SystemExit, match=r"^--target .*vlm-vispec is a ViSpec drafter: pass it "
                                          r"as --drafter vispec:PATH with --target vlm-target$"):
         main(["generate", "--target", "vlm-vispec", "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"^--target .*vlm-eagle3 is an EAGLE-3 drafter: pass it "
+                                         r"as --drafter eagle:PATH with --target vlm-target$"):
+        main(["generate", "--target", "vlm-eagle3", "--device", "cpu"])
     # without its card: transformers' multi-line message was cut after "... from one of: "
     bare = tmp_path / "drafter"
     shutil.copytree(ZOO_DIR / "vlm-vispec", bare, ignore=shutil.ignore_patterns("card.json"))

@@ -2,6 +2,8 @@
 training-time test equal to the drafter's own tree forward, and a tiny run that trains, saves,
 loads back with `EagleDrafter.from_pretrained` and decodes exactly as `target.generate`."""
 
+import json
+
 import torch
 import torch.nn.functional as F
 from tiny_vlms import IMAGE, _seeded, _text_config, _vision_config, llava_prompt, no_eos
@@ -134,7 +136,8 @@ def test_the_command_line_trains_a_causal_lm_target(llama, tmp_path, capsys):
     main(["--arch", "eagle3", "--target", str(tmp_path / "target"), "--data",
           str(tmp_path / "data.pt"), "--out", str(tmp_path / "run"), "--steps", "3",
           "--answer-tokens", "8", "--draft-vocab-size", "40", "--held-out", "0",
-          "--eval-every", "0"])
+          "--eval-every", "0", "--batched-answers"])
+    assert len(torch.load(tmp_path / "run" / "answers.pt", weights_only=True)) == 4
     loaded = EagleDrafter.from_pretrained(tmp_path / "run", llama)
     assert loaded.config.draft_vocab_size == 40 and loaded.config.feature_layers == (1, 2, 3)
     with pytest.raises(SystemExit):
@@ -164,3 +167,23 @@ def test_resume_continues_exactly(llama, tmp_path, monkeypatch, interrupt_on_cal
     assert len(losses) == 3  # steps 4-6 only
     a, b = full.head.state_dict(), resumed.head.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the run's log.jsonl (read by model cards): step 4, made before the kill and again after
+    # it, once, with the resumed run's loss, which is the uninterrupted run's
+    logged = [[json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+              for run in ("full", "cut")]
+    assert [r["step"] for r in logged[1]] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in logged[1]] == [r["loss"] for r in logged[0]]
+    assert [r["loss"] for r in logged[1][3:]] == losses
+
+
+def test_batched_answers_of_text_prompts_are_the_target_alone(llama, tmp_path):
+    # precompute_answers batches prompts of equal length (no padding); a causal LM's samples
+    # carry input_ids alone (the VLM ones add pixel_values)
+    from mmspec.vision.train import precompute_answers, target_answers
+
+    samples = [{"input_ids": p} for p in _prompts(5, 3)] + [{"input_ids": _prompts(1, 4, 9)[0]}]
+    precompute_answers(llama, samples, 8, tmp_path / "answers.pt")
+    cached = target_answers(llama, samples, 8, tmp_path / "answers.pt")
+    alone = target_answers(llama, samples, 8, None)  # made one by one, nothing cached
+    assert all(torch.equal(a, b) for a, b in zip(cached, alone))
+    assert len(torch.load(tmp_path / "answers.pt", weights_only=True)) == 6

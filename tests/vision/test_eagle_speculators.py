@@ -52,6 +52,22 @@ def test_round_trip_drafts_the_authors_chain(target, tmp_path, embed):
     assert torch.equal(out, ref)
 
 
+def test_a_folder_without_the_embedding_in_fp16_binds_the_targets(target, tmp_path):
+    # the zoo's entries: no embed_tokens.weight (the target's is taken), fp16 on disk
+    drafter, state, _ = _saved(target, tmp_path)
+    path = drafter.save_pretrained(tmp_path / "small", embedding=False, dtype=torch.float16)
+    weights = load_file(str(path / "model.safetensors"))
+    assert "embed_tokens.weight" not in weights and weights["d2t"].dtype == torch.long
+    assert {v.dtype for k, v in weights.items() if k not in ("d2t", "t2d")} == {torch.float16}
+    assert json.loads((path / "config.json").read_text())["torch_dtype"] == "float16"
+    assert torch.equal(weights["fc.weight"], state["fc.weight"].half())
+    loaded = EagleDrafter.from_pretrained(path, target, depth=4, top_k=1, total_tokens=6)
+    assert torch.equal(loaded.embed_weight, target.get_input_embeddings().weight)
+    assert not torch.equal(drafter.embed_weight, loaded.embed_weight)  # the folder's own, before
+    ref = target.generate(IDS, do_sample=False, max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(_first_chain(target, loaded)[1], ref)
+
+
 def test_the_layer_ids_in_the_config_are_the_features_read(target, tmp_path):
     _, _, path = _saved(target, tmp_path)
     fields = json.loads((path / "config.json").read_text())

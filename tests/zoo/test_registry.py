@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,16 +69,52 @@ def test_unknown_name_lists_the_available_ones():
         mmspec.zoo.load("text-gpt")
 
 
+def stored_bytes(files, zoo_dir=ZOO_DIR) -> int:
+    """Bytes on disk of `files`, each real file once: the zoo shares its tokenizers through
+    relative symlinks (text-target/tokenizer.json -> ../text-tokenizer/tokenizer.json). A link
+    out of `zoo_dir` fails: the zoo would not hold what it needs."""
+    real = set()
+    for f in files:
+        resolved = f.resolve()
+        assert resolved.is_relative_to(zoo_dir.resolve()), f"{f} links out of the zoo: {resolved}"
+        if resolved.is_file():
+            real.add(resolved)
+    return sum(f.stat().st_size for f in real)
+
+
 def test_text_zoo_fits_its_budget():
-    total = sum(f.stat().st_size for name in (*TEXT, "text-tokenizer")
-                for f in (ZOO_DIR / name).iterdir())
+    total = stored_bytes(f for name in (*TEXT, "text-tokenizer")
+                         for f in (ZOO_DIR / name).iterdir())
     assert total <= 26e6, f"text zoo takes {total / 1e6:.1f} MB, budget 26 MB"
 
 
 def test_the_whole_zoo_fits_in_40_mb():
     """The issue's budget: every file under assets/zoo/, all models together."""
-    total = sum(f.stat().st_size for f in ZOO_DIR.rglob("*") if f.is_file())
+    total = stored_bytes(ZOO_DIR.rglob("*"))
     assert total <= 40e6, f"assets/zoo takes {total / 1e6:.1f} MB, budget 40 MB"
+
+
+def test_the_budget_counts_a_shared_file_once_and_refuses_links_out(tmp_path):
+    zoo = tmp_path / "zoo"
+    (zoo / "a").mkdir(parents=True)
+    (zoo / "b").mkdir()
+    (zoo / "a" / "tokenizer.json").write_bytes(b"x" * 100)
+    (zoo / "b" / "tokenizer.json").symlink_to("../a/tokenizer.json")
+    assert stored_bytes(zoo.rglob("*"), zoo) == 100
+    (tmp_path / "outside.json").write_bytes(b"y" * 10)
+    (zoo / "b" / "config.json").symlink_to("../../outside.json")
+    with pytest.raises(AssertionError, match="links out of the zoo"):
+        stored_bytes(zoo.rglob("*"), zoo)
+
+
+def test_shared_files_are_links_every_entry_loads_through():
+    # AutoTokenizer / the processor read through the links: each entry's tokenizer is whole
+    from transformers import AutoTokenizer
+
+    links = sorted(f for f in ZOO_DIR.rglob("*") if f.is_symlink())
+    assert links and all(not Path(os.readlink(f)).is_absolute() for f in links)
+    for folder in sorted({f.parent for f in links}):
+        assert len(AutoTokenizer.from_pretrained(str(folder), local_files_only=True)) > 100
 
 
 def test_zoo_dir_may_be_a_string(tmp_path):

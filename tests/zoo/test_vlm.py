@@ -33,7 +33,7 @@ from mmspec.zoo.vlm_data import image_word_loss, scene_batch, train_seeds, word_
 from mmspec.zoo.vlm_processor import load_processor
 from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
 
-VLM = ("vlm-assistant", "vlm-target", "vlm-text-drafter", "vlm-vispec")
+VLM = ("vlm-assistant", "vlm-eagle3", "vlm-target", "vlm-text-drafter", "vlm-vispec")
 FRESH = range(HELDOUT_START + 20_000, HELDOUT_START + 20_006)  # in no card's slice
 
 
@@ -47,7 +47,8 @@ def test_vlm_entries_are_listed_and_load_offline(monkeypatch, target):
     assert set(VLM) <= set(mmspec.zoo.available())
     assert isinstance(target.model, LlavaForConditionalGeneration)
     assert isinstance(target.tokenizer, LlavaProcessor)
-    assert set(target.drafters) == {"vlm-vispec", "vlm-text-drafter", "vlm-assistant"}
+    assert set(target.drafters) == {"vlm-vispec", "vlm-text-drafter", "vlm-eagle3",
+                                    "vlm-assistant"}
     assert "sample_prompt" in target.card and (ZOO_DIR / "vlm-target" / "sample.png").is_file()
     assert isinstance(mmspec.zoo.load("vlm-assistant").model, LlamaForCausalLM)
     alone = mmspec.zoo.load("vlm-vispec")  # loads the card's target itself
@@ -56,8 +57,24 @@ def test_vlm_entries_are_listed_and_load_offline(monkeypatch, target):
     assert bound.model.config.text_only and bound.model.adapter.target is target.model
 
 
+def test_the_eagle3_entry_is_an_eagle_drafter_on_the_targets_embedding(target):
+    from mmspec import EagleDrafter
+    from mmspec.zoo.registry import ZOO_TREE
+
+    bound = mmspec.zoo.load("vlm-eagle3", target=target.model)
+    drafter = bound.model
+    assert isinstance(drafter, EagleDrafter) and drafter.target is target.model
+    assert drafter.config.arch == "eagle3" and not drafter.training
+    assert (drafter.config.depth, drafter.config.top_k) == (ZOO_TREE["depth"], ZOO_TREE["top_k"])
+    # shipped without the embedding: the drafter reads the target's
+    assert "embed_tokens.weight" not in load_file(str(ZOO_DIR / "vlm-eagle3" /
+                                                      "model.safetensors"))
+    assert torch.equal(drafter.embed_weight, target.model.get_input_embeddings().weight)
+    assert isinstance(bound.tokenizer, LlavaProcessor) and bound.card["target"] == "vlm-target"
+
+
 def test_only_drafters_take_a_target(target):
-    with pytest.raises(ValueError, match="target: only ViSpec drafters"):
+    with pytest.raises(ValueError, match="target: only ViSpec and EAGLE-3 drafters"):
         mmspec.zoo.load("vlm-assistant", target=target.model)
 
 
@@ -118,7 +135,7 @@ def test_held_out_loss_matches_the_card(target):
     assert loss <= target.card["results"]["heldout_loss"] + 0.02
 
 
-@pytest.mark.parametrize("name", ["vlm-vispec", "vlm-text-drafter"])
+@pytest.mark.parametrize("name", ["vlm-vispec", "vlm-text-drafter", "vlm-eagle3"])
 def test_vispec_greedy_equals_the_target_alone(target, name):
     drafter = mmspec.zoo.load(name, target=target.model).model
     inputs = mmspec.zoo.vlm_inputs(target.tokenizer, render(FRESH[0]), "Describe the image.")
