@@ -154,8 +154,9 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
     scheduler = FlowMatchEulerDiscreteScheduler(shift=card["training"]["shift"])
     pipe = PixelWanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
                             transformer=transformer, scheduler=scheduler)
-    spec = card["spec"]
-    pipe.trained_grid = (spec["frames"], spec["height"], spec["width"])
+    spec = card["spec"]  # a card from before multi-grid training names one grid, in its spec
+    grids = card["training"].get("grids", [[spec["frames"], spec["height"], spec["width"]]])
+    pipe.trained_grids = tuple(tuple(g) for g in grids)
     pipe.card_path = directory / "card.json"
     return ZooModel(name, pipe, tokenizer, card, path=directory)
 
