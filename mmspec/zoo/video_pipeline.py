@@ -68,16 +68,22 @@ class PixelWanPipeline(DiffusionPipeline):
         self.card_path: Path | None = None
         self._warned: set = set()
 
+    def off_grid_message(self, grid: tuple[int, int, int]) -> str | None:
+        """The line a call at (frames, height, width) `grid` warns with, None at a trained size
+        (or for a pipeline no card has set sizes on); the demo shows it too."""
+        if not self.trained_grids or tuple(grid) in self.trained_grids:
+            return None
+        trained = ", ".join(f"{f} frames of {h}x{w}" for f, h, w in self.trained_grids)
+        return (f"{grid[0]} frames of {grid[1]}x{grid[2]}: this video DiT was trained on "
+                f"{trained} only ({self.card_path}, training.grids); expect noise at other sizes")
+
     def _warn_off_grid(self, grid: tuple[int, int, int]) -> None:
         """One line, once per size: away from its training sizes the zoo DiT may make noise (a
         DiT trained on 4 frames of 32x32 made dark noise at 9 frames of 64x64, without a word)."""
-        if not self.trained_grids or grid in self.trained_grids or grid in self._warned:
-            return
-        self._warned.add(grid)
-        trained = ", ".join(f"{f} frames of {h}x{w}" for f, h, w in self.trained_grids)
-        logger.warning(f"{grid[0]} frames of {grid[1]}x{grid[2]}: this video DiT was trained on "
-                       f"{trained} only ({self.card_path}, training.grids); expect noise at "
-                       f"other sizes")
+        message = self.off_grid_message(grid)
+        if message is not None and grid not in self._warned:
+            self._warned.add(grid)
+            logger.warning(message)
 
     @property
     def current_timestep(self):
