@@ -45,7 +45,7 @@ from mmspec.video_dit.compare import psnr, ssim
 from mmspec.video_dit.processors import _wan_rope
 from mmspec.video_dit.video_io import to_uint8
 from mmspec.zoo.paths import ZOO_DIR
-from mmspec.zoo.registry import load
+from mmspec.zoo.registry import ZOO_VIDEO_TILE, load
 
 PLOTS = Path(__file__).resolve().parent / "plots"
 PROMPTS = ("a red circle moving right", "a blue square moving down", "a yellow triangle moving left",
@@ -288,7 +288,7 @@ def model_steps(card: dict) -> int:
     return steps + (model_steps(card["init_from"]["card"]) if "init_from" in card else 0)
 
 
-def plot(rows, videos, out_dir: Path) -> list[Path]:
+def plot(rows, videos, out_dir: Path, grid, tile) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -303,7 +303,8 @@ def plot(rows, videos, out_dir: Path) -> list[Path]:
     ax.axhline(25, color="grey", ls=":", label="bar 25 dB")
     ax.set_xlabel("kept-block density in sparse layers")
     ax.set_ylabel("PSNR vs dense (dB)")
-    ax.set_title("video-dit, 4x16x16 tokens, 4x4 tiles")
+    ax.set_title(f"video-dit, {grid[0]}x{grid[1]}x{grid[2]} tokens, {tile[0]}x{tile[1]} tiles "
+                 f"(the zoo preset's)")
     ax.legend()
     ax.grid(alpha=0.3)
     paths = [out_dir / "video_density_psnr.png"]
@@ -366,7 +367,7 @@ def main() -> None:
     else:
         prompts, steps, sparsities, big, big_steps = PROMPTS[:4], 20, (0.5, 0.75, 0.9, 0.95), (16, 64, 64), 5
         capture_steps = (6, 10, 15, 19)  # the sparse steps (0-5 are the 30% dense warm-up)
-    tile, big_tile = (4, 4), (8, 16)
+    tile, big_tile = ZOO_VIDEO_TILE, (8, 16)  # the zoo's tile (video_dit.generate's on it)
     if tiles:
         body = tile_report(pipe, prompts, size, grid, steps, tiles, capture_steps)
         print(body)
@@ -513,7 +514,7 @@ def main() -> None:
     print(real)
     print(f"quality + capture + fidelity took {quality_s:.0f} s")
     if args.plot:
-        for path in plot(qrows, videos, PLOTS):
+        for path in plot(qrows, videos, PLOTS, grid, tile):
             print("wrote", path)
         body += ("\nCharts: `benchmarks/plots/video_density_psnr.png` (PSNR vs density), "
                  "`benchmarks/plots/video_frames.png` (dense vs global-mode sparse frames, "

@@ -179,6 +179,12 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
 # top-2 tree gave tau 7.3 / 1.6-1.8x in an unrecorded sweep on earlier drafters.)
 ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 
+# DraftAttention's tile (latent tokens) for the zoo video DiT, whose frames are 16x16 or 32x32
+# tokens: `video_dit.generate`'s default on it, the demo's and BENCHMARKS.md `video`'s (its plot
+# names it). The paper's (8, 16), sized for Wan's 30x52-token frames, leaves 2 tiles a 32x32
+# frame here: 21.5 dB at 90% on the previous zoo DiT's training grid, against 26.7 dB with (4, 4).
+ZOO_VIDEO_TILE = (4, 4)
+
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
 # tokens costs about one decode step). Here verifying 20 tokens costs 2.0 decode steps and the DLM
 # commits ~2.5 tokens a round, so a short block is cheaper at almost the same tau (BENCHMARKS.md
