@@ -4,7 +4,8 @@ selection on its real attention maps (issue 3).
     python benchmarks/video.py [--write] [--plot] [--quick] [--threads 1]
 
 1. Quality: `mmspec.zoo.load("video-dit")` generates the same prompts from the same seeds at its
-   training grid (4 frames of 32x32 pixels = 4x16x16 tokens, (4, 4) tiles = 64 draft tokens),
+   default grid, the first it was trained on (4 frames of 32x32 pixels = 4x16x16 tokens, the
+   zoo's (4, 4) tiles = 64 draft tokens; `benchmarks/video_grids.py` covers the other sizes),
    20 Euler steps, CFG 3, dense and with DraftAttention (default warm-up: 30% dense steps, layer
    0 dense) at several sparsities, modes global and row. PSNR and SSIM of each sparse video
    against its dense twin (`mmspec.video_dit.compare`). Bar: PSNR >= 25 dB at 90% sparsity.
@@ -376,6 +377,8 @@ def main() -> None:
                           "against the tile size (`benchmarks/video.py --tiles`)", body)
         return
     bn = big[0] * (big[1] // 2) * (big[2] // 2)
+    trained_tokens = ", ".join(f"{f}x{h // 2}x{w // 2}" for f, h, w in pipe.trained_grids) + (
+        " tokens")
     load0 = os.getloadavg()
 
     t0 = time.time()
@@ -405,7 +408,7 @@ def main() -> None:
         f"{pipe.transformer.config.num_layers} layers, {heads(pipe)} of "
         f"{pipe.transformer.config.attention_head_dim}). Threads: {args.threads}. "
         f"Load average at the start: {load0[0]:.1f} on {os.cpu_count()} CPUs (shared machine).\n\n"
-        f"### 1. Quality at the training grid ({size[0]} frames {size[1]}x{size[2]} = "
+        f"### 1. Quality at the default grid ({size[0]} frames {size[1]}x{size[2]} = "
         f"{grid[0]}x{grid[1]}x{grid[2]} = {grid[0] * grid[1] * grid[2]:,} tokens, {tile[0]}x{tile[1]}"
         f" tiles = {grid[0] * grid[1] * grid[2] // (tile[0] * tile[1])} draft tokens)\n\n"
         f"{len(prompts)} prompts, seeds 0..{len(prompts) - 1}, {steps} Euler steps, CFG 3 (batch 2), "
@@ -439,10 +442,9 @@ def main() -> None:
             f"({n_sparse} of {n_calls} self-attention calls sparse). Each `attn1` forward is timed "
             f"(projections included). Small problems do not get faster on a CPU (below 2^18 "
             f"q·kv the kernel is dense masked SDPA), hence this grid, "
-            f"{bn / (grid[0] * grid[1] * grid[2]):g}x the training grid: the model was trained "
-            f"on {grid[0]}x{grid[1]}x{grid[2]} tokens, so this is timing at a size it "
-            f"extrapolates to through RoPE, and its PSNR is against the dense output at the same "
-            f"size. Load "
+            f"{bn / (grid[0] * grid[1] * grid[2]):g}x the grid of section 1: the model was "
+            f"trained on {trained_tokens}, so this is timing at a size it extrapolates to "
+            f"through RoPE, and its PSNR is against the dense output at the same size. Load "
             f"average at the start of this part: {load1[0]:.1f}; dense share of the end-to-end "
             f"time spent in self-attention: {100 * srows[0]['attn_share_dense']:.0f}%.\n\n"
             + s_table
