@@ -346,3 +346,14 @@ def test_grids_option_refuses_malformed_grids(text, capsys):
     with pytest.raises(SystemExit):
         train_video.main(["--micro", "--grids", text])
     assert "argument --grids: " in (err := capsys.readouterr().err) and repr(text) in err
+
+
+def test_a_card_from_before_multi_grid_training_names_its_spec_grid(entry, tmp_path):
+    import shutil
+
+    shutil.copytree(entry.path, tmp_path / "video-dit")
+    card = json.loads((tmp_path / "video-dit" / "card.json").read_text())
+    del card["training"]["grids"]
+    card["spec"].update(frames=2, height=16, width=24)
+    (tmp_path / "video-dit" / "card.json").write_text(json.dumps(card))
+    assert mmspec.zoo.load("video-dit", tmp_path).model.trained_grids == ((2, 16, 24),)
