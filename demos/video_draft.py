@@ -217,10 +217,11 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                   f"**{result.sparse_seconds:.2f} s** "
                   f"({result.dense_seconds / result.sparse_seconds:.2f}x), mean attention density "
                   f"{result.density:.2f}, PSNR {psnr(result.dense, result.sparse):.1f} dB")
+        if not result.maps:
+            status += " (no sparse step or layer in this run: no draft map to show)"
         if off_grid:  # the zoo model outside the sizes it was trained on
             status += f"\n\n⚠️ {off_grid}"
         if not result.maps:
-            status += " (no sparse step or layer in this run: no draft map to show)"
             return str(paths[0]), str(paths[1]), status, None, *[gr.skip()] * 4
         keys = sorted(result.maps)
         steps_seen = sorted({s for s, _ in keys})
