@@ -141,8 +141,10 @@ def main(argv=None) -> None:
         head += ["kept-block density (sparse steps)", "PSNR dB at 90% (mean / min)"]
     table = markdown_table(head, [row(k, r) for k, r in results.items()])
     tile = "x".join(map(str, ZOO_VIDEO_TILE))
-    body = (f"Model: `video-dit` from {args.zoo_dir} ({entry.card['training']['steps']} steps on "
-            f"{', '.join('x'.join(map(str, g)) for g in pipe.trained_grids)}). "
+    where = Path(os.path.relpath(args.zoo_dir.resolve(), Path(__file__).resolve().parent.parent))
+    body = (f"Model: `video-dit` from {where}, trained at "
+            f"{', '.join('x'.join(map(str, g)) for g in pipe.trained_grids)} (frames x height x "
+            f"width; card `training`). "
             f"{len(prompts)} prompts, seeds 0..{len(prompts) - 1}, {args.steps} Euler steps, "
             f"CFG 3. Frame statistics of the dense videos in [0, 1] beside those of the 16 "
             f"held-out training clips at the same size; DraftAttention at 90% sparsity with "
