@@ -8,20 +8,26 @@
 #   STEPS="engine" bash benchmarks/gpu_session.sh     (some steps only)
 #
 # Default steps (issues 31 and 33), about 8 minutes on an H100/H200:
-#   kernels   every kernel backend (Triton, FlexAttention; FlashInfer and FlashAttention-4 where
+#   kernels   every kernel backend (Triton, its Hopper TMA variants triton-tma and
+#             triton-tma-persistent, FlexAttention; FlashInfer and FlashAttention-4 where
 #             installed) against the fastest dense attention on the machine, D 128 and 64, random
 #             and causal masks; then the points as the machine's table for backend="auto"
 #             (copied to $OUT/auto_table.json) and auto timed against the fastest backend at every
-#             point, issue 33's 5% goal (section kernels_gpu; the points as JSON too)
+#             point, issue 33's 5% goal (section kernels_gpu; the points as JSON too); then
+#             benchmarks/kernel_configs.py --tma: the TMA kernels' launch configs, warp
+#             specialisation off and on, D=128 at density 1 and 0.1 (log kernel_configs_tma.log
+#             only). Its two commands are capped at 330 + 100 s, tests at 150 s: STEPS="kernels
+#             tests" fits one 10-minute call
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
 #             (section engine_speed_gpu), then with --compile: generate(compile=True) against
 #             the eager engine on it (section engine_compile_gpu; goal: compiled rounds >= 1.5x
 #             faster). With the compile run the three default steps need more than one
 #             10-minute call: run STEPS="engine" alone, then "kernels tests"
-#   tests     the kernel tests with Triton and FlexAttention compiled, not interpreted, and
+#   tests     the kernel tests with Triton (its TMA variants too: tests/kernels/test_triton_tma.py)
+#             and FlexAttention compiled, not interpreted, and
 #             FlashInfer's and FlashAttention-4's where their packages import; the
-#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama (exact, one
-#             graph for every round)
+#             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama and a tiny
+#             Gemma 2 (sliding windows: a mask per layer type) (exact, one graph for every round)
 # Issue 32 item 4, by name (STEPS="draft_tests draft", about 5-6 minutes; needs diffusers):
 #   draft_tests  tests/video_dit/test_fused_draft.py compiled on the GPU: the fused Triton draft
 #                selects the torch path's blocks and writes its index, with no host sync
@@ -45,29 +51,57 @@
 # The GPU machine reaches no package index: the pinned Hugging Face wheels travel in .whl/
 # (ignored by git; `bash benchmarks/gpu_session.sh --download` fills it here) and are installed
 # into /tmp/site there.
+#
+# FlashInfer's and FlashAttention-4's wheels (`--download-kernels`, into .whl-kernels/, also
+# installed when present) are for a GPU machine the tree reaches without a size limit: a device
+# call of this workplace carries at most 64 MiB, and the tree (41 MB) plus .whl/ (23 MB) fill it.
+# Both stacks are on PyPI for CPython 3.12 / linux x86_64 (2026-11-26; the GPU image's python is
+# 3.12, its torch 2.11.0+cu130, with cuda-bindings, einops, ninja, nvidia-ml-py already there):
+#   FlashAttention-4 (backend "fa4", imports flash_attn.cute): flash-attn-4 0.5 MB, quack-kernels
+#     0.7 MB, apache-tvm-ffi 3.3 MB, torch-c-dlpack-ext 0.9 MB, nvidia-cutlass-dsl (+ libs-base
+#     3.1 MB, libs-core 1.6 MB, libs-cu13 92 MB: the CuTe DSL compiler for CUDA 13): ~102 MB
+#   FlashInfer (backend "flashinfer"): flashinfer-python 62 MB (pure Python; its kernels compile
+#     with the machine's nvcc at first use, minutes: flashinfer-jit-cache is not on PyPI and
+#     flashinfer-cubin is 458 MB), nccl-extensions 22.6 MB, nvidia-cudnn-frontend 11.6 MB,
+#     nccl4py 3.7 MB, cuda-tile 0.4 MB, cuda-python 8 kB, and the CuTe DSL above: ~200 MB
+# Neither pulls torch or CUDA runtime wheels (--no-deps; the GPU image has its own).
 set -uo pipefail
-if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
-    mkdir -p .whl
-    for spec in transformers==5.24.0 accelerate==1.15.0 huggingface_hub==2.4.0 \
-                tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 click==8.5.1 regex \
-                diffusers==0.42.1 safetensors==0.8.0; do
+download() {  # folder, specs...: wheels for CPython 3.12 on linux x86_64, no dependencies
+    local dir=$1; shift
+    mkdir -p "$dir"
+    for spec in "$@"; do
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+            --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform any -d "$dir" "$spec"
     done
+}
+if [[ "${1:-}" == "--download" ]]; then  # on the CPU machine, before the GPU run
+    download .whl transformers==5.24.0 accelerate==1.15.0 huggingface_hub==2.4.0 \
+        tokenizers==0.23.3 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 hf-xet==1.8.0 \
+        click==8.5.1 regex diffusers==0.42.1 safetensors==0.8.0
+    exit 0
+fi
+if [[ "${1:-}" == "--download-kernels" ]]; then  # 194 MB (14 wheels, 2026-11-26): see above
+    download .whl-kernels flash-attn-4==4.0.0b36 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
+        torch-c-dlpack-ext==0.1.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
+        nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 \
+        flashinfer-python==0.7.2.post1 nccl-extensions==0.1.0 nvidia-cudnn-frontend==1.32.0 \
+        nccl4py==0.6.0 cuda-tile==1.7.0 cuda-python==13.4.4
     exit 0
 fi
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 STEPS=${STEPS:-kernels engine tests}
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || echo "wheel install failed (pip.log)"
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
+export PYTHONPATH=$PWD
+for dir in .whl .whl-kernels; do
+    if compgen -G "$dir/*.whl" >/dev/null; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site "$dir"/*.whl >>"$OUT/pip.log" 2>&1 || echo "$dir install failed (pip.log)"
+        export PYTHONPATH=/tmp/site:$PWD
+    fi
+done
 export PYTHONUNBUFFERED=1
 step() {  # name, seconds, command...: run, keep the log, go on after a failure or a time-out
     local name=$1 limit=$2; shift 2
@@ -79,12 +113,14 @@ step() {  # name, seconds, command...: run, keep the log, go on after a failure 
     echo "   rc $? in $((SECONDS - start)) s (log $log)"
 }
 $PY -c "import torch, transformers, triton; print(torch.__version__, torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee "$OUT/device.txt"
-step kernels 300 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$OUT/kernel_points.json"
+step kernels 330 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$OUT/kernel_points.json"
 [[ " $STEPS " == *" kernels "* ]] && $PY -m mmspec.kernels.tune --show >"$OUT/auto_table.json" 2>&1
+STEP_LOG=kernel_configs_tma step kernels 100 $PY benchmarks/kernel_configs.py --tma --repeats 10
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
-step tests 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
-    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical"
+step tests 210 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
+    "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical" \
+    "tests/decoding/test_static.py::test_a_compiled_graph_serves_every_round_on_sliding_windows"
 step draft_tests 120 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/video_dit/test_fused_draft.py
 step draft 420 $PY benchmarks/draft_attention.py --gpu-only --write \
     --extra-grids 21x30x52,21x45x80 --cogvideox-grids 13x30x45

@@ -76,11 +76,23 @@ def engine_cache(model, windows):
 
 
 def check_length(model, length: int) -> None:
-    """DSA models (DeepSeek-V3.2, GLM-MoE-DSA: `index_topk`) attend to the top-k keys their
+    """Refuse a call whose `length` (prompt plus max_new_tokens, in cache slots) passes what the
+    engine verifies exactly. Llama 4's chunked layers attend within blocks of
+    `attention_chunk_size` tokens counted in cache slots; the engine masks them as full causal
+    attention, the same while one block holds the whole sequence. DSA models (DeepSeek-V3.2, GLM-MoE-DSA: `index_topk`) attend to the top-k keys their
     indexer picks; past `index_topk` tokens, transformers' forward over several new tokens picks
     other keys than its one-token decode step (seen in the architecture sweep with a small
     `index_topk`), so a verification forward cannot equal `generate` there."""
     config = model.config.get_text_config()
+    chunk = getattr(config, "attention_chunk_size", None)
+    if (isinstance(chunk, int) and length > chunk
+            and "chunked_attention" in (getattr(config, "layer_types", None) or ())):
+        raise UnsupportedTarget(
+            f"{type(model).__name__}: its chunked-attention layers attend within blocks of "
+            f"{chunk} tokens (attention_chunk_size), which the engine verifies as full causal "
+            f"attention, exact only while the whole sequence fits one block; this call reaches "
+            f"{length} tokens: keep the prompt plus max_new_tokens within {chunk} or use "
+            f"target.generate")
     topk = getattr(config, "index_topk", None)
     if isinstance(topk, int) and length > topk:
         raise UnsupportedTarget(

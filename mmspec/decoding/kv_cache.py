@@ -13,7 +13,7 @@ A `StaticLayer` (`compile=True`, `static.py`) keeps its preallocated tensors: th
 in place and its `cumulative_length` set back to the committed count, so the next forward writes
 over the rest. Sliding-window and linear-attention layers are refused: their contents cannot be
 compacted this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the
-engine instead: `windows.py`).
+engine instead, `windows.py`, or of full `StaticLayer`s under `compile=True`, `static.py`).
 """
 
 from __future__ import annotations

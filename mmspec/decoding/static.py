@@ -23,11 +23,25 @@ next tree's keys overwrite the rejected ones.
 (rows leave holes where they accept fewer tokens than the round's longest path, `draft.py`): the
 cache then grows by reallocation (a new shape, so one more compiled graph).
 
-Refused with one line before the prefill, where the static layout cannot hold what the engine
-needs: sliding-window layers (transformers' static sliding layers keep only the window, a
-rollback needs every entry), linear-attention / SSM state, DSA indexer caches, KV-sharing and
-encoder-decoder caches; and, from a probe on the call's prompt, models whose 4-D-masked forward on
-a `StaticCache` does not give their own logits.
+Sliding-window layers (Gemma 2 and 3, Mistral, Cohere2, ...): transformers' `StaticCache` gives
+them a `StaticSlidingWindowLayer`, a rolling buffer of the last `window` entries, which a rollback
+cannot use (the tree's rejected keys overwrite committed ones). So every layer gets a full
+`StaticLayer` (`static_cache`), and the window moves into the mask: the sliding layers' mask is the
+full one cut to `p - window < k <= p`, counted in positions as in the eager engine (`windows.py`;
+holes in a batch's slots do not count). It reaches each layer through transformers' own dispatch:
+a forward given `attention_mask={"full_attention": m, "sliding_attention": m_w}` hands each layer
+the mask of its `config.layer_types` entry (Gemma 2 and 3, Qwen2, Cohere2: `causal_mask_mapping`),
+and a model whose layers all slide gets `m_w` alone (Mistral's forward builds one mask for all).
+
+Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
+linear-attention / SSM layers (transformers' `StaticCache` holds their state, but the padded
+verification would fold padding tokens into it, and rolling it back to the accepted tokens needs
+the eager engine's snapshot and replay, `recurrent.py`), chunked attention (Llama 4: its chunks are
+not a window), DSA indexer caches, layer types `StaticCache` has no layer for (DeepSeek-V4) and
+encoder-decoder caches; and, from a probe on the call's prompt (`probe`), models whose prefill into
+the `StaticCache` or whose 4-D-masked forward on it does not give their own logits. KV-sharing
+layers (Gemma 4's `num_kv_shared_layers`) hold nothing in the cache (`DummyLayer`) and read the
+full layers' tensors: they run as they are.
 """
 
 from __future__ import annotations
@@ -36,12 +50,21 @@ from types import SimpleNamespace
 
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import (
+    DummyLayer,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+    get_layer_types_and_kwargs,
+)
 from transformers.generation.configuration_utils import CompileConfig
 
 from mmspec._cache_name import cache_kwargs, output_cache
-from mmspec.kernels.hf import additive_mask
+from mmspec.kernels.hf import additive_mask, use_block_sparse_attention
 
 from . import admission
+from .tree import node_positions
+from .windows import sliding_windows, within_window
 
 # nodes of a verification forward: the tree's count rounded up to a multiple of this, so that a
 # drafter's usual tree (gpt-fast's speculate_k + 1, EAGLE's 60) and its budget-capped last rounds
@@ -83,25 +106,59 @@ def compiled_forward(target, config: CompileConfig):
     return call
 
 
+def static_cache(model, length: int) -> StaticCache:
+    """transformers' `StaticCache` for `model`, `length` slots, with each sliding-window layer a
+    full `StaticLayer`: transformers' `StaticSlidingWindowLayer` is a rolling buffer of the last
+    `window` entries, and a rollback needs the ones it overwrites. The window is the mask's
+    (`masks`)."""
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    cache.layers = [StaticLayer(max_cache_len=length) if type(layer) is StaticSlidingWindowLayer
+                    else layer for layer in cache.layers]
+    return cache
+
+
+def _layer_types(model) -> set[str]:
+    """The attention kinds of the model's layers, as its `StaticCache` reads them."""
+    return set(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
+
+
 def refuse(target, windows) -> None:
-    """Before the prefill: a target whose cache cannot be a `StaticCache` of full-attention
-    `StaticLayer`s gets one line saying why."""
-    name = type(target).__name__
-    fix = "use compile=False"
-    if windows:
-        raise admission.UnsupportedTarget(
-            f"{name}: compile=True keeps the KV in a StaticCache, whose sliding-window layers "
-            f"(windows {windows}) keep only the window while a rollback needs every entry; {fix}")
-    config = target.config.get_text_config(decoder=True)
+    """Before the prefill: one line saying why, for a target `unsupported` names a reason for."""
+    why = unsupported(target, windows)
+    if why is not None:
+        raise admission.UnsupportedTarget(f"{type(target).__name__}: {why}; use compile=False")
+
+
+def unsupported(model, windows) -> str | None:
+    """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path:
+    its cache is not a `StaticCache` of full-attention `StaticLayer`s (sliding ones replaced,
+    `static_cache`; KV-sharing consumers' `DummyLayer`s hold nothing), or a layer needs another
+    mask than a full or a sliding-window one; None where it can."""
+    config = model.config.get_text_config(decoder=True)
     if getattr(config, "is_encoder_decoder", False):
-        raise admission.UnsupportedTarget(f"{name}: compile=True needs a decoder-only cache; {fix}")
-    kinds = {type(layer).__name__ for layer in StaticCache(config=target.config,
-                                                           max_cache_len=1).layers}
-    if kinds != {"StaticLayer"}:
-        raise admission.UnsupportedTarget(
-            f"{name}: compile=True keeps the KV in a StaticCache, which holds this model in "
-            f"{', '.join(sorted(kinds))} layers; the engine commits paths only in full-attention "
-            f"StaticLayers; {fix}")
+        return "compile=True needs a decoder-only cache"
+    if "chunked_attention" in _layer_types(model):
+        return ("compile=True gives each layer a full or a sliding-window mask, and this model "
+                "has chunked-attention layers (attention_chunk_size)")
+    if len(windows) > 1:
+        return (f"compile=True gives all sliding layers one mask, and this model has windows of "
+                f"{len(windows)} sizes {windows}")
+    try:
+        layers = static_cache(model, 1).layers
+    except KeyError as err:  # DeepSeek-V4's compressed attention has no static layer
+        return (f"compile=True keeps the KV in transformers' StaticCache, which has no layer "
+                f"for this model's layer type {err}")
+    kinds = {type(layer).__name__ for layer in layers}
+    if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
+        return (f"compile=True pads every verification forward to a multiple of {NODE_BUCKET} "
+                f"nodes, and this model's linear-attention / SSM layers "
+                f"({', '.join(sorted(kinds))}) would fold the padding into their recurrent "
+                f"state, which only the eager engine rolls back (snapshot and replay)")
+    if kinds - {"DummyLayer"} != {"StaticLayer"}:  # DummyLayer: KV-sharing consumers
+        return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
+                f"{', '.join(sorted(kinds))} layers; the engine commits paths only in "
+                f"full-attention StaticLayers")
+    return None
 
 
 def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> torch.Tensor:
@@ -115,6 +172,28 @@ def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> to
     pad = torch.arange(n, nodes, device=attends.device)
     full[:, pad, c + pad] = True
     return additive_mask(full, dtype)[:, None]
+
+
+def masks(model):
+    """`build(attends, nodes, length, dtype, positions)` -> the `attention_mask` of a static
+    forward of `model`: `dense_tree_mask` of `attends`; with a sliding window, the same within the
+    window for sliding layers (`windows.within_window`; `positions()` gives the query and key
+    positions), passed alone where every layer slides (Mistral's forward takes one mask) and
+    otherwise as transformers' per-layer-type dict (Gemma 2 and 3, Qwen2, Cohere2: a forward
+    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own)."""
+    windows = sliding_windows(model)
+    slides_only = _layer_types(model) == {"sliding_attention"}
+
+    def build(attends, nodes, length, dtype, positions):
+        full = dense_tree_mask(attends, nodes, length, dtype)  # [B, 1, P, length]
+        if not windows:
+            return full
+        q_pos, k_pos = positions()
+        sliding = dense_tree_mask(within_window(attends, q_pos, k_pos, windows[0]), nodes,
+                                  length, dtype)
+        return sliding if slides_only else {"full_attention": full, "sliding_attention": sliding}
+
+    return build
 
 
 def padded(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -134,7 +213,7 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
     length = round_up(max(needed, length * 3 // 2), LENGTH_BUCKET)
     for layer in cache.layers:
         layer.max_cache_len = length
-        if not layer.is_initialized:
+        if type(layer) is DummyLayer or not layer.is_initialized:  # DummyLayer: holds nothing
             continue
         for name in ("keys", "values"):
             old = getattr(layer, name)  # [B, H, length, D]
@@ -145,20 +224,14 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
     return length
 
 
-def static_layers_only(model) -> bool:
-    """Whether transformers' `StaticCache` holds every layer of `model` in a `StaticLayer`."""
-    kinds = {type(layer).__name__ for layer in StaticCache(config=model.config,
-                                                           max_cache_len=1).layers}
-    return kinds == {"StaticLayer"}
-
-
 class StaticVerifier:
     """The engine's static cache and compiled verification forward for one `generate` call."""
 
     def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int):
         self.target, self.config = target, config
         self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
-        self.cache = StaticCache(config=target.config, max_cache_len=self.length)
+        self.cache = static_cache(target, self.length)
+        self.masks = masks(target)
         self.forward = compiled_forward(target, config)
         self.dtype = next(target.parameters()).dtype
 
@@ -181,7 +254,8 @@ class StaticVerifier:
         p = round_up(n, NODE_BUCKET)
         self._fit(c + p)
         attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
-        mask = dense_tree_mask(attends, p, self.length, self.dtype)  # [B, 1, P, length]
+        mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] (or a dict)
+                          lambda: node_positions(tree, cache_valid))
         tokens = padded(tree.tokens, p)  # [B, P]
         depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
         out = self.forward(input_ids=tokens, attention_mask=mask,
@@ -205,32 +279,18 @@ def _measure(target, input_ids, attention_mask):
     ids = admission._probe_tokens(target, input_ids, attention_mask)
     if ids is None:
         return None
-    n = ids.shape[1] - 3
     name = type(target).__name__
     try:
         with torch.no_grad():
-            want = admission.reference_logits(target, ids)[2]  # [3, V]: x, y, z
-            length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
-            cache = StaticCache(config=target.config, max_cache_len=length)
-            kwargs = cache_kwargs(target.forward, cache)
-            prompt = ids[:, :n]
-            pos = admission._positions(target, prompt)
-            out = target(input_ids=prompt, position_ids=pos, use_cache=True, return_dict=True,
-                         **kwargs)
-            if output_cache(out) is not cache:
-                return admission.UnsupportedTarget(
-                    f"{name}: compile=True gave its prefill a StaticCache and it returned "
-                    f"{type(output_cache(out)).__name__}; use compile=False")
-            attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
-            attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
-            dtype = next(target.parameters()).dtype
-            p = round_up(3, NODE_BUCKET)
-            mask = dense_tree_mask(attends, p, length, dtype)
-            depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
-            tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
-            got = target(input_ids=tokens, attention_mask=mask,
-                         position_ids=pos[..., -1:] + depth, use_cache=True, return_dict=True,
-                         **kwargs).logits[0, :3]
+            plain, _, nodes = admission.reference_logits(target, ids)
+            want = torch.cat([plain[-2:-1], nodes])  # [4, V]: the prompt's last token, x, y, z
+            restore = use_block_sparse_attention(target)  # the attention the engine runs
+            try:
+                got = _static_logits(target, ids)
+            finally:
+                restore()
+    except admission.UnsupportedTarget as err:
+        return err
     except admission._FAILURES as err:
         line = (str(err).splitlines() or [""])[0][:200]
         return admission.UnsupportedTarget(
@@ -243,3 +303,31 @@ def _measure(target, input_ids, attention_mask):
             f"other logits than its own forward here; use compile=False")
     return None
 
+
+def _static_logits(target, ids):
+    """The logits `[4, V]` of a prefill of the probe's n prompt tokens (`ids` `[1, n + 3]`) into
+    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does."""
+    n = ids.shape[1] - 3
+    length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
+    cache = static_cache(target, length)
+    kwargs = cache_kwargs(target.forward, cache)
+    prompt = ids[:, :n]
+    pos = admission._positions(target, prompt)
+    out = target(input_ids=prompt, position_ids=pos, use_cache=True, return_dict=True, **kwargs)
+    last = out.logits[0, -1:]
+    if output_cache(out) is not cache:
+        raise admission.UnsupportedTarget(
+            f"{type(target).__name__}: compile=True gave its prefill a StaticCache and it "
+            f"returned {type(output_cache(out)).__name__}; use compile=False")
+    attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
+    attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    p = round_up(3, NODE_BUCKET)
+    depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
+    q_pos = n - 1 + depth[:, :3]  # x, y, z: the root (the prompt's last token) is at n - 1
+    k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
+    mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
+                         lambda: (q_pos, k_pos))
+    tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
+    nodes = target(input_ids=tokens, attention_mask=mask, position_ids=pos[..., -1:] + depth,
+                   use_cache=True, return_dict=True, **kwargs).logits[0, :3]
+    return torch.cat([last, nodes])

@@ -174,13 +174,16 @@ def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] 
     positions counted over valid slots.
     """
     token = verify_token_mask(tree, cache_valid)  # [B, N, C + N]
+    return block_masks(token, BLOCK_SIZE, windows, lambda: node_positions(tree, cache_valid))
 
-    def positions():
-        cached = cache_valid.long()
-        q_pos = cached.sum(-1, keepdim=True) + tree.depth  # [B, N]
-        return q_pos, torch.cat([cached.cumsum(-1) - 1, q_pos], dim=-1)  # [B, C + N]
 
-    return block_masks(token, BLOCK_SIZE, windows, positions)
+def node_positions(tree: Tree, cache_valid: torch.Tensor):
+    """The positions a window counts in (`windows.py`): long `[B, N]` of the nodes (the row's
+    valid cached slots, then the node's depth) and `[B, C + N]` of the cached slots (each the
+    count of valid slots before it) and the nodes."""
+    cached = cache_valid.long()
+    q_pos = cached.sum(-1, keepdim=True) + tree.depth  # [B, N]
+    return q_pos, torch.cat([cached.cumsum(-1) - 1, q_pos], dim=-1)  # [B, C + N]
 
 
 def main_path(draft: Draft) -> tuple[Draft, torch.Tensor] | None:

@@ -6,7 +6,8 @@ and the oldest committed ones would be gone. So the engine (and `ModelDrafter`) 
 a cache of plain `DynamicLayer`s (`DynamicCache()` without a config), which keeps every entry,
 and attend through the window with a mask: `block_sparse_mask` becomes a dict from the layer's
 `sliding_window` (None for full-attention layers) to its mask, which `mmspec.kernels.hf` picks per
-layer.
+layer. Under `compile=True` the same window (`within_window`) cuts a dense 4-D mask, which
+transformers hands to the sliding layers (`static.masks`).
 
 The window is applied in positions, as transformers does it: a query at position p sees the keys
 at positions p - window < k <= p. (transformers compares cache indices, which equal positions up
@@ -42,9 +43,15 @@ def block_masks(token_mask: torch.Tensor, block_size: int, windows: tuple[int, .
     if not windows:
         return full
     q_pos, k_pos = positions()
-    distance = q_pos[:, :, None] - k_pos[:, None, :]  # [B, Nq, Nk]
     masks = {None: full}
     for window in windows:
-        within = token_mask & (distance < window)
-        masks[window] = BlockSparseMask.from_token_mask(within[:, None], block_size)
+        masks[window] = BlockSparseMask.from_token_mask(
+            within_window(token_mask, q_pos, k_pos, window)[:, None], block_size)
     return masks
+
+
+def within_window(token_mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                  window: int) -> torch.Tensor:
+    """token_mask (bool `[B, Nq, Nk]`) limited to the keys inside each query's window: a query
+    at position p keeps the keys at positions k > p - window (long `[B, Nq]` and `[B, Nk]`)."""
+    return token_mask & (q_pos[:, :, None] - k_pos[:, None, :] < window)

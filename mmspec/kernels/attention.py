@@ -2,9 +2,10 @@
 
 The public function validates its inputs once and calls the op `mmspec::block_sparse_attention`
 (registered with `torch.library`, with a fake implementation so `torch.compile` graphs pass through
-it). The op dispatches to a backend from the registry: `"triton"` (GPU kernel), `"torch"` (fast path
-on any device), `"flex"` (FlexAttention), `"reference"` (dense masked attention, for tests), and
-`"flashinfer"` / `"fa4"` where those packages import.
+it). The op dispatches to a backend from the registry: `"triton"` (GPU kernel) and its Hopper
+variants `"triton-tma"` / `"triton-tma-persistent"`, `"torch"` (fast path on any device),
+`"flex"` (FlexAttention), `"reference"` (dense masked attention, for tests), and `"flashinfer"` /
+`"fa4"` where those packages import.
 """
 
 from __future__ import annotations
@@ -168,8 +169,9 @@ def block_sparse_attention(
         return_lse: also return the natural-log log-sum-exp of each row, fp32 `[B, Hq, Nq]`.
         backend: `"auto"` (this machine's timing table where it has an entry near the call,
             else triton on CUDA and torch elsewhere; `backends/timings.py`), `"triton"`,
-            `"torch"`, `"flex"` (FlexAttention), `"reference"`, and where their packages import
-            `"flashinfer"` and `"fa4"` (FlashAttention-4).
+            `"triton-tma"` and `"triton-tma-persistent"` (SM90+), `"torch"`, `"flex"`
+            (FlexAttention), `"reference"`, and where their packages import `"flashinfer"` and
+            `"fa4"` (FlashAttention-4).
 
     Returns:
         `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse`.

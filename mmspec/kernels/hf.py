@@ -31,7 +31,6 @@ import torch
 
 from .attention import block_sparse_attention
 from .mask import BlockSparseMask
-from .masks import causal_block_mask
 
 HF_ATTENTION_NAME = "mmspec_block_sparse"
 
@@ -188,7 +187,7 @@ def _eager_fallback(module):
 def _additive(attention_mask, module, kwargs, query, kv_len: int):
     """transformers' eager functions add the mask to the scores: bool (SDPA's format, which this
     attention name builds) -> 0 / dtype minimum; None where SDPA would have run `is_causal` ->
-    the causal mask spelled out (bottom-right aligned)."""
+    that causal mask spelled out (`_sdpa_causal`)."""
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
             return attention_mask
@@ -198,9 +197,16 @@ def _additive(attention_mask, module, kwargs, query, kv_len: int):
     q_len = query.shape[2]
     if not causal or q_len == 1:
         return None
-    q = torch.arange(q_len, device=query.device)[:, None] + (kv_len - q_len)
-    hidden = torch.arange(kv_len, device=query.device) > q  # [Nq, Nk]
-    return additive_mask(~hidden, query.dtype)[None, None]
+    return additive_mask(_sdpa_causal(q_len, kv_len, query.device), query.dtype)
+
+
+def _sdpa_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
+    """bool `[1, 1, Nq, Nk]`: SDPA's `is_causal`, aligned top-left (query i sees keys 0..i).
+    transformers leaves the mask out for it where queries and keys are the same tokens, or, with
+    more keys than queries, only in a prefill into an empty `StaticCache`, whose keys past the
+    queries are unwritten slots (`compile=True`); bottom-right would attend to those."""
+    return (torch.arange(kv_len, device=device) <= torch.arange(q_len, device=device)[:, None]
+            )[None, None]
 
 
 def additive_mask(attends: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -216,7 +222,7 @@ def _block_mask_of(attention_mask, causal: bool, q_len: int, kv_len: int,
     and sliding windows included) or, where it left it out, causal or full attention."""
     if attention_mask is None:
         if causal and q_len > 1:
-            return causal_block_mask(q_len, kv_len, 64, device=device)
+            return BlockSparseMask.from_token_mask(_sdpa_causal(q_len, kv_len, device), 64)
         return BlockSparseMask.from_token_mask(
             torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=device), 64)
     return BlockSparseMask.from_token_mask(_attends(attention_mask, kv_len), 64)

@@ -14,7 +14,9 @@ shorter, and a "full" tail block means every key that exists.
 
 Deliberate differences from FlexAttention: element masks are stored as tensors (not `mask_mod`
 callables), so every backend, the Triton kernel included, reads the same data; and the class
-validates its tensors at construction, because a wrong index here is a silent wrong answer.
+validates the tensors it is given, because a wrong index here is a silent wrong answer (the
+constructors that derive the lists themselves, `from_dense` and `from_token_mask`, skip those
+checks, which read the device).
 """
 
 from __future__ import annotations
@@ -244,8 +246,17 @@ class BlockSparseMask:
         )
 
     @classmethod
-    def from_token_mask(cls, token_bool: torch.Tensor, block_size):
-        """Classify the blocks of a token mask `[B|1, H|1, q_len, kv_len]` as full, partial or empty."""
+    def from_token_mask(cls, token_bool: torch.Tensor, block_size, *, pad_partials: bool = False):
+        """Classify the blocks of a token mask `[B|1, H|1, q_len, kv_len]` as full, partial or empty.
+
+        Any bool token mask gives a valid layout (its lists come from the block flags, sorted),
+        so the index checks of `__post_init__`, which read the device, are skipped, as
+        `from_dense` does; the token mask itself is checked. The one device read left sizes the
+        partial lists to the most any query block holds; `pad_partials=True` gives every query
+        block a slot per key block instead (`partial_masks` `[.., Mq, Nk, bq, bk]`), which reads
+        nothing back: for small masks built at every step (draft tree levels), not for long
+        sequences, where that is Nk times the element masks.
+        """
         bq, bk = _pair(block_size)
         if not isinstance(token_bool, torch.Tensor) or token_bool.dtype != torch.bool:
             raise TypeError(
@@ -257,6 +268,7 @@ class BlockSparseMask:
                 f"token_bool must be [B, H, q_len, kv_len], got shape {tuple(token_bool.shape)}"
             )
         b, h, q_len, kv_len = token_bool.shape
+        q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
         mq, nk = math.ceil(q_len / bq), math.ceil(kv_len / bk)
         # pad to whole blocks; padding counts as "attended" so a ragged tail block can be full
         padded = torch.ones(b, h, mq * bq, nk * bk, dtype=torch.bool, device=token_bool.device)
@@ -270,21 +282,16 @@ class BlockSparseMask:
         partial = any_kept & ~full
         full_num, full_idx = _dense_to_ordered(full)
         part_num, part_idx = _dense_to_ordered(partial)
-        width = int(part_num.max()) if part_num.numel() else 0
-        part_idx = part_idx[..., :width]
+        if not pad_partials:
+            width = int(part_num.max()) if part_num.numel() else 0
+            part_idx = part_idx[..., :width]
         # element masks of the partial slots, gathered in slot order
         gather = part_idx.long()[..., None, None].expand(-1, -1, -1, -1, bq, bk)
         part_masks = torch.gather(tiles & real, 3, gather)
-        return cls(
-            kv_num_blocks=part_num,
-            kv_indices=part_idx.contiguous(),
-            full_kv_num_blocks=full_num,
-            full_kv_indices=full_idx,
-            partial_masks=part_masks.contiguous(),
-            block_size=(bq, bk),
-            q_len=q_len,
-            kv_len=kv_len,
-        )
+        mask = cls._unchecked(part_num, part_idx.contiguous(), full_num, full_idx,
+                              part_masks.contiguous(), (bq, bk), q_len, kv_len)
+        mask._keep_dense(token_bool.clone())  # its token form, which to_dense would rebuild
+        return mask
 
     @classmethod
     def from_block_flags(cls, full: torch.Tensor, partial: torch.Tensor, mask_mod, block_size,
@@ -402,10 +409,16 @@ class BlockSparseMask:
                     and all(ref() is t for ref, t in zip(last[0], tensors))):
                 return last[2]
         dense = self._build_dense()
-        if cacheable and dense.numel() <= _DENSE_CACHE_MAX:
-            _LAST_DENSE.entry = (tuple(weakref.ref(t) for t in tensors), key, dense,
-                                 dense._version)
+        self._keep_dense(dense)
         return dense
+
+    def _keep_dense(self, dense: torch.Tensor) -> None:
+        """Keep `dense` as this mask's `to_dense` result (see there), where it can be kept."""
+        versions = None if torch.is_inference_mode_enabled() else self.versions()
+        if versions is not None and dense.numel() <= _DENSE_CACHE_MAX:
+            key = (versions, self.q_len, self.kv_len, self.block_size)
+            _LAST_DENSE.entry = (tuple(weakref.ref(t) for t in self._tensors()), key, dense,
+                                 dense._version)
 
     def _build_dense(self) -> torch.Tensor:
         bq, bk = self.block_size

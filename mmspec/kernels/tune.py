@@ -32,7 +32,8 @@ from .backends.registry import available_backends, get_backend
 from .mask import BlockSparseMask
 
 _NOT_TUNED = {"reference"}
-_GPU_ONLY = {"triton", "flex"}  # off CUDA: the interpreter and the eager comparator
+# off CUDA: the Triton kernels' interpreter, and the eager comparator
+_GPU_ONLY = {"triton", "triton-tma", "triton-tma-persistent", "flex"}
 
 
 def random_block_mask(heads: int, n: int, block: int, density: float, device,

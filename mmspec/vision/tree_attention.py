@@ -30,13 +30,12 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
 # Devices whose tree levels stay on SDPA. On a CPU the torch backend runs masks this small (K
 # queries against a few hundred keys) through the fused flash kernel SDPA runs too, after building
-# the block mask (~0.6 ms, half of it its index checks) and turning it back into the token mask:
-# ~1.3 ms a level against SDPA's ~0.06 ms, so the zoo drafter's 30-token tree drafted 1.58x slower
-# per round through the layer (15.8 against 10.0 ms, identical trees; BENCHMARKS.md
-# `tree_levels`). On CUDA the mask's index checks would also read the device back at every level,
-# against the engine's one read a round (tests/decoding/test_syncs.py), so CUDA stays on SDPA too
-# until `benchmarks/gpu_session.sh` step `tree_levels` shows the layer pays there (the tests force
-# the shared path with `SDPA_DEVICES = ()`).
+# the block mask (~0.24 ms: from_token_mask skips the index checks, valid by construction) and
+# taking back its token form: ~0.6 ms a level against SDPA's ~0.06 ms, so the zoo drafter's
+# 30-token tree drafted 1.19x slower per round through the layer (identical trees; BENCHMARKS.md
+# `tree_levels`). On CUDA building a level's mask reads nothing back from the device
+# (`pad_partials`), but CUDA stays on SDPA until `benchmarks/gpu_session.sh` step `tree_levels`
+# shows the layer pays there (the tests force the shared path with `SDPA_DEVICES = ()`).
 SDPA_DEVICES = ("cpu", "cuda")
 
 
@@ -46,7 +45,9 @@ def level_mask(token_mask: torch.Tensor) -> BlockSparseMask | torch.Tensor:
     `SDPA_DEVICES`)."""
     if token_mask.shape[1] == 1 or token_mask.device.type in SDPA_DEVICES:
         return token_mask
-    return BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE)  # [B, 1, K, C]
+    # valid by construction and sized without reading the device: a slot per key block
+    return BlockSparseMask.from_token_mask(token_mask[:, None], BLOCK_SIZE,  # [B, 1, K, C]
+                                           pad_partials=True)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -107,6 +107,30 @@ def test_dsa_models_are_refused_past_index_topk():
         _call(model, mmspec.PromptLookupDrafter())
 
 
+def test_chunked_attention_is_refused_past_one_chunk():
+    """Llama 4's chunked layers attend within blocks of attention_chunk_size slots, verified as
+    full causal attention: exact within one block (the first call), a silent difference past it
+    (the model's own tokens change with the block size there), so refused with one line."""
+    from transformers import Llama4ForCausalLM
+
+    config = arch_sweep.tiny_config("llama4_text")
+    config.attention_chunk_size = 16
+    torch.manual_seed(0)
+    model = Llama4ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    prompt = arch_sweep.PROMPTS[:1]
+    with torch.no_grad():
+        ref = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(_call(model, mmspec.PromptLookupDrafter(), new=5).sequences, ref)
+    with pytest.raises(UnsupportedTarget, match=r"attention_chunk_size.*reaches 23 tokens"):
+        _call(model, mmspec.PromptLookupDrafter(), new=12)
+    with torch.no_grad():  # the refusal is needed: one block of 8192 gives other tokens
+        chunked = model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        model.config.attention_chunk_size = 8192
+        whole = model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert not torch.equal(chunked, whole)
+
+
 def test_the_probe_runs_once_per_model(monkeypatch):
     model = arch_sweep.build("llama")
     calls = []

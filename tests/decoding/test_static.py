@@ -9,16 +9,19 @@ the ~40 s the suite can give it) and on CUDA (CUDA graphs; the GPU session's tes
 import importlib
 import os
 
+import arch_sweep
 import pytest
 import torch
 import test_generate as identity
 from spec_helpers import PAD, VOCAB, OracleDrafter, RandomDrafter, tiny_llama
+import test_windows
+import transformers
 from test_windows import tiny_gemma2
 from transformers.generation.configuration_utils import CompileConfig
 
 import mmspec
 from mmspec import ModelDrafter, UnsupportedTarget, generate
-from mmspec.decoding import kv_cache, static
+from mmspec.decoding import kv_cache, static, windows
 
 NEW = identity.NEW
 
@@ -130,11 +133,127 @@ def test_custom_generate_takes_compile(eager):
     assert torch.equal(out, ref)
 
 
-def test_sliding_window_targets_are_refused_by_name():
-    target = tiny_gemma2()
-    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
-    with pytest.raises(UnsupportedTarget, match=r"Gemma2ForCausalLM: compile=True .* sliding"):
-        generate(target, RandomDrafter(4), ids, max_new_tokens=4, compile=True)
+# sliding-window targets (test_windows.py's, window 8): Gemma 2 (a sliding then a full layer,
+# soft-capped logits) and Gemma 3 (two sliding layers, then a full one) take a mask per layer type,
+# Mistral (every layer slides) one mask; prompts of 10 and 12 tokens, 24 new ones
+SLIDING = {"gemma2": tiny_gemma2, "mistral": lambda: test_windows._other("mistral"),
+           "gemma3": lambda: test_windows._other("gemma3")}
+
+
+@pytest.fixture(scope="module", params=list(SLIDING))
+def sliding_batch(request):
+    target = SLIDING[request.param]()
+    g = torch.Generator().manual_seed(5)
+    ids, mask = torch.full((3, 12), PAD), torch.zeros(3, 12, dtype=torch.long)
+    for b, n in enumerate([12, 5, 9]):
+        ids[b, 12 - n:] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[b, 12 - n:] = 1
+    ref = target.generate(ids, attention_mask=mask, do_sample=False,
+                          max_new_tokens=test_windows.NEW, pad_token_id=PAD, eos_token_id=[])
+    return request.param, target, ids, mask, ref
+
+
+def _sliding_run(sliding_batch, rows, make_drafter):
+    _, target, ids, mask, ref = sliding_batch
+    ids, mask, ref = ids[rows], mask[rows], ref[rows]
+    out = generate(target, make_drafter(ref[:, ids.shape[1]:], mask.sum(1).tolist()), ids,
+                   attention_mask=mask, max_new_tokens=test_windows.NEW, pad_token_id=PAD,
+                   eos_token_id=[], compile=True)
+    return out, ref
+
+
+def test_sliding_window_targets_are_token_identical(sliding_batch, eager):
+    # a tree a round (wrong siblings and leaf: rejections to roll back) on the row of 12 tokens,
+    # whose window slides through the whole call
+    out, ref = _sliding_run(sliding_batch, [0], lambda truth, lens: OracleDrafter(
+        truth, lens, 4, "tree"))
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted >= 12
+
+
+def _with_holes(sliding_batch):
+    # rows accept different numbers of tokens: their holes shift slots against positions, in
+    # which the window counts (windows.py)
+    return _sliding_run(sliding_batch, [0, 1, 2], lambda truth, lens: _OneRowRight(
+        truth, lens, 5, "perfect"))
+
+
+def test_a_sliding_window_batch_with_holes_is_token_identical(sliding_batch, eager):
+    out, ref = _with_holes(sliding_batch)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_a_kv_sharing_target_is_token_identical(eager, monkeypatch):
+    # Gemma 4 with its last two layers reading the KV of the two before (DummyLayers in the
+    # cache), sliding windows of 8 crossed, a batch whose holes make the cache grow
+    monkeypatch.setattr(static, "LENGTH_BUCKET", 8)  # a tight first length
+    grew = []
+    monkeypatch.setattr(static, "grow", lambda cache, needed, length, grow=static.grow: (
+        grew.append(needed > length), grow(cache, needed, length))[1])
+    config = arch_sweep.tiny_config("gemma4_text")
+    config = type(config)(**{**config.to_dict(), "num_hidden_layers": 4,
+                             "num_kv_shared_layers": 2,
+                             "layer_types": ["sliding_attention", "full_attention"] * 2})
+    torch.manual_seed(0)
+    target = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert "DummyLayer" in {type(layer).__name__ for layer in static.static_cache(target, 8).layers}
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+                          pad_token_id=PAD, eos_token_id=[])
+    out = generate(target, _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 5,
+                                        "perfect"),
+                   ids, attention_mask=mask, max_new_tokens=NEW, pad_token_id=PAD,
+                   eos_token_id=[], compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert any(grew)
+
+
+def _window_in_slots(token_mask, q_pos, k_pos, window, within=windows.within_window):
+    """within_window counted in cache slots (transformers' own rule), not in positions."""
+    b, n, width = token_mask.shape
+    slots = torch.arange(width).expand(b, width)
+    return within(token_mask, slots[:, width - n:], slots, window)
+
+
+@pytest.mark.parametrize("sliding_batch", ["gemma2"], indirect=True)
+@pytest.mark.parametrize("mutant", [lambda m, q, k, w: m, _window_in_slots],
+                         ids=["no_window", "window_in_slots"])
+def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, monkeypatch, mutant):
+    _, target, ids, mask, _ = sliding_batch
+    static.probe(target, ids, mask)  # measured on the real code, whatever ran before
+    monkeypatch.setattr(static, "within_window", mutant)
+    out, ref = _with_holes(sliding_batch)
+    assert not torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("qwen3_next", r"^Qwen3NextForCausalLM: compile=True pads every verification forward .* "
+                   r"linear-attention / SSM layers \(LinearAttentionLayer, StaticLayer\) would "
+                   r"fold the padding into their recurrent state"),
+    ("deepseek_v4", r"^DeepseekV4ForCausalLM: compile=True keeps the KV in transformers' "
+                    r"StaticCache, which has no layer for this model's layer type "
+                    r"'heavily_compressed_attention'; use compile=False$"),
+])
+def test_targets_without_a_static_cache_of_full_layers_are_refused_with_the_reason(model_type,
+                                                                                   reason):
+    target = arch_sweep.build(model_type)
+    with pytest.raises(UnsupportedTarget, match=reason):
+        generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
+                 compile=True)
+
+
+def test_chunked_attention_targets_are_refused_by_name():
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    target = Llama4ForCausalLM(Llama4TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        num_local_experts=2, attention_chunk_size=8, layer_types=None)).eval()
+    with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: compile=True gives each "
+                                                r"layer a full or a sliding-window mask, and "
+                                                r"this model has chunked-attention layers"):
+        generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
+                 compile=True)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -179,6 +298,25 @@ def test_inductor_compiled_rounds_are_token_identical(device):
     _compiled_run("inductor", device)
 
 
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+def test_a_compiled_graph_serves_every_round_on_sliding_windows(device):
+    # Gemma 2's masks per layer type, a dict, through dynamo (backend "eager" on the CPU; on
+    # CUDA inductor with CUDA graphs): one graph for every round
+    torch._dynamo.reset()
+    counters = importlib.import_module("torch._dynamo.utils").counters
+    counters.clear()
+    target = tiny_gemma2().to(device)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1)).to(device)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=test_windows.NEW, eos_token_id=[])
+    config = (CompileConfig(backend="eager", dynamic=False, fullgraph=False) if device == "cpu"
+              else CompileConfig(dynamic=False, fullgraph=False, mode="reduce-overhead"))
+    out = generate(target, OracleDrafter(ref[:, 10:], [10], 3, "tree"), ids,
+                   max_new_tokens=test_windows.NEW, eos_token_id=[], compile=config)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.rounds > 3
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
 @pytest.mark.parametrize("batch_of", [1, 3])
 @pytest.mark.parametrize("seed", [0, 1], ids=["own_weights", "other_weights"])
 def test_a_compiled_chain_drafter_drafts_what_the_eager_one_drafts(eager, batch_of, seed):
@@ -191,17 +329,31 @@ def test_a_compiled_chain_drafter_drafts_what_the_eager_one_drafts(eager, batch_
         ids, mask = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)), None
     else:
         ids, mask = identity._left_padded_batch()
+    _drafts_alike(target, lambda: ModelDrafter(tiny_llama(seed, init_std=identity.SHARP), 4),
+                  ids, mask, NEW)
+
+
+def test_a_compiled_sliding_window_drafter_drafts_what_the_eager_one_drafts(eager):
+    # Gemma 2 drafting for itself over a window the call outgrows: its StaticCache keeps every
+    # entry and its window mask counts positions (one row: no holes, where the eager drafter's
+    # window, counted in slots by transformers, would differ)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    _drafts_alike(tiny_gemma2(), lambda: ModelDrafter(tiny_gemma2(), 4), ids, None,
+                  test_windows.NEW, eos_token_id=[])
+
+
+def _drafts_alike(target, make_drafter, ids, mask, new, **kwargs):
     runs = {}
     for compile in (False, True):
-        drafter = ModelDrafter(tiny_llama(seed, init_std=identity.SHARP), 4)
+        drafter = make_drafter()
         drafts, caches = [], set()
 
         def on_round(draft, result, stats, d=drafter, drafts=drafts, caches=caches):
             drafts.append(draft.tokens.clone())
             caches.add(type(d.cache).__name__)
 
-        out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=NEW,
-                       compile=compile, on_round=on_round)
+        out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=new,
+                       compile=compile, on_round=on_round, **kwargs)
         runs[compile] = out.sequences, drafts, caches
     assert torch.equal(runs[True][0], runs[False][0])
     assert runs[True][2] == {"StaticCache"} and runs[False][2] == {"DynamicCache"}

@@ -258,3 +258,37 @@ def test_calls_without_a_mask_run_the_models_former_implementation():
             restore()
     assert model.config._attn_implementation == "eager"
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("former", ["eager", None])
+def test_a_prefill_into_an_empty_static_cache_is_unchanged_by_the_switch(former):
+    """transformers passes no mask to a prompt's forward into an empty `StaticCache` (more keys
+    than queries, the rest unwritten slots), relying on SDPA's top-left `is_causal`: the eager
+    fallback (a model switched from eager) and the soft-capping one (Gemma 2 loaded with our
+    attention) must align it top-left too; bottom-right, they attended to the zero slots
+    (compile=True's prefill on Gemma 2)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, StaticCache
+
+    from mmspec.kernels.hf import use_block_sparse_attention
+
+    register_hf_attention()
+    torch.manual_seed(0)
+    if former is None:  # soft-capped logits, through the block-sparse layer
+        model = Gemma2ForCausalLM(Gemma2Config(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=64,
+            layer_types=["full_attention"], attn_logit_softcapping=1.0)).eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, attn_implementation=former)).eval()
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+        if former is None:
+            model.set_attn_implementation(HF_ATTENTION_NAME)
+        else:
+            use_block_sparse_attention(model)  # the model is this test's alone: not restored
+        got = model(ids, past_key_values=StaticCache(config=model.config, max_cache_len=40),
+                    use_cache=True).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmspec.kernels import (
     BlockSparseMask,
@@ -289,3 +290,44 @@ def test_edge_inputs_of_the_constructors():
     assert torch.equal(as_ints.to_dense(), as_bools.to_dense())
     empty = BlockSparseMask.from_dense(torch.zeros(0, 1, 2, 2, dtype=torch.bool), 16, 32, 32)
     assert empty.density() == 0.0 and "BlockSparseMask" in repr(empty)
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts the ops at which a GPU run would wait for the device (as tests/decoding/test_syncs.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                    torch.ops.aten.equal.default):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_from_token_mask_is_trusted_and_padded_partials_read_nothing_back(monkeypatch):
+    """Its lists come from the block flags, valid for any bool token mask: the index checks
+    (device reads) are skipped, as from_dense skips them; sizing the partial lists is the one read
+    left, and `pad_partials` (draft tree levels) avoids it with the same mask. Its token form is
+    kept for `to_dense` (a copy), which the torch backend's small path would rebuild."""
+    token = torch.ones(2, 1, 40, 70, dtype=torch.bool).tril(30)  # partial blocks on the diagonal
+    token[1, :, 5, :3] = False  # and one more in row 1
+    token[0, :, 20] = False  # an empty row
+    with DeviceReads() as reads:
+        fitted = BlockSparseMask.from_token_mask(token, 16)
+    assert reads.count == 1
+    with DeviceReads() as reads:
+        padded = BlockSparseMask.from_token_mask(token, 16, pad_partials=True)
+    assert reads.count == 0
+    width = fitted.kv_indices.shape[-1]
+    assert 0 < width < padded.kv_indices.shape[-1] == padded.num_kv_blocks == 5
+    assert torch.equal(padded.kv_num_blocks, fitted.kv_num_blocks)
+    assert torch.equal(padded.kv_indices[..., :width], fitted.kv_indices)
+    with monkeypatch.context() as patch:
+        patch.setattr(BlockSparseMask, "_build_dense", lambda self: pytest.fail("rebuilt"))
+        kept = padded.to_dense()
+    assert torch.equal(kept, token) and kept is not token
+    assert torch.equal(padded._build_dense(), token) and torch.equal(fitted.to_dense(), token)
+    with pytest.raises(ValueError, match="kv_len must be a positive int, got 0"):
+        BlockSparseMask.from_token_mask(torch.ones(1, 1, 4, 0, dtype=torch.bool), 16)

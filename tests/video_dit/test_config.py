@@ -30,8 +30,8 @@ def test_defaults_follow_the_paper():
     # the fraction 1.0 is every step: DraftAttention silently never engaged
     ({"dense_steps": 1.0}, r"dense_steps=1.0 is the fraction 'every step dense'.*the int 1"),
     # a typo used to pass here and fail at the first sparse step, minutes into the first video
-    ({"backend": "tirton"}, r"backend must be one of \['auto', 'flex', 'reference', 'torch', 'triton'\], "
-                            r"got 'tirton'"),
+    ({"backend": "tirton"}, r"backend must be one of \['auto', 'flex', 'reference', 'torch', 'triton', "
+                            r"'triton-tma', 'triton-tma-persistent'\], got 'tirton'"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):

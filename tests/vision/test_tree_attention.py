@@ -4,6 +4,7 @@ authors' layout, in a ragged batch where the target takes one; chains and CPUs s
 
 import pytest
 import torch
+from tests.kernels.test_mask import DeviceReads
 from tests.vision.test_eagle import (
     D,
     FFN,
@@ -144,7 +145,9 @@ def test_a_level_mask_attends_as_its_token_mask_with_grouped_heads(monkeypatch):
     kv = [torch.randn(b, kv_heads, keys, dh, generator=g) for _ in range(2)]
     assert tree_attention.level_mask(attends) is attends  # a CPU: SDPA
     monkeypatch.setattr(tree_attention, "SDPA_DEVICES", ())
-    mask = tree_attention.level_mask(attends)
+    with DeviceReads() as reads:  # built without waiting for the device, as on a GPU each level
+        mask = tree_attention.level_mask(attends)
+    assert reads.count == 0
     assert isinstance(mask, BlockSparseMask) and torch.equal(mask.to_dense()[:, 0], attends)
     shared = tree_attention.attend(q, *kv, mask)
     dense = tree_attention.attend(q, *kv, attends)

@@ -28,9 +28,10 @@ Compiled (`generate(compile=True)`, which hands its `CompileConfig` over in `Dra
 a chain drafter keeps its KV in a transformers `StaticCache` and runs its steps through the model's
 compiled call (`static.py`): the first round's catch-up (the prompt) eagerly, as a prefill; then
 each catch-up padded to a multiple of 8 slots and each chain step of one token, every forward
-against all the cache's slots through a dense 4-D mask, so two graphs serve every round. Trees
-(their levels go through the block-sparse layer) and models with other than full-attention
-layers stay eager.
+against all the cache's slots through a dense 4-D mask, so two graphs serve every round; a model
+with sliding windows keeps every entry and gets its window as a mask counted in positions. Trees
+(their levels go through the block-sparse layer) and models the static path refuses
+(`static.unsupported`: recurrent state, chunked attention, ...) stay eager.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache
 
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.kernels.hf import use_block_sparse_attention
@@ -99,6 +100,7 @@ class ModelDrafter:
         self.chains_only = self.recurrent  # also set where its model cannot take a tree mask
         self.cache = None
         self.compiled = None  # the model's compiled call, under generate(compile=True)
+        self.masks = None  # static.masks(model) then
         self.static_len = 0  # the StaticCache's slots then
         self.fed_ids: torch.Tensor | None = None  # long [B, F] tokens behind the cached slots
         self.fed_valid: torch.Tensor | None = None  # bool [B, F]
@@ -147,7 +149,8 @@ class ModelDrafter:
         col = torch.arange(start + m, device=ids.device)
         causal = col <= start + torch.arange(m, device=ids.device)[:, None]  # [M, S]
         attends = attention_mask.bool()[:, None, :] & causal  # [B, M, S]
-        mask = static.dense_tree_mask(attends, p, self.static_len, self.model.dtype)
+        mask = self.masks(attends, p, self.static_len, self.model.dtype,  # windows: positions
+                          lambda: (position_ids, attention_mask.cumsum(-1) - 1))
         out = self.compiled(input_ids=static.padded(ids, p),
                             attention_mask=mask,  # [B, 1, P, length]
                             position_ids=static.padded(position_ids, p),
@@ -180,13 +183,14 @@ class ModelDrafter:
             self.cache = DynamicCache() if self.windows else None
             self.fed_ids = self.fed_valid = None
             self.compiled = None
-            if state.compile is not None and self.top_k == 1 and not self.windows \
-                    and static.static_layers_only(self.model):
+            if state.compile is not None and self.top_k == 1 \
+                    and static.unsupported(self.model, self.windows) is None:
                 # the prompt, every new token and a padded catch-up of at most a draft + root
                 self.static_len = static.round_up(
                     ids.shape[1] + state.max_tokens + self.num_tokens + static.NODE_BUCKET,
                     static.LENGTH_BUCKET)
-                self.cache = StaticCache(config=self.model.config, max_cache_len=self.static_len)
+                self.cache = static.static_cache(self.model, self.static_len)
+                self.masks = static.masks(self.model)
                 self.compiled = static.compiled_forward(self.model, state.compile)
         start = self._reusable(ids, valid)
         if self.cache is not None:

@@ -82,13 +82,21 @@ if triton is not None:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PRECISION) * scale_log2  # [M, N], base-2 logits
-        if SOFTCAP:  # cap the natural logits s * ln 2, then back to base 2
-            s = _tanh(s * (0.6931471805599453 / softcap)) * (softcap * 1.4426950408889634)
         keep = k_ok[None, :]
         if PARTIAL:
             em = tl.load(pm_ptr + row_in_blk[:, None] * BK + (col0 + tl.arange(0, BLOCK_N))[None, :])
             keep = keep & (em != 0)
-        s = tl.where(keep, s, float("-inf"))
+        return _online_softmax(acc, m_i, l_i, s, keep, vt, True, PRECISION, SOFTCAP, softcap)
+
+    @triton.jit
+    def _online_softmax(acc, m_i, l_i, s, keep, vt, MASKED: tl.constexpr,
+                        PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, softcap):
+        """One key tile's step of the online softmax: base-2 logits s [M, N] (soft-capped here
+        when SOFTCAP), `keep` broadcastable to s (read only when MASKED), values vt [N, D]."""
+        if SOFTCAP:  # cap the natural logits s * ln 2, then back to base 2
+            s = _tanh(s * (0.6931471805599453 / softcap)) * (softcap * 1.4426950408889634)
+        if MASKED:
+            s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -174,7 +182,7 @@ def launch_configs(bq: int, bk: int, block_d: int) -> list[tuple[int, int, int, 
     return list(dict.fromkeys([fast, safe, small]))
 
 
-_CHOSEN: dict = {}  # (device, bq, bk, block_d, dtype, softcap) -> the config that launched
+_CHOSEN: dict = {}  # (kernel, device, bq, bk, block_d, dtype, softcap) -> the config that launched
 # a launch config the compiler rejects for this GPU (shared memory, registers)
 _OUT_OF_RESOURCES = triton.runtime.OutOfResources if triton is not None else RuntimeError
 
@@ -183,10 +191,40 @@ _OUT_OF_RESOURCES = triton.runtime.OutOfResources if triton is not None else Run
 def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
     b, hq, nq, d = q.shape
     bq, bk = mask.block_size
-    mq = mask.num_q_blocks
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
+    tables = lookup_tables(mask, b, hq)
+
+    block_d = max(16, triton.next_power_of_2(d))
+    key = ("triton", q.device, bq, bk, block_d, q.dtype, bool(softcap))  # softcap: more registers
+    launch_first_fitting(key, launch_configs(bq, bk, block_d), lambda config: _launch(
+        config, q, k, v, out, lse, *tables, scale, softcap, bq, bk, block_d))
+    return out, lse
+
+
+def launch_first_fitting(key, candidates, launch) -> None:
+    """`launch(config)` with the config that fitted last time for `key`, or else with each of
+    `candidates` in order until one fits this GPU (no OutOfResources), remembered for `key`."""
+    if key in _CHOSEN:
+        candidates = [_CHOSEN[key]]
+    for i, config in enumerate(candidates):
+        try:
+            launch(config)
+        except _OUT_OF_RESOURCES:
+            if i == len(candidates) - 1:
+                raise
+            continue
+        _CHOSEN[key] = config
+        return
+
+
+def lookup_tables(mask: BlockSparseMask, b: int, hq: int):
+    """The mask's counts, index lists and element masks as the kernels read them: B and H
+    broadcast to [b, hq] (stride 0), index lists contiguous, never-empty lists."""
+    mq = mask.num_q_blocks
+    bq, bk = mask.block_size
+    device = mask.device
 
     def rows(t):  # broadcast B/H to stride 0
         return t.expand(b, hq, *t.shape[2:])
@@ -197,25 +235,12 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: floa
     part_num, part_idx = rows(mask.kv_num_blocks), rows(mask.kv_indices.contiguous())
     part_mask = mask.partial_masks.contiguous().view(torch.uint8)
     if part_idx.shape[-1] == 0:  # never read (counts are 0), but the kernel needs real pointers
-        part_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
-        part_mask = torch.zeros(1, 1, mq, 1, bq, bk, dtype=torch.uint8, device=q.device)
+        part_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=device)
+        part_mask = torch.zeros(1, 1, mq, 1, bq, bk, dtype=torch.uint8, device=device)
     part_mask = rows(part_mask)
     if full_idx.shape[-1] == 0:  # the same for a mask with no full-block slots
-        full_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=q.device)
-
-    block_d = max(16, triton.next_power_of_2(d))
-    key = (q.device, bq, bk, block_d, q.dtype, bool(softcap))  # soft-capping uses more registers
-    candidates = [_CHOSEN[key]] if key in _CHOSEN else launch_configs(bq, bk, block_d)
-    for i, config in enumerate(candidates):
-        try:
-            _launch(config, q, k, v, out, lse, full_num, full_idx, part_num, part_idx, part_mask,
-                    scale, softcap, bq, bk, block_d)
-        except _OUT_OF_RESOURCES:
-            if i == len(candidates) - 1:
-                raise
-            continue
-        _CHOSEN[key] = config
-        return out, lse
+        full_idx = torch.zeros(b, hq, mq, 1, dtype=torch.int32, device=device)
+    return full_num, full_idx, part_num, part_idx, part_mask
 
 
 def _launch(config, q, k, v, out, lse, full_num, full_idx, part_num, part_idx, part_mask, scale,
