@@ -4,7 +4,8 @@ selection on its real attention maps (issue 3).
     python benchmarks/video.py [--write] [--plot] [--quick] [--threads 1]
 
 1. Quality: `mmspec.zoo.load("video-dit")` generates the same prompts from the same seeds at its
-   training grid (4 frames of 32x32 pixels = 4x16x16 tokens, (4, 4) tiles = 64 draft tokens),
+   default grid, the first it was trained on (4 frames of 32x32 pixels = 4x16x16 tokens, the
+   zoo's (4, 4) tiles = 64 draft tokens; `benchmarks/video_grids.py` covers the other sizes),
    20 Euler steps, CFG 3, dense and with DraftAttention (default warm-up: 30% dense steps, layer
    0 dense) at several sparsities, modes global and row. PSNR and SSIM of each sparse video
    against its dense twin (`mmspec.video_dit.compare`). Bar: PSNR >= 25 dB at 90% sparsity.
@@ -45,7 +46,7 @@ from mmspec.video_dit.compare import psnr, ssim
 from mmspec.video_dit.processors import _wan_rope
 from mmspec.video_dit.video_io import to_uint8
 from mmspec.zoo.paths import ZOO_DIR
-from mmspec.zoo.registry import load
+from mmspec.zoo.registry import ZOO_VIDEO_TILE, load
 
 PLOTS = Path(__file__).resolve().parent / "plots"
 PROMPTS = ("a red circle moving right", "a blue square moving down", "a yellow triangle moving left",
@@ -288,7 +289,7 @@ def model_steps(card: dict) -> int:
     return steps + (model_steps(card["init_from"]["card"]) if "init_from" in card else 0)
 
 
-def plot(rows, videos, out_dir: Path) -> list[Path]:
+def plot(rows, videos, out_dir: Path, grid, tile) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -303,7 +304,8 @@ def plot(rows, videos, out_dir: Path) -> list[Path]:
     ax.axhline(25, color="grey", ls=":", label="bar 25 dB")
     ax.set_xlabel("kept-block density in sparse layers")
     ax.set_ylabel("PSNR vs dense (dB)")
-    ax.set_title("video-dit, 4x16x16 tokens, 4x4 tiles")
+    ax.set_title(f"video-dit, {grid[0]}x{grid[1]}x{grid[2]} tokens, {tile[0]}x{tile[1]} tiles "
+                 f"(the zoo preset's)")
     ax.legend()
     ax.grid(alpha=0.3)
     paths = [out_dir / "video_density_psnr.png"]
@@ -366,7 +368,7 @@ def main() -> None:
     else:
         prompts, steps, sparsities, big, big_steps = PROMPTS[:4], 20, (0.5, 0.75, 0.9, 0.95), (16, 64, 64), 5
         capture_steps = (6, 10, 15, 19)  # the sparse steps (0-5 are the 30% dense warm-up)
-    tile, big_tile = (4, 4), (8, 16)
+    tile, big_tile = ZOO_VIDEO_TILE, (8, 16)  # the zoo's tile (video_dit.generate's on it)
     if tiles:
         body = tile_report(pipe, prompts, size, grid, steps, tiles, capture_steps)
         print(body)
@@ -375,6 +377,8 @@ def main() -> None:
                           "against the tile size (`benchmarks/video.py --tiles`)", body)
         return
     bn = big[0] * (big[1] // 2) * (big[2] // 2)
+    trained_tokens = ", ".join(f"{f}x{h // 2}x{w // 2}" for f, h, w in pipe.trained_grids) + (
+        " tokens")
     load0 = os.getloadavg()
 
     t0 = time.time()
@@ -404,7 +408,7 @@ def main() -> None:
         f"{pipe.transformer.config.num_layers} layers, {heads(pipe)} of "
         f"{pipe.transformer.config.attention_head_dim}). Threads: {args.threads}. "
         f"Load average at the start: {load0[0]:.1f} on {os.cpu_count()} CPUs (shared machine).\n\n"
-        f"### 1. Quality at the training grid ({size[0]} frames {size[1]}x{size[2]} = "
+        f"### 1. Quality at the default grid ({size[0]} frames {size[1]}x{size[2]} = "
         f"{grid[0]}x{grid[1]}x{grid[2]} = {grid[0] * grid[1] * grid[2]:,} tokens, {tile[0]}x{tile[1]}"
         f" tiles = {grid[0] * grid[1] * grid[2] // (tile[0] * tile[1])} draft tokens)\n\n"
         f"{len(prompts)} prompts, seeds 0..{len(prompts) - 1}, {steps} Euler steps, CFG 3 (batch 2), "
@@ -438,10 +442,9 @@ def main() -> None:
             f"({n_sparse} of {n_calls} self-attention calls sparse). Each `attn1` forward is timed "
             f"(projections included). Small problems do not get faster on a CPU (below 2^18 "
             f"q·kv the kernel is dense masked SDPA), hence this grid, "
-            f"{bn / (grid[0] * grid[1] * grid[2]):g}x the training grid: the model was trained "
-            f"on {grid[0]}x{grid[1]}x{grid[2]} tokens, so this is timing at a size it "
-            f"extrapolates to through RoPE, and its PSNR is against the dense output at the same "
-            f"size. Load "
+            f"{bn / (grid[0] * grid[1] * grid[2]):g}x the grid of section 1: the model was "
+            f"trained on {trained_tokens}, so this is timing at a size it extrapolates to "
+            f"through RoPE, and its PSNR is against the dense output at the same size. Load "
             f"average at the start of this part: {load1[0]:.1f}; dense share of the end-to-end "
             f"time spent in self-attention: {100 * srows[0]['attn_share_dense']:.0f}%.\n\n"
             + s_table
@@ -513,7 +516,7 @@ def main() -> None:
     print(real)
     print(f"quality + capture + fidelity took {quality_s:.0f} s")
     if args.plot:
-        for path in plot(qrows, videos, PLOTS):
+        for path in plot(qrows, videos, PLOTS, grid, tile):
             print("wrote", path)
         body += ("\nCharts: `benchmarks/plots/video_density_psnr.png` (PSNR vs density), "
                  "`benchmarks/plots/video_frames.png` (dense vs global-mode sparse frames, "

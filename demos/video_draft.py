@@ -148,7 +148,18 @@ def enlarged(frames: np.ndarray, at_least: int = 192) -> np.ndarray:
     return frames.repeat(k, axis=1).repeat(k, axis=2)
 
 
-# the zoo model's training clips (mmspec.zoo.video_model.VideoModelSpec): 4 frames of 32 x 32,
+def size_name(frames: int, size: int) -> str:
+    return f"{frames} frames of {size} x {size}"
+
+
+def trained_sizes(pipe) -> dict[str, tuple[int, int]]:
+    """The square sizes the zoo video model was trained on (its card's `training.grids`, which
+    `zoo.load` sets on the pipeline), by name -> (frames, height = width); none for other
+    pipelines."""
+    return {size_name(f, h): (f, h) for f, h, w in getattr(pipe, "trained_grids", ()) if h == w}
+
+
+# the zoo model's default size (the first of its card's training.grids): 4 frames of 32 x 32,
 # i.e. 16 x 16 tokens per frame = 16 tiles of 4 x 4 tokens
 def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frames: int = 4,
               size: int = 32, steps: int = 20, tile: str = "4 x 4") -> gr.Blocks:
@@ -196,6 +207,8 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                              seed=int(seed), query_tile=TILES[tile_name][1])
         except ValueError as error:  # e.g. a tile larger than the latent frame
             return gr.skip(), gr.skip(), warn(str(error)), *[gr.skip()] * 5
+        off_grid = getattr(pipe, "off_grid_message", lambda grid: None)(
+            (int(frames), int(px), int(px)))
         run_id = next(counter)
         paths = [out_dir / f"{run_id}-{name}.mp4" for name in ("dense", "draft")]
         write_mp4(paths[0], enlarged(result.dense), fps=FPS)
@@ -206,6 +219,9 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                   f"{result.density:.2f}, PSNR {psnr(result.dense, result.sparse):.1f} dB")
         if not result.maps:
             status += " (no sparse step or layer in this run: no draft map to show)"
+        if off_grid:  # the zoo model outside the sizes it was trained on
+            status += f"\n\n⚠️ {off_grid}"
+        if not result.maps:
             return str(paths[0]), str(paths[1]), status, None, *[gr.skip()] * 4
         keys = sorted(result.maps)
         steps_seen = sorted({s for s, _ in keys})
@@ -238,7 +254,8 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                     "the sparse path only gets faster on large token grids (BENCHMARKS.md: "
                     "16 frames of 64 x 64 with 8 x 16 tiles); at the zoo model's 32 x 32 the "
                     "gain is small (1.1-1.2x measured on a shared 2-core machine) and moves with "
-                    "machine load.")
+                    "machine load. The zoo model was trained on the sizes the 'trained sizes' "
+                    "list offers; at other sizes the page says so, and it may make noise.")
         # (draft maps by (step, layer), tiles and query tiles per latent frame, own blocks)
         maps = gr.State(None)
         with gr.Row():
@@ -251,6 +268,12 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
                                      label="sparsity (share of attention blocks skipped)")
                 tile_choice = gr.Dropdown(list(TILES), value=tile, label="tile (latent tokens)",
                                           elem_id="tile")
+                sizes = trained_sizes(pipe)
+                if sizes:  # the zoo model: the sizes it was trained on (others warn)
+                    size_choice = gr.Dropdown(
+                        list(sizes), label="trained sizes (frames, height = width)",
+                        value=size_name(num_frames, size) if (num_frames, size) in
+                        sizes.values() else None, elem_id="trained-size")
                 with gr.Row():
                     frames = gr.Number(num_frames, label="frames", precision=0)
                     px = gr.Number(size, label="height = width", precision=0, elem_id="size")
@@ -267,6 +290,8 @@ def build_app(pipe=None, *, prompt: str = "a red circle moving right", num_frame
             layer = gr.Dropdown([], label="layer", elem_id="layer")
             head = gr.Slider(0, 1, value=0, step=1, label="head", interactive=False)
         figure = gr.Plot(label="draft map and block mask", elem_id="map")
+        if sizes:
+            size_choice.input(lambda name: sizes[name], size_choice, [frames, px])
         button.click(on_run, [prompt_box, sparsity, tile_choice, frames, px, n_steps, seed],
                      [dense_video, sparse_video, status, maps, step, layer, head, figure])
         for control in (step, layer, head, sparsity):

@@ -42,6 +42,7 @@ from .tiles import TileTooLarge
 from .ulysses import ulysses_config
 from .video_io import to_uint8, write_mp4
 
+PAPER_TILE = (8, 16)  # DraftAttention's tile for Wan (arXiv 2505.14708 §4): 128-token blocks
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -79,9 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     sparse.add_argument("--sparsity", type=float, default=0.9, help="share of blocks skipped")
     sparse.add_argument("--dense", action="store_true", help="run without DraftAttention")
     p.add_argument("--mode", choices=("global", "row"), default="global")
-    p.add_argument("--tile", type=int, nargs=2, default=(8, 16), metavar=("TH", "TW"),
+    p.add_argument("--tile", type=int, nargs=2, default=None, metavar=("TH", "TW"),
                    help="latent tokens (after the VAE and the patch embedding) per tile and "
-                        "kernel block, at most a frame's (default 8 16, the paper's)")
+                        "kernel block, at most a frame's (default 8 16, the paper's; 4 4 on the "
+                        "zoo video-dit, mmspec.zoo.registry.ZOO_VIDEO_TILE)")
     p.add_argument("--query-tile", type=int, nargs=2, default=None, metavar=("QH", "QW"),
                    help="query tiles of whole tiles, e.g. --tile 4 8 --query-tile 8 8: 64-token "
                         "query blocks over 32-token key blocks, a finer selection with larger "
@@ -92,9 +94,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=positive_int, default=None,
                    help="denoising steps (pipeline default)")
     p.add_argument("--seed", type=int, default=42, help="seed of prompt i is seed + i")
-    p.add_argument("--height", type=positive_int, default=None)
-    p.add_argument("--width", type=positive_int, default=None)
-    p.add_argument("--frames", type=positive_int, default=None)
+    sizes = ("(default: the pipeline's; the zoo video-dit's is 4 frames of 32x32, and it was "
+             "trained on the sizes its card's training.grids lists, warning at others)")
+    p.add_argument("--height", type=positive_int, default=None, help=f"pixels {sizes}")
+    p.add_argument("--width", type=positive_int, default=None, help="pixels (as --height)")
+    p.add_argument("--frames", type=positive_int, default=None, help="(as --height)")
     p.add_argument("--guidance", type=float, default=None)
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--true-cfg-scale", type=float, default=None,
@@ -130,6 +134,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if steps < 0 or (steps >= 1 and steps != int(steps)):
         p.error(f"--dense-steps must be a fraction in [0, 1) or a whole number of steps, got "
                 f"{args.dense_steps:g}")
+    if args.tile is None:
+        args.tile = PAPER_TILE
+        if zoo_kind(args.model) == "video-dit":
+            from mmspec.zoo.registry import ZOO_VIDEO_TILE
+
+            args.tile = ZOO_VIDEO_TILE
     if args.dense_layers < 0 or min(args.tile) < 1:
         p.error(f"--dense-layers must be >= 0 and --tile two ints >= 1, got {args.dense_layers} "
                 f"and {tuple(args.tile)}")

@@ -155,8 +155,9 @@ def _load_video(name: str, directory: Path, card: dict) -> ZooModel:
     scheduler = FlowMatchEulerDiscreteScheduler(shift=card["training"]["shift"])
     pipe = PixelWanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
                             transformer=transformer, scheduler=scheduler)
-    spec = card["spec"]
-    pipe.trained_grid = (spec["frames"], spec["height"], spec["width"])
+    spec = card["spec"]  # a card from before multi-grid training names one grid, in its spec
+    grids = card["training"].get("grids", [[spec["frames"], spec["height"], spec["width"]]])
+    pipe.trained_grids = tuple(tuple(g) for g in grids)
     pipe.card_path = directory / "card.json"
     return ZooModel(name, pipe, tokenizer, card, path=directory)
 
@@ -178,6 +179,12 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
 # 30-token GPU tree tau 4.85 / 1.20x; this 11-token chain tau 7.53 / 2.06x. (A 14-token depth-8
 # top-2 tree gave tau 7.3 / 1.6-1.8x in an unrecorded sweep on earlier drafters.)
 ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
+
+# DraftAttention's tile (latent tokens) for the zoo video DiT, whose frames are 16x16 or 32x32
+# tokens: `video_dit.generate`'s default on it, the demo's and BENCHMARKS.md `video`'s (its plot
+# names it). The paper's (8, 16), sized for Wan's 30x52-token frames, leaves 2 tiles a 32x32
+# frame here: 21.5 dB at 90% on the previous zoo DiT's training grid, against 26.7 dB with (4, 4).
+ZOO_VIDEO_TILE = (4, 4)
 
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
 # tokens costs about one decode step). Here verifying 20 tokens costs 2.0 decode steps and the DLM

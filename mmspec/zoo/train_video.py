@@ -3,7 +3,10 @@
     python -m mmspec.zoo.train_video                  # about 40 min on one CPU thread
     python -m mmspec.zoo.train_video --steps 2 --micro --out /tmp/x --assets /tmp/zoo   # smoke
 
-Rectified flow matching in pixel space (see `video_model.py` for the choices). Seeded and
+Rectified flow matching in pixel space (see `video_model.py` for the choices), on several grids:
+step s trains on grid s mod len(--grids), each with its own batch (`GRIDS`: about as many
+tokens a step on each), so the model works at every size its card lists (RoPE alone does not
+carry a DiT trained on one grid to another: 9 frames of 64x64 gave dark noise). Seeded and
 resumable (`mmspec.train_scaffold`): transformer, optimizer, scheduler, step and losses go to the
 folder `out/zoo/video-dit/ckpt/` every `--save-every-s` seconds and at the end; `--resume`
 continues from there (the batch of step s is drawn from a generator seeded by s, so a resumed run
@@ -51,6 +54,30 @@ SHIFT = 3.0  # timestep shift of training and of the pipeline's FlowMatchEulerDi
 SPEC = VideoModelSpec()  # the shipped shape: 3 layers, 2 heads of 128 (see its docstring)
 MICRO = VideoModelSpec(frames=2, height=16, width=16, num_layers=2, num_heads=2, head_dim=12,
                        ffn_dim=16, text_dim=16, freq_dim=16)
+SEED_STRIDE = 16  # clip seeds per step, at least any grid's batch
+# (frames, height, width, batch) trained in turn; the first is the pipeline's default size.
+# The sizes video_dit.generate and demos/video_draft.py offer for the zoo entry.
+GRIDS = ((4, 32, 32, 8), (8, 32, 32, 4), (4, 64, 64, 2))
+MICRO_GRIDS = ((2, 16, 16, 2), (4, 8, 8, 2))
+
+
+def parse_grid(text: str) -> tuple[int, int, int, int]:
+    """argparse type of `--grids`: 'FxHxW:B' (frames, even height and width, batch)."""
+    try:
+        size, batch = text.split(":")
+        frames, height, width = (int(v) for v in size.split("x"))
+        grid = (frames, height, width, int(batch))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be FRAMESxHEIGHTxWIDTH:BATCH such as 4x32x32:8, "
+                                         f"got {text!r}") from None
+    if min(grid) < 1 or height % 2 or width % 2 or grid[3] > SEED_STRIDE:
+        raise argparse.ArgumentTypeError(f"needs sizes >= 1, even height and width and a batch "
+                                         f"of at most {SEED_STRIDE}, got {text!r}")
+    return grid
+
+
+def grid_name(grid) -> str:
+    return "%dx%dx%d" % tuple(grid[:3])
 
 
 def sample_t(b: int, generator) -> torch.Tensor:
@@ -75,21 +102,24 @@ def flow_matching_loss(transformer, videos, text, generator) -> torch.Tensor:
     return torch.nn.functional.mse_loss(pred.float(), noise - videos)
 
 
-def training_batch(step: int, batch: int, spec: VideoModelSpec, seed: int, generator):
-    seeds = [(seed * 1_000_003 + step * batch + i) % HELDOUT_SEED for i in range(batch)]
-    videos, captions = clip_batch(seeds, spec.frames, spec.height, spec.width)
+def training_batch(step: int, grids, seed: int, generator):
+    """The clips of step `step`: grid `step % len(grids)`, its batch of seeded clips."""
+    frames, height, width, batch = grids[step % len(grids)]
+    seeds = [(seed * 1_000_003 + step * SEED_STRIDE + i) % HELDOUT_SEED for i in range(batch)]
+    videos, captions = clip_batch(seeds, frames, height, width)
     drop = torch.rand(batch, generator=generator) < CAPTION_DROPOUT
     return videos, ["" if d else c for c, d in zip(captions, drop.tolist())]
 
 
 @torch.no_grad()
-def heldout_loss(transformer, tokenizer, text_encoder, spec: VideoModelSpec,
-                 clips: int = EVAL_CLIPS) -> float:
-    """Flow-matching loss on held-out clips with fixed noise and t (generator seed 1234)."""
+def heldout_loss(transformer, tokenizer, text_encoder, grid, clips: int = EVAL_CLIPS) -> float:
+    """Flow-matching loss on held-out clips of `grid` (frames, height, width), with fixed noise
+    and t (generator seed 1234)."""
     was_training = transformer.training
     transformer.eval()
-    videos, captions = clip_batch(range(HELDOUT_SEED, HELDOUT_SEED + clips), spec.frames,
-                                  spec.height, spec.width)
+    frames, height, width = grid[:3]
+    videos, captions = clip_batch(range(HELDOUT_SEED, HELDOUT_SEED + clips), frames, height,
+                                  width)
     text = encode_prompts(tokenizer, text_encoder, captions)
     gen = torch.Generator().manual_seed(1234)
     losses = [flow_matching_loss(transformer, v, e, gen).item() * len(v)
@@ -101,6 +131,7 @@ def heldout_loss(transformer, tokenizer, text_encoder, spec: VideoModelSpec,
 
 def train(args) -> None:
     spec = MICRO if args.micro else SPEC
+    grids = tuple(args.grids or (MICRO_GRIDS if args.micro else GRIDS))
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
@@ -114,9 +145,9 @@ def train(args) -> None:
                             weight_decay=0.01)
     ckpt_path = Path(args.out) / NAME / "ckpt"
     # what a checkpoint must share with this run to be resumed by it (--steps may grow): the
-    # frozen text encoder is rebuilt from --seed, the data follow --seed and --batch
-    run = {key: getattr(args, key) for key in ("seed", "lr", "batch", "warmup", "micro",
-                                               "init_from")}
+    # frozen text encoder is rebuilt from --seed, the data follow --seed and --grids
+    run = {key: getattr(args, key) for key in ("seed", "lr", "warmup", "micro", "init_from")}
+    run["grids"] = [list(g) for g in grids]
     old_format = ckpt_path.with_name("ckpt.pt")
     meta = read_meta(ckpt_path)
     if not args.resume and (meta is not None or old_format.exists()):
@@ -130,15 +161,15 @@ def train(args) -> None:
         loop.resume(meta)
         print(f"resumed {NAME} at step {loop.done} ({loop.elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in transformer.parameters())
-    print(f"{NAME}: {n_params / 1e6:.2f}M transformer params, grid "
-          f"{(spec.frames, spec.height // 2, spec.width // 2)}, batch {args.batch}")
+    print(f"{NAME}: {n_params / 1e6:.2f}M transformer params, grids (frames x height x width: "
+          f"batch) " + ", ".join(f"{grid_name(g)}:{g[3]}" for g in grids))
 
     transformer.train()
     bar = loop.steps(args.steps, NAME)
     try:
         for step in bar:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            videos, captions = training_batch(step, args.batch, spec, args.seed, gen)
+            videos, captions = training_batch(step, grids, args.seed, gen)
             text = encode_prompts(tokenizer, text_encoder, captions)
             loss = flow_matching_loss(transformer, videos, text, gen)
             loop.update(loss, step, bar, digits=4)
@@ -147,10 +178,12 @@ def train(args) -> None:
                                f"resume: {command(MODULE, args.argv, resume=True)}") from None
     loop.finish()
     losses, elapsed, done = loop.losses, loop.elapsed, loop.done
-    export(spec, transformer, text_encoder, tokenizer, losses, elapsed, done, n_params, args)
+    export(spec, grids, transformer, text_encoder, tokenizer, losses, elapsed, done, n_params,
+           args)
 
 
-def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n_params, args):
+def export(spec, grids, transformer, text_encoder, tokenizer, losses, elapsed, steps, n_params,
+           args):
     from mmspec.zoo.registry import load_video_components
 
     out_dir = Path(args.assets) / NAME
@@ -166,15 +199,21 @@ def export(spec, transformer, text_encoder, tokenizer, losses, elapsed, steps, n
         text_encoder.config.to_json_file(str(stage / "text_encoder_config.json"))
         tokenizer.save_pretrained(str(stage))
         shipped_transformer, shipped_text, shipped_tok = load_video_components(stage)
-        held = heldout_loss(shipped_transformer, shipped_tok, shipped_text, spec)
+        held = {grid_name(g): heldout_loss(shipped_transformer, shipped_tok, shipped_text, g)
+                for g in grids}
         size_mb = (stage / "model.safetensors").stat().st_size / 1e6
-        write_card(stage, _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held,
-                                size_mb))
-    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out loss {held:.4f}")
+        write_card(stage, _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args,
+                                held, size_mb))
+    print(f"exported {out_dir}: {size_mb:.2f} MB, held-out loss " +
+          ", ".join(f"{k} {v:.4f}" for k, v in held.items()))
 
 
-def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size_mb) -> dict:
+def _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args, held,
+          size_mb) -> dict:
     tail = losses[-50:]
+    # the last 20 steps of each grid (a grid no step has reached yet has none)
+    by_grid = {grid_name(g): [x for s, x in enumerate(losses) if s % len(grids) == i][-20:]
+               for i, g in enumerate(grids)}
     return {
         "name": NAME,
         "summary": "Tiny WanTransformer3DModel (diffusers) trained with rectified flow matching "
@@ -189,8 +228,8 @@ def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size
         "spec": spec.to_dict(),
         "conventions": {
             "space": "pixels in [-1, 1], video layout [B, 3, F, H, W]; patch (1, 2, 2)",
-            "token_grid": f"(frames, height/2, width/2); training grid "
-                          f"{(spec.frames, spec.height // 2, spec.width // 2)}",
+            "token_grid": "(frames, height/2, width/2); training grids " + ", ".join(
+                str((f, h // 2, w // 2)) for f, h, w, _ in grids),
             "scheduler": f"FlowMatchEulerDiscreteScheduler(shift={SHIFT})",
             "caption": "'a <colour> <shape> moving <direction>' (mmspec.zoo.clips); '' = "
                        "unconditional (caption dropout %.0f%%)" % (100 * CAPTION_DROPOUT),
@@ -202,19 +241,28 @@ def _card(spec, text_encoder, losses, elapsed, steps, n_params, args, held, size
                      "colours) moving and bouncing in one of 4 directions over a background "
                      "texture (a grey level plus 4 plane waves) that pans with a random camera "
                      "motion",
-            "train_seeds": f"(seed*1000003 + step*batch + i) % {HELDOUT_SEED}",
+            "train_seeds": f"(seed*1000003 + step*{SEED_STRIDE} + i) % {HELDOUT_SEED}, i < "
+                           f"the batch of the step's grid",
             "heldout_seeds": f"{HELDOUT_SEED}..{HELDOUT_SEED + EVAL_CLIPS - 1}",
         },
-        "training": {"steps": steps, "shift": SHIFT, "batch": args.batch, "lr": args.lr,
-                     "warmup": args.warmup,
+        "training": {"steps": steps, "shift": SHIFT,
+                     "grids": [list(g[:3]) for g in grids],
+                     "grids_note": "(frames, height, width) in pixels, trained in turn (step s on "
+                                   "grid s mod %d); batch per grid %s" % (
+                                       len(grids), [g[3] for g in grids]),
+                     "lr": args.lr, "warmup": args.warmup,
                      "optimizer": "AdamW(0.9, 0.99), wd 0.01, grad clip 1.0, cosine to 10%"},
         "results": {
             "final_train_loss": round(sum(tail) / len(tail), 4),
-            "final_train_loss_note": "mean of the last 50 steps",
-            "heldout_loss": round(held, 4),
+            "final_train_loss_note": "mean of the last 50 steps, all grids",
+            "final_train_loss_by_grid": {k: round(sum(v) / len(v), 4)
+                                         for k, v in by_grid.items() if v},
+            "heldout_loss": round(held[grid_name(grids[0])], 4),
+            "heldout_loss_by_grid": {k: round(v, 4) for k, v in held.items()},
             "heldout_note": f"flow-matching loss on {EVAL_CLIPS} held-out clips, noise and t from "
                             f"Generator(1234), fp16 weights as shipped "
-                            f"(mmspec.zoo.train_video.heldout_loss)",
+                            f"(mmspec.zoo.train_video.heldout_loss); heldout_loss is the first "
+                            f"grid's",
             "wall_time_s": round(elapsed, 3),
             "threads": args.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
@@ -230,7 +278,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_video", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=positive_int, default=600)
-    parser.add_argument("--batch", type=positive_int, default=8)
+    parser.add_argument("--grids", type=parse_grid, nargs="+", default=None,
+                        metavar="FxHxW:B",
+                        help="grids trained in turn, frames x height x width in pixels and the "
+                             "batch of each (default " + " ".join(
+                                 f"{grid_name(g)}:{g[3]}" for g in GRIDS) + "; --micro: " +
+                             " ".join(f"{grid_name(g)}:{g[3]}" for g in MICRO_GRIDS) + ")")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)

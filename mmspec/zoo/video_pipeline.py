@@ -9,8 +9,9 @@ A diffusers `DiffusionPipeline` (components `tokenizer`, `text_encoder`, `transf
 `scheduler`) that samples like `WanPipeline` (Euler steps of `FlowMatchEulerDiscreteScheduler`,
 classifier-free guidance with the empty caption as negative), but denoises pixels directly, so
 `WanPipeline`'s VAE, its 4k+1 frame rule and its 16-pixel size rule do not apply: any frame count
-and any even height and width run, but the zoo entry was trained on one size (its card's `spec`)
-and warns, once per size, at others, where it makes noise. `apply_draft_attention(pipe, config)` finds `pipe.transformer`
+and any even height and width run, but the zoo entry was trained on a few sizes (its card's
+`training.grids`; the first is the call's default) and warns, once per size, at others, where it
+may make noise. `apply_draft_attention(pipe, config)` finds `pipe.transformer`
 and `pipe.scheduler` as it does on a `WanPipeline`. The conditional and unconditional branches run
 as one batch of 2 (a CFG batch), not two forwards as in `WanPipeline`. diffusers' step caches
 (`pipe.transformer.enable_cache(FirstBlockCacheConfig(...))`) work as on its own pipelines.
@@ -63,19 +64,26 @@ class PixelWanPipeline(DiffusionPipeline):
         self.register_modules(tokenizer=tokenizer, text_encoder=text_encoder,
                               transformer=transformer, scheduler=scheduler)
         # set by `mmspec.zoo.load` from the card: the (frames, height, width) it was trained on
-        self.trained_grid: tuple[int, int, int] | None = None
+        self.trained_grids: tuple[tuple[int, int, int], ...] = ()
         self.card_path: Path | None = None
         self._warned: set = set()
 
+    def off_grid_message(self, grid: tuple[int, int, int]) -> str | None:
+        """The line a call at (frames, height, width) `grid` warns with, None at a trained size
+        (or for a pipeline no card has set sizes on); the demo shows it too."""
+        if not self.trained_grids or tuple(grid) in self.trained_grids:
+            return None
+        trained = ", ".join(f"{f} frames of {h}x{w}" for f, h, w in self.trained_grids)
+        return (f"{grid[0]} frames of {grid[1]}x{grid[2]}: this video DiT was trained on "
+                f"{trained} only ({self.card_path}, training.grids); expect noise at other sizes")
+
     def _warn_off_grid(self, grid: tuple[int, int, int]) -> None:
-        """One line, once per size: away from its training size the zoo DiT makes noise (64x64,
-        9 frames gave dark noise without a word)."""
-        if self.trained_grid is None or grid == self.trained_grid or grid in self._warned:
-            return
-        self._warned.add(grid)
-        (f, h, w), (tf, th, tw) = grid, self.trained_grid
-        logger.warning(f"{f} frames of {h}x{w}: this video DiT was trained on {tf} frames of "
-                       f"{th}x{tw} only ({self.card_path}, spec); expect noise at other sizes")
+        """One line, once per size: away from its training sizes the zoo DiT may make noise (a
+        DiT trained on 4 frames of 32x32 made dark noise at 9 frames of 64x64, without a word)."""
+        message = self.off_grid_message(grid)
+        if message is not None and grid not in self._warned:
+            self._warned.add(grid)
+            logger.warning(message)
 
     @property
     def current_timestep(self):

@@ -93,12 +93,13 @@ def test_entry_loads_offline_as_a_wan_pipeline(entry, monkeypatch):
 def test_heldout_loss_matches_the_card(entry):
     pipe = entry.model
     spec = train_video.VideoModelSpec(**entry.card["spec"])
-    loss = train_video.heldout_loss(pipe.transformer, pipe.tokenizer, pipe.text_encoder, spec)
+    grid = pipe.trained_grids[0]  # the card's heldout_loss is its first grid's
+    loss = train_video.heldout_loss(pipe.transformer, pipe.tokenizer, pipe.text_encoder, grid)
     assert loss <= entry.card["results"]["heldout_loss"] + 0.01
     # and it learned something: an untrained model of the same shape is far worse
     torch.manual_seed(0)
     untrained = train_video.build_transformer(spec).eval()
-    assert loss < 0.5 * train_video.heldout_loss(untrained, pipe.tokenizer, pipe.text_encoder, spec)
+    assert loss < 0.5 * train_video.heldout_loss(untrained, pipe.tokenizer, pipe.text_encoder, grid)
 
 
 @pytest.mark.parametrize("colour", ["red", "blue", "yellow"])
@@ -180,14 +181,14 @@ def test_draft_attention_at_90_percent_changes_less_than_the_seed(entry):
 def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, interrupt_on_call,
                                                        capsys):
     def run(out, *extra):
-        train_video.main(["--micro", "--steps", "3", "--batch", "2", "--save-every-s", "0",
+        train_video.main(["--micro", "--steps", "3", "--save-every-s", "0",
                           "--out", str(tmp_path / out), "--assets", str(tmp_path / f"zoo-{out}"),
                           *extra])
         return load_file(str(tmp_path / f"zoo-{out}" / "video-dit" / "model.safetensors"))
 
     straight = run("a")
     real_loss = interrupt_on_call(train_video, "flow_matching_loss", 3)  # Ctrl-C on its 3rd call
-    argv = ["--micro", "--steps", "3", "--batch", "2", "--save-every-s", "1e9", "--out",
+    argv = ["--micro", "--steps", "3", "--save-every-s", "1e9", "--out",
             str(tmp_path / "b"), "--assets", str(tmp_path / "zoo-b")]
     assert run_command(train_video.main, argv) == 130  # no timed save: the interrupt saves
     ckpt = tmp_path / "b" / "video-dit" / "ckpt"
@@ -204,6 +205,8 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, in
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     card = json.loads((tmp_path / "zoo-b" / "video-dit" / "card.json").read_text())
     assert card["training"]["steps"] == 3 and card["results"]["heldout_loss"] > 0
+    assert card["training"]["grids"] == [list(g[:3]) for g in train_video.MICRO_GRIDS]
+    assert set(card["results"]["heldout_loss_by_grid"]) == {"2x16x16", "4x8x8"}
     assert straight["transformer.proj_out.weight"].dtype == torch.float16
     entry = mmspec.zoo.load("video-dit", tmp_path / "zoo-b")
     frames = entry.model("a red square moving up", num_frames=2, height=16, width=16,
@@ -215,7 +218,7 @@ def test_init_from_fine_tunes_the_committed_weights(tmp_path, monkeypatch):
     from mmspec.zoo import committed
 
     def run(out, *extra):
-        train_video.main(["--micro", "--batch", "2", "--save-every-s", "0", "--out",
+        train_video.main(["--micro", "--save-every-s", "0", "--out",
                           str(tmp_path / out), "--assets", str(tmp_path / f"zoo-{out}"), *extra])
         return load_file(str(tmp_path / f"zoo-{out}" / "video-dit" / "model.safetensors"))
 
@@ -230,7 +233,7 @@ def test_init_from_fine_tunes_the_committed_weights(tmp_path, monkeypatch):
 
 
 def _micro_run(tmp_path, *extra):
-    train_video.main(["--micro", "--batch", "2", "--save-every-s", "0", "--out",
+    train_video.main(["--micro", "--save-every-s", "0", "--out",
                       str(tmp_path / "out"), "--assets", str(tmp_path / "zoo"), *extra])
 
 
@@ -241,8 +244,9 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
     entry = tmp_path / "zoo" / "video-dit"
     before = (entry / "model.safetensors").read_bytes()
     with pytest.raises(SystemExit, match=r"another run.s checkpoint \(--seed 0 there, 1 here; "
-                                         r"--batch 2 there, 3 here\)"):
-        _micro_run(tmp_path, "--steps", "3", "--resume", "--seed", "1", "--batch", "3")
+                                         r"--grids \[\[2, 16, 16, 2\], \[4, 8, 8, 2\]\] there, "
+                                         r"\[\[2, 16, 16, 3\]\] here\)"):
+        _micro_run(tmp_path, "--steps", "3", "--resume", "--seed", "1", "--grids", "2x16x16:3")
     assert (entry / "model.safetensors").read_bytes() == before
     _micro_run(tmp_path, "--steps", "3", "--resume")  # the same settings, more steps: resumes
     assert json.loads((entry / "card.json").read_text())["training"]["steps"] == 3
@@ -258,7 +262,7 @@ def test_an_export_killed_while_evaluating_keeps_the_previous_entry(tmp_path, mo
 
     monkeypatch.setattr(train_video, "heldout_loss", killed)
     with pytest.raises(KeyboardInterrupt):
-        train_video.main(["--micro", "--batch", "2", "--steps", "2", "--seed", "1", "--out",
+        train_video.main(["--micro", "--steps", "2", "--seed", "1", "--out",
                           str(tmp_path / "out-b"), "--assets", str(tmp_path / "zoo")])
     assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
     assert [p.name for p in (tmp_path / "zoo").iterdir()] == ["video-dit"]  # nothing staged
@@ -304,22 +308,52 @@ def test_pipeline_input_errors_name_the_argument(entry):
         pipe("a", latents=torch.zeros(2, 3, 4, 32, 32), num_inference_steps=1, **SIZE)
 
 
-def test_sizes_off_the_training_grid_warn_once_naming_the_card(entry, caplog):
-    # 64x64 at 9 frames (video_dit.generate's own sizes) made dark noise without a word
+def test_sizes_off_the_training_grids_warn_once_naming_the_card(entry, caplog):
+    # 64x64 at 9 frames (video_dit.generate's own sizes then) made dark noise without a word
     pipe = entry.model
-    spec = entry.card["spec"]
+    grids = [tuple(g) for g in entry.card["training"]["grids"]]
+    assert pipe.trained_grids == tuple(grids) and len(grids) >= 3
 
     def call(frames, size):
         pipe("a red circle moving right", num_frames=frames, height=size, width=size,
              num_inference_steps=1, generator=torch.Generator().manual_seed(0))
 
     with caplog.at_level("WARNING", logger="mmspec.zoo.video_pipeline"):
-        call(spec["frames"], spec["height"])
+        for frames, size, _ in grids[:2]:  # the cheap ones; every trained size is silent
+            call(frames, size)
         assert not caplog.records
         call(2, 16)
         call(2, 16)
     [record] = caplog.records  # one line, once per size
+    trained = ", ".join(f"{f} frames of {h}x{w}" for f, h, w in grids)
     assert record.getMessage() == (
-        f"2 frames of 16x16: this video DiT was trained on {spec['frames']} frames of "
-        f"{spec['height']}x{spec['width']} only ({entry.path / 'card.json'}, spec); expect noise "
-        f"at other sizes")
+        f"2 frames of 16x16: this video DiT was trained on {trained} only "
+        f"({entry.path / 'card.json'}, training.grids); expect noise at other sizes")
+
+
+def test_training_cycles_through_the_grids_each_with_its_batch():
+    grids = train_video.MICRO_GRIDS + ((3, 6, 10, 1),)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [tuple(train_video.training_batch(step, grids, 0, gen)[0].shape)
+              for step in range(4)]
+    assert shapes == [(2, 3, 2, 16, 16), (2, 3, 4, 8, 8), (1, 3, 3, 6, 10), (2, 3, 2, 16, 16)]
+    first = train_video.training_batch(0, grids, 0, gen)[0]
+    assert not torch.equal(first, train_video.training_batch(3, grids, 0, gen)[0])  # new clips
+
+
+@pytest.mark.parametrize("text", ["4x32:8", "4x32x32", "4x31x32:2", "4x32x32:17", "0x32x32:1"])
+def test_grids_option_refuses_malformed_grids(text, capsys):
+    with pytest.raises(SystemExit):
+        train_video.main(["--micro", "--grids", text])
+    assert "argument --grids: " in (err := capsys.readouterr().err) and repr(text) in err
+
+
+def test_a_card_from_before_multi_grid_training_names_its_spec_grid(entry, tmp_path):
+    import shutil
+
+    shutil.copytree(entry.path, tmp_path / "video-dit")
+    card = json.loads((tmp_path / "video-dit" / "card.json").read_text())
+    del card["training"]["grids"]
+    card["spec"].update(frames=2, height=16, width=24)
+    (tmp_path / "video-dit" / "card.json").write_text(json.dumps(card))
+    assert mmspec.zoo.load("video-dit", tmp_path).model.trained_grids == ((2, 16, 24),)

@@ -500,7 +500,10 @@ def test_the_drafters_answer_cache_follows_the_target_weights(tmp_path):
         tmp_path, spec, new)
 
 
-def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_path, monkeypatch):
+def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_path, monkeypatch,
+                                                                          capsys):
+    # the stage runs on the scaffold's loop (TrainLoop), as every trainer: a Ctrl-C saves it and
+    # says how to resume, a rerun without --resume is refused, --resume picks up where it was cut
     monkeypatch.setitem(SPECS, "vlm-micro", VLMSpec("vlm-micro", **MICRO, vision_pretrain_steps=4,
                                                     freeze_vision=True))
     monkeypatch.setattr(train_vlm, "HELDOUT_SCENES", 2)
@@ -516,11 +519,17 @@ def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_pa
         return real_seeds(step, batch_size, seed)
 
     monkeypatch.setattr(train_vlm, "train_seeds", dies_at_stage_step_2)
-    with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path, "b")
+    argv = ["vlm-micro", "--out", str(tmp_path / "b"), "--zoo", str(tmp_path / "zoo"),
+            "--save-every-s", "1e9"]  # no timed save: the interrupt saves
+    assert run_command(train_vlm.main, argv) == 130
     stage = tmp_path / "b" / "vlm-micro"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: vlm-micro vision tower saved at step 2 of 4 in {stage / 'vision-ckpt'}; "
+        f"resume: python -m mmspec.zoo.train_vlm {shlex.join(argv)} --resume")
     assert not (stage / "vision.pt").exists()
-    assert torch.load(stage / "vision-partial.pt", weights_only=True)["step"] == 2
+    assert torch.load(stage / "vision-ckpt" / "trainer.pt", weights_only=True)["step"] == 2
+    with pytest.raises(SystemExit, match="vision-ckpt exists: pass --resume to continue it"):
+        _run(tmp_path, "b")
     stage_steps = []
 
     def records(step, batch_size, seed=0):
@@ -532,7 +541,7 @@ def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_pa
     resumed = _run(tmp_path, "b", "--resume")
     assert stage_steps == [2, 3]  # picked up where it was cut, not from scratch
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    assert (stage / "vision.pt").is_file() and not (stage / "vision-partial.pt").exists()
+    assert (stage / "vision.pt").is_file() and not (stage / "vision-ckpt").exists()
 
 
 def test_a_spec_patch_size_sets_the_image_tokens_of_model_and_processor(tmp_path, monkeypatch):

@@ -1,0 +1,171 @@
+"""The zoo video DiT at every size its card says it was trained on: not noise, and DraftAttention
+close to dense there.
+
+    python benchmarks/video_grids.py --threads 2 --write [--card]    # the shipped entry
+    python benchmarks/video_grids.py --zoo-dir DIR --grids 4x32x32 --dense-only   # another
+
+For each grid (frames x height x width in pixels; default the card's `training.grids`) and each
+prompt, a dense video and, unless `--dense-only`, one with DraftAttention at 90% sparsity and the
+zoo's tile (`mmspec.zoo.registry.ZOO_VIDEO_TILE`, defaults otherwise), from the same seed.
+Reported per grid:
+
+- the frames' pixel mean and standard deviation (in [0, 1], over all pixels of all prompts) and
+  their roughness (mean |difference| of horizontally adjacent pixels), beside the same figures of
+  the training clips at that size (`mmspec.zoo.clips`, the 16 held-out seeds): a model off its
+  sizes made dark noise (mean far below the clips', roughness far above);
+- PSNR of the sparse video against the dense one (`mmspec.video_dit.compare.psnr`, uint8),
+  mean and worst prompt.
+
+`--card` writes the figures into the entry's card (`quality`); `--write` into BENCHMARKS.md
+(section `video_grids`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # `python benchmarks/video_grids.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import markdown_table, write_section
+from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
+from mmspec.video_dit.compare import psnr
+from mmspec.video_dit.video_io import to_uint8
+from mmspec.zoo.cards import read_card, write_card
+from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
+from mmspec.zoo.paths import ZOO_DIR
+from mmspec.zoo.registry import ZOO_VIDEO_TILE, load
+
+PROMPTS = ("a red circle moving right", "a blue square moving down", "a yellow triangle moving left",
+           "a white circle moving up")
+
+
+def frame_stats(frames: np.ndarray) -> dict:
+    """float `[..., H, W, 3]` in [0, 1] -> mean, std and roughness (mean |x[w+1] - x[w]|)."""
+    return {"mean": float(frames.mean()), "std": float(frames.std()),
+            "roughness": float(np.abs(np.diff(frames, axis=-2)).mean())}
+
+
+def clip_stats(grid) -> dict:
+    videos, _ = clip_batch(range(HELDOUT_SEED, HELDOUT_SEED + 16), *grid)  # [B, 3, F, H, W]
+    return frame_stats(((videos + 1) / 2).permute(0, 2, 3, 4, 1).numpy())
+
+
+def measure(pipe, grid, prompts, steps: int, dense_only: bool) -> dict:
+    frames, height, width = grid
+    call = dict(num_frames=frames, height=height, width=width, num_inference_steps=steps)
+    dense, sparse, density = [], [], []
+    for i, prompt in enumerate(prompts):
+        dense.append(pipe(prompt, **call, generator=torch.Generator().manual_seed(i)).frames[0])
+        if dense_only:
+            continue
+        state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.9,
+                                                                 tile=ZOO_VIDEO_TILE))
+        try:
+            sparse.append(pipe(prompt, **call,
+                               generator=torch.Generator().manual_seed(i)).frames[0])
+        finally:
+            remove_draft_attention(pipe)
+        density.append(state.sparse_density())
+    out = {"dense": frame_stats(np.stack(dense)), "clips": clip_stats(grid)}
+    if sparse:
+        scores = [psnr(to_uint8(d), to_uint8(s)) for d, s in zip(dense, sparse)]
+        out.update(sparse=frame_stats(np.stack(sparse)), psnr_90_mean=float(np.mean(scores)),
+                   psnr_90_min=float(np.min(scores)), sparse_density=float(np.mean(density)))
+    return out
+
+
+def parse_grid(text: str) -> tuple[int, int, int]:
+    try:
+        grid = tuple(int(v) for v in text.split("x"))
+    except ValueError:
+        grid = ()
+    if len(grid) != 3 or min(grid) < 1:
+        raise argparse.ArgumentTypeError(f"must be FRAMESxHEIGHTxWIDTH such as 4x32x32, got "
+                                         f"{text!r}")
+    return grid
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--zoo-dir", type=Path, default=ZOO_DIR)
+    p.add_argument("--grids", type=parse_grid, nargs="+", default=None,
+                   help="default: the card's training.grids")
+    p.add_argument("--prompts", type=int, default=2, help=f"how many of {len(PROMPTS)}")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dense-only", action="store_true", help="frame statistics only")
+    p.add_argument("--card", action="store_true", help="write the figures into the card")
+    p.add_argument("--write", action="store_true", help="write section video_grids")
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    entry = load("video-dit", args.zoo_dir)
+    pipe = entry.model
+    pipe.set_progress_bar_config(disable=True)
+    grids = args.grids or list(pipe.trained_grids)
+    prompts = PROMPTS[:args.prompts]
+    load0, t0 = os.getloadavg()[0], time.time()
+    results = {}
+    for grid in grids:
+        start = time.time()
+        results["%dx%dx%d" % grid] = measure(pipe, grid, prompts, args.steps, args.dense_only)
+        print(f"{grid}: {results['%dx%dx%d' % grid]} ({time.time() - start:.0f} s)", flush=True)
+    trained = {tuple(g) for g in pipe.trained_grids}
+
+    def row(name, r):
+        d, c = r["dense"], r["clips"]
+        grid = tuple(int(v) for v in name.split("x"))
+        cells = [f"{grid[0]} frames of {grid[1]}x{grid[2]}" + ("" if grid in trained else
+                                                                 " (not trained)"),
+                 f"{d['mean']:.3f} / {c['mean']:.3f}", f"{d['std']:.3f} / {c['std']:.3f}",
+                 f"{d['roughness']:.3f} / {c['roughness']:.3f}"]
+        if "psnr_90_mean" in r:
+            cells += [f"{r['sparse_density']:.3f}",
+                      f"{r['psnr_90_mean']:.2f} / {r['psnr_90_min']:.2f}"]
+        return cells
+
+    head = ["size", "mean, dense / clips", "std, dense / clips", "roughness, dense / clips"]
+    if not args.dense_only:
+        head += ["kept-block density (sparse steps)", "PSNR dB at 90% (mean / min)"]
+    table = markdown_table(head, [row(k, r) for k, r in results.items()])
+    tile = "x".join(map(str, ZOO_VIDEO_TILE))
+    where = Path(os.path.relpath(args.zoo_dir.resolve(), Path(__file__).resolve().parent.parent))
+    body = (f"Model: `video-dit` from {where}, trained at "
+            f"{', '.join('x'.join(map(str, g)) for g in pipe.trained_grids)} (frames x height x "
+            f"width; card `training`). "
+            f"{len(prompts)} prompts, seeds 0..{len(prompts) - 1}, {args.steps} Euler steps, "
+            f"CFG 3. Frame statistics of the dense videos in [0, 1] beside those of the 16 "
+            f"held-out training clips at the same size; DraftAttention at 90% sparsity with "
+            f"{tile} tiles (the zoo's), first 30% of steps and layer 0 dense, against dense from "
+            f"the same seed. Threads: {args.threads}; load average at the start {load0:.1f} on "
+            f"{os.cpu_count()} CPUs; {time.time() - t0:.0f} s.\n\n{table}\n")
+    print(body)
+    if args.write:
+        write_section("video_grids", "The zoo video DiT at its trained sizes "
+                      "(`benchmarks/video_grids.py`)", body)
+    if args.card:
+        card = read_card(entry.path)
+        card["quality"] = {
+            "note": f"benchmarks/video_grids.py: {len(prompts)} prompts, {args.steps} steps, CFG "
+                    f"3; frame mean / std / roughness of the dense videos beside the held-out "
+                    f"clips'; PSNR of DraftAttention (90%, {tile} tiles) against dense",
+            **{k: {kk: (round(vv, 4) if isinstance(vv, float) else
+                        {a: round(b, 4) for a, b in vv.items()}) for kk, vv in r.items()}
+               for k, r in results.items()}}
+        write_card(entry.path, card)
+
+
+if __name__ == "__main__":
+    main()
