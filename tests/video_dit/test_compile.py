@@ -83,7 +83,9 @@ def test_regional_fullgraph_compile_matches_eager(name):
     _regional_compile_matches_eager(name, tile=(4, 4))
 
 
-@pytest.mark.parametrize("name", _grid(["wan", "hunyuan", "skyreels_df"]))
+# query tiles change only the sparse call's index math, the same for every processor kind: Wan
+# alone in `make test` (HunyuanVideo's case adds 25 s), all three with MMSPEC_COMPILE_GRID=all
+@pytest.mark.parametrize("name", ["wan", "hunyuan", "skyreels_df"] if _FULL_GRID else ["wan"])
 @torch.no_grad()
 def test_regional_compile_with_query_tiles(name):
     # 4 x 4 query tiles over 2 x 2 tiles: padded frames leave tiles of padding only
@@ -115,6 +117,9 @@ def _regional_compile_matches_eager(name, **tiles):
         (counters[0].frame_count, counters[1].frame_count)
 
 
+@pytest.mark.skipif(os.environ.get("MMSPEC_INDUCTOR") != "1", reason=(
+    "inductor on the CPU: 30-40 s cold on the 2-core machine; MMSPEC_INDUCTOR=1 runs it (the GPU "
+    "script's draft_tests step does)"))
 @torch.no_grad()
 def test_inductor_compile_of_a_wan_with_padded_frames():
     model = tiny_wan(num_layers=2)
