@@ -33,15 +33,14 @@ from benchmarks.text import (
     REF,
     CallCounter,
     Method,
-    RoundLog,
     Total,
     best_runs,
     eagle3_methods,
+    engine_run,
     heldout_prompts,
     table,
 )
 from mmspec import zoo
-from mmspec.decoding import generate
 from mmspec.decoding.drafters import ModelDrafter
 
 
@@ -63,11 +62,7 @@ def build_methods(target, drafter_model, tree_drafter_model, eagle3_path: Path, 
                                pad_token_id=eos), None, None
 
     def mm_run(make_drafter):
-        def run(ids, n):
-            log = RoundLog(make_drafter())
-            out = generate(target, log, ids, max_new_tokens=n, do_sample=False, eos_token_id=eos)
-            return out.sequences, out.stats, log
-        return run
+        return engine_run(target, make_drafter, eos)
 
     return [
         Method(REF, "reference", hf_run, "`target.generate(do_sample=False)`"),

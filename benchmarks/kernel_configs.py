@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.kernels import random_block_mask
-from benchmarks.report import timed
+from mmspec.kernels.tune import timed
 from mmspec.kernels import block_sparse_attention
 from mmspec.kernels.backends import triton_kernel, triton_tma
 

@@ -30,12 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
-from mmspec.kernels.tune import random_block_mask
+from mmspec.kernels.tune import random_block_mask, timed
 
 try:
-    from report import markdown_table, timed, write_section
+    from report import markdown_table, write_section
 except ImportError:  # run as a module from the repo root
-    from benchmarks.report import markdown_table, timed, write_section
+    from benchmarks.report import markdown_table, write_section
 
 
 def timed_pair(fn_a, fn_b, repeats, sync=lambda: None, ctx_a=None):

@@ -19,21 +19,6 @@ import torch
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
-def timed(fn, repeats: int, sync=lambda: None, reduce=statistics.median) -> float:
-    """Seconds per call of `fn`: `reduce` (median; `min` where the machine is shared and the
-    fastest call is the least noisy estimate) of `repeats` calls after one warm-up call. `sync`
-    waits for a GPU's queued work."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return reduce(times)
-
-
 def timed_interleaved(fns: dict, repeats: int, sync=lambda: None,
                       reduce=statistics.median) -> dict:
     """Seconds per call of each of `fns` (name -> function): one warm-up call each, then

@@ -64,6 +64,7 @@ from mmspec.decoding.drafters import (
 )
 from mmspec.decoding.drafters.adl import ADLConfig
 from mmspec.decoding.drafters.cps import search
+from mmspec.kernels.tune import timed
 from mmspec.zoo.corpus import source_files, stdlib_root
 from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.registry import ZOO_DLM_K
@@ -185,6 +186,16 @@ def assistant_settings(assistant) -> str:
             f"{config.assistant_confidence_threshold}")
 
 
+def engine_run(target, make_drafter, eos: int) -> Callable:
+    """A Method's `run` for `mmspec.generate` greedy with a fresh `make_drafter()` per call,
+    its rounds logged (`RoundLog`)."""
+    def run(ids, n):
+        log = RoundLog(make_drafter())
+        out = generate(target, log, ids, max_new_tokens=n, do_sample=False, eos_token_id=eos)
+        return out.sequences, out.stats, log
+    return run
+
+
 def build_methods(target, drafter_model, tree_drafter_model, dlm, eos: int, fixed_k: int):
     gen_kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": eos}
     from transformers import GenerationConfig
@@ -201,11 +212,7 @@ def build_methods(target, drafter_model, tree_drafter_model, dlm, eos: int, fixe
         return run
 
     def mm_run(make_drafter):
-        def run(ids, n):
-            log = RoundLog(make_drafter())
-            out = generate(target, log, ids, max_new_tokens=n, do_sample=False, eos_token_id=eos)
-            return out.sequences, out.stats, log
-        return run
+        return engine_run(target, make_drafter, eos)
 
     def dlm_drafter(config):
         return DiffusionDrafter(dlm.model, dlm.mask_token_id, target, eos_token_id=eos,
@@ -255,18 +262,11 @@ def eagle3_methods(target, path: Path, eos: int) -> list:
     folder for `target`) in the ModelDrafter rows' two shapes."""
     from mmspec import EagleDrafter
 
-    def mm_run(drafter):
-        def run(ids, n):
-            log = RoundLog(drafter)
-            out = generate(target, log, ids, max_new_tokens=n, do_sample=False, eos_token_id=eos)
-            return out.sequences, out.stats, log
-        return run
-
     chain = EagleDrafter.from_pretrained(path, target, **EAGLE3_CHAIN).eval()
     tree = EagleDrafter.from_pretrained(path, target, **EAGLE3_TREE).eval()
-    return [Method("EAGLE-3 chain", "mmspec", mm_run(chain),
+    return [Method("EAGLE-3 chain", "mmspec", engine_run(target, lambda: chain, eos),
                    f"{path.name}, {EAGLE3_CHAIN['depth']} tokens, greedy chain"),
-            Method("EAGLE-3 tree", "mmspec", mm_run(tree),
+            Method("EAGLE-3 tree", "mmspec", engine_run(target, lambda: tree, eos),
                    f"{path.name}, EAGLE-2 tree: {EAGLE3_TREE['total_tokens'] - 1} nodes, "
                    f"top-{EAGLE3_TREE['top_k']}, depth {EAGLE3_TREE['depth']}")]
 
@@ -314,13 +314,7 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
 # ------------------------------------------------------------------------------ unit costs
 
 def median_ms(fn, repeats: int = 15) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return 1e3 * timed(fn, repeats)
 
 
 @torch.no_grad()

@@ -52,8 +52,11 @@ def candidates(device: torch.device) -> list[str]:
     return [name for name in available_backends() if name not in skip]
 
 
-def _time_ms(fn, repeats: int, sync) -> float:
-    fn()  # warm-up: compiles, plans, builds
+def timed(fn, repeats: int, sync=lambda: None, reduce=statistics.median) -> float:
+    """Seconds per call of `fn`: `reduce` (median; `min` where the machine is shared and the
+    fastest call is the least noisy estimate) of `repeats` calls after one warm-up call (compiles,
+    plans, builds). `sync` waits for a GPU's queued work. The benchmarks time with it too."""
+    fn()
     sync()
     times = []
     for _ in range(repeats):
@@ -61,7 +64,7 @@ def _time_ms(fn, repeats: int, sync) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return reduce(times)
 
 
 def measure(device, dtypes, head_dims, densities, n: int, heads: int, block: int,
@@ -85,7 +88,7 @@ def measure(device, dtypes, head_dims, densities, n: int, heads: int, block: int
                         log(f"  {backend}: skipped ({'; '.join(problems)})")
                         continue
                     try:
-                        ms[backend] = _time_ms(
+                        ms[backend] = 1e3 * timed(
                             lambda b=backend: block_sparse_attention(q, k, v, mask, backend=b),
                             repeats, sync)
                     except Exception as err:  # a compile or plan failure: not a candidate here
