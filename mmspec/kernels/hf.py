@@ -31,6 +31,7 @@ import torch
 
 from .attention import block_sparse_attention
 from .mask import BlockSparseMask
+from .masks import causal_block_mask
 
 HF_ATTENTION_NAME = "mmspec_block_sparse"
 
@@ -222,7 +223,7 @@ def _block_mask_of(attention_mask, causal: bool, q_len: int, kv_len: int,
     and sliding windows included) or, where it left it out, causal or full attention."""
     if attention_mask is None:
         if causal and q_len > 1:
-            return BlockSparseMask.from_token_mask(_sdpa_causal(q_len, kv_len, device), 64)
+            return causal_block_mask(q_len, kv_len, 64, device=device, offset=0)  # _sdpa_causal
         return BlockSparseMask.from_token_mask(
             torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=device), 64)
     return BlockSparseMask.from_token_mask(_attends(attention_mask, kv_len), 64)

@@ -21,11 +21,15 @@ def causal_predicate(offset: int):
     return causal
 
 
-def causal_block_mask(q_len: int, kv_len: int, block_size=128, device="cpu") -> BlockSparseMask:
-    """Causal `BlockSparseMask` of shape `[1, 1, q_len, kv_len]` (broadcasts over batch and heads)."""
+def causal_block_mask(q_len: int, kv_len: int, block_size=128, device="cpu",
+                      offset: int | None = None) -> BlockSparseMask:
+    """Causal `BlockSparseMask` of shape `[1, 1, q_len, kv_len]` (broadcasts over batch and heads):
+    query i sees keys 0 .. i + offset. `offset` defaults to `kv_len - q_len` (bottom-right
+    aligned: the queries are the last tokens); 0 is SDPA's `is_causal` (top-left)."""
     bq, bk = _pair(block_size)
     q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
-    offset = kv_len - q_len
+    if offset is None:
+        offset = kv_len - q_len
     mq, nk = math.ceil(q_len / bq), math.ceil(kv_len / bk)
     q_first = torch.arange(mq, device=device) * bq  # first row of each query block
     q_last = torch.clamp(q_first + bq - 1, max=q_len - 1)
