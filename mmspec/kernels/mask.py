@@ -290,7 +290,8 @@ class BlockSparseMask:
         part_masks = torch.gather(tiles & real, 3, gather)
         mask = cls._unchecked(part_num, part_idx.contiguous(), full_num, full_idx,
                               part_masks.contiguous(), (bq, bk), q_len, kv_len)
-        mask._keep_dense(token_bool.clone())  # its token form, which to_dense would rebuild
+        if token_bool.numel() <= _DENSE_CACHE_MAX:  # not a copy of a long prefill's mask
+            mask._keep_dense(token_bool.clone())  # its token form, which to_dense would rebuild
         return mask
 
     @classmethod
