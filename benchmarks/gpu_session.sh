@@ -16,8 +16,8 @@
 #             point, issue 33's 5% goal (section kernels_gpu; the points as JSON too); then
 #             benchmarks/kernel_configs.py --tma: the TMA kernels' launch configs, warp
 #             specialisation off and on, D=128 at density 1 and 0.1 (log kernel_configs_tma.log
-#             only). Its two commands are capped at 330 + 100 s, tests at 150 s: STEPS="kernels
-#             tests" fits one 10-minute call
+#             only). Its two commands are capped at 330 + 100 s, tests at 240 s: STEPS="kernels
+#             tests" fits one 10-minute call unless every command runs to its cap
 #   engine    benchmarks/engine_speed.py --gpu: the oracle drafter on a Llama-7B-sized bf16 target
 #             (section engine_speed_gpu), then with --compile: generate(compile=True) against
 #             the eager engine on it (section engine_compile_gpu; goal: compiled rounds >= 1.5x
@@ -28,6 +28,7 @@
 #             FlashInfer's and FlashAttention-4's where their packages import; the
 #             engine's syncs a round; compile=True with CUDA graphs on a tiny Llama and a tiny
 #             Gemma 2 (sliding windows: a mask per layer type) (exact, one graph for every round)
+#             and a tiny Qwen3-Next (linear attention: unpadded chains, replays; few graphs)
 # Issue 32 item 4, by name (STEPS="draft_tests draft", about 5-6 minutes; needs diffusers):
 #   draft_tests  tests/video_dit/test_fused_draft.py compiled on the GPU: the fused Triton draft
 #                selects the torch path's blocks and writes its index, with no host sync
@@ -118,9 +119,10 @@ step kernels 330 $PY benchmarks/kernels.py --gpu-only --auto --write --points "$
 STEP_LOG=kernel_configs_tma step kernels 100 $PY benchmarks/kernel_configs.py --tma --repeats 10
 step engine 190 $PY benchmarks/engine_speed.py --gpu --write
 STEP_LOG=engine_compile step engine 360 $PY benchmarks/engine_speed.py --gpu --compile --write
-step tests 210 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
+step tests 240 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/kernels tests/decoding/test_syncs.py \
     "tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical" \
-    "tests/decoding/test_static.py::test_a_compiled_graph_serves_every_round_on_sliding_windows"
+    "tests/decoding/test_static.py::test_a_compiled_graph_serves_every_round_on_sliding_windows" \
+    "tests/decoding/test_static.py::test_a_compiled_graph_serves_a_hybrid_target"
 MMSPEC_INDUCTOR=1 step draft_tests 120 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/video_dit/test_fused_draft.py \
     "tests/video_dit/test_compile.py::test_inductor_compile_of_a_wan_with_padded_frames"
 step draft 420 $PY benchmarks/draft_attention.py --gpu-only --write \

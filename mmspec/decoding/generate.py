@@ -438,7 +438,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
                                                  None if static is None else static.cache)
     if static is not None:
         static.check_prefill(cache)
-        recurrent = False
+        recurrent = static.recurrent
     else:
         recurrent = admission.check_cache(target, cache)  # before the first token
     state_layers = rec.recurrent_layers(cache) if recurrent else []
@@ -525,7 +525,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         k = max(d for d, alive in zip(depth_h, live_h) if alive) + 1
         keep, keep_valid = keep[:, :k], keep_valid[:, :k]
         if recurrent:  # a chain, rows alike: replay the committed tokens where one was rejected
-            _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock)
+            _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock, static)
         else:
             kv_cache.commit_path(cache, slots.ids.shape[1] - 1, keep, in_place=tree.is_chain)
         slots.append(path_tokens[:, : k - 1], keep_valid[:, 1:], bonus, depth, live)
@@ -590,9 +590,11 @@ def _draft_nodes(nodes, node_map, row):
     return nodes if node_map is None else node_map[row, nodes]
 
 
-def _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock) -> None:
+def _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock,
+               static=None) -> None:
     """Recurrent state (`recurrent.py`): keep the verification's state where all `k` fed tokens
-    were committed, else restore the snapshot and feed the `k` committed ones again."""
+    were committed, else restore the snapshot and feed the `k` committed ones again (through
+    the static forward under `compile=True`)."""
     start = slots.ids.shape[1] - 1
     if k == tree.tokens.shape[1]:
         rec.crop_attention(cache, start + k)
@@ -600,10 +602,13 @@ def _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock)
     rec.crop_attention(cache, start)
     rec.restore(state_layers, saved)
     t0 = clock.now()
-    rec.replay(target, tree.tokens[:, :k],
-               slots.root_pos + torch.arange(k, device=tree.tokens.device),
-               torch.cat([slots.cache_valid, tree.valid[:, :k]], 1).long(),
-               cache_kwargs(target.forward, cache))
+    if static is not None:
+        static.replay(tree, k, slots.cache_valid, slots.root_pos)
+    else:
+        rec.replay(target, tree.tokens[:, :k],
+                   slots.root_pos + torch.arange(k, device=tree.tokens.device),
+                   torch.cat([slots.cache_valid, tree.valid[:, :k]], 1).long(),
+                   cache_kwargs(target.forward, cache))
     t1 = clock.now()
     clock.add("forward", t0, t1)  # a target forward too
     clock.add("replay", t0, t1)

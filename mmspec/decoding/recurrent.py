@@ -20,7 +20,7 @@ as the row that accepted fewest), which the replay then feeds to every row.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
 
 def recurrent_layers(cache) -> list:
@@ -49,8 +49,13 @@ def restore(layers, saved) -> None:
 
 
 def crop_attention(cache, start: int) -> None:
+    """Keep the attention layers' first `start` entries: `DynamicLayer`s sliced, `StaticLayer`s
+    (`compile=True`) writing from `start` on at their next update."""
     for layer in cache.layers:
-        if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None \
+        if isinstance(layer, StaticLayer):
+            if layer.is_initialized:
+                layer.cumulative_length.fill_(start)
+        elif isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None \
                 and layer.keys.numel():
             layer.keys = layer.keys[:, :, :start]
             layer.values = layer.values[:, :, :start]

@@ -33,11 +33,19 @@ a forward given `attention_mask={"full_attention": m, "sliding_attention": m_w}`
 the mask of its `config.layer_types` entry (Gemma 2 and 3, Qwen2, Cohere2: `causal_mask_mapping`),
 and a model whose layers all slide gets `m_w` alone (Mistral's forward builds one mask for all).
 
+Linear-attention, SSM and convolution layers (Qwen3-Next, Jamba, Bamba, Nemotron-H, Zamba 2, ...):
+transformers' `StaticCache` holds their state in place (`LinearAttentionLayer`, or
+`LinearAttentionAndStaticFullAttentionLayer` beside keys). The engine verifies their drafts'
+main paths as chains and rolls the state back as the eager engine does (`recurrent.py`: a
+snapshot before the forward; where a draft is rejected, the state restored, the attention layers
+cut back to the round's start and the committed tokens fed again), with two differences: a chain
+is not padded (a padding node would fold into the state; its length, and so the graph, changes
+only in budget-capped rounds), and the replay runs through the same static forward, one graph per
+replayed length.
+
 Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
-linear-attention / SSM layers (transformers' `StaticCache` holds their state, but the padded
-verification would fold padding tokens into it, and rolling it back to the accepted tokens needs
-the eager engine's snapshot and replay, `recurrent.py`), chunked attention (Llama 4: its chunks are
-not a window), DSA indexer caches, layer types `StaticCache` has no layer for (DeepSeek-V4) and
+chunked attention (Llama 4: its chunks are not a window), DSA indexer caches, linear attention
+beside sliding-window keys in one layer (Inkling; the eager engine refuses them too), layer types `StaticCache` has no layer for (DeepSeek-V4) and
 encoder-decoder caches; and, from a probe on the call's prompt (`probe`), models whose prefill into
 the `StaticCache` or whose 4-D-masked forward on it does not give their own logits. KV-sharing
 layers (Gemma 4's `num_kv_shared_layers`) hold nothing in the cache (`DummyLayer`) and read the
@@ -52,7 +60,9 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import (
     DummyLayer,
+    LinearAttentionAndStaticFullAttentionLayer,
     LinearAttentionCacheLayerMixin,
+    LinearAttentionLayer,
     StaticLayer,
     StaticSlidingWindowLayer,
     get_layer_types_and_kwargs,
@@ -148,17 +158,25 @@ def unsupported(model, windows) -> str | None:
     except KeyError as err:  # DeepSeek-V4's compressed attention has no static layer
         return (f"compile=True keeps the KV in transformers' StaticCache, which has no layer "
                 f"for this model's layer type {err}")
-    kinds = {type(layer).__name__ for layer in layers}
-    if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
-        return (f"compile=True pads every verification forward to a multiple of {NODE_BUCKET} "
-                f"nodes, and this model's linear-attention / SSM layers "
-                f"({', '.join(sorted(kinds))}) would fold the padding into their recurrent "
-                f"state, which only the eager engine rolls back (snapshot and replay)")
-    if kinds - {"DummyLayer"} != {"StaticLayer"}:  # DummyLayer: KV-sharing consumers
+    kinds = {type(layer) for layer in layers}
+    if kinds - _STATIC_KINDS:
+        names = ", ".join(sorted(kind.__name__ for kind in kinds))
         return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
-                f"{', '.join(sorted(kinds))} layers; the engine commits paths only in "
-                f"full-attention StaticLayers")
+                f"{names} layers; the engine commits paths only in full-attention StaticLayers "
+                f"(beside linear-attention state, which it replays)")
     return None
+
+
+# the StaticCache layers the static path runs: full attention (sliding layers replaced,
+# `static_cache`), KV-sharing consumers' DummyLayers, and linear-attention / SSM / convolution
+# state alone or beside full attention (`recurrent.py`: snapshot, restore and replay)
+_STATIC_KINDS = {StaticLayer, DummyLayer, LinearAttentionLayer,
+                 LinearAttentionAndStaticFullAttentionLayer}
+
+
+def holds_recurrent_state(cache) -> bool:
+    """Whether `cache`'s layers fold tokens into a state (linear attention, SSM, convolution)."""
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
 
 
 def dense_tree_mask(attends: torch.Tensor, nodes: int, length: int, dtype) -> torch.Tensor:
@@ -213,8 +231,8 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
     length = round_up(max(needed, length * 3 // 2), LENGTH_BUCKET)
     for layer in cache.layers:
         layer.max_cache_len = length
-        if type(layer) is DummyLayer or not layer.is_initialized:  # DummyLayer: holds nothing
-            continue
+        if not isinstance(layer, StaticLayer) or not layer.is_initialized:  # no keys to move:
+            continue  # KV-sharing consumers' DummyLayers, linear-attention state
         for name in ("keys", "values"):
             old = getattr(layer, name)  # [B, H, length, D]
             new = old.new_zeros(*old.shape[:2], length, old.shape[3])
@@ -234,6 +252,8 @@ class StaticVerifier:
         self.masks = masks(target)
         self.forward = compiled_forward(target, config)
         self.dtype = next(target.parameters()).dtype
+        # linear-attention / SSM state: verified unpadded (a padding node would fold into it)
+        self.recurrent = holds_recurrent_state(self.cache)
 
     def check_prefill(self, cache) -> None:
         """The model filled the cache it was given (not one of its own)."""
@@ -247,11 +267,12 @@ class StaticVerifier:
         self.length = grow(self.cache, needed, self.length)
 
     def verify(self, tree, cache_valid, position_ids, need_hidden: bool):
-        """The verification forward of `tree` (N nodes) padded to P; returns `.logits`
-        `[B, N, V]` and `.hidden_states` (each `[B, N, H]`) of the N nodes."""
+        """The verification forward of `tree` (N nodes) padded to P (N itself on a target with
+        recurrent state: a chain, whose N changes only in budget-capped rounds); returns
+        `.logits` `[B, N, V]` and `.hidden_states` (each `[B, N, H]`) of the N nodes."""
         b, n = tree.tokens.shape
         c = cache_valid.shape[1]
-        p = round_up(n, NODE_BUCKET)
+        p = n if self.recurrent else round_up(n, NODE_BUCKET)
         self._fit(c + p)
         attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
         mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] (or a dict)
@@ -265,12 +286,22 @@ class StaticVerifier:
         hidden = tuple(h[:, :n] for h in out.hidden_states) if need_hidden else None
         return SimpleNamespace(logits=out.logits[:, :n], hidden_states=hidden)
 
+    def replay(self, chain, k: int, cache_valid, position_ids) -> None:
+        """After `recurrent.restore` and the attention layers cut back to the round's start:
+        the first `k` nodes of the verified `chain` fed again through the same forward (`k`
+        nodes, one compiled graph per `k`), so the recurrent state and the keys hold the
+        committed tokens and nothing else (`recurrent.py`)."""
+        prefix = SimpleNamespace(tokens=chain.tokens[:, :k], anc=chain.anc[:, :k, :k],
+                                 depth=chain.depth[:, :k], valid=chain.valid[:, :k])
+        self.verify(prefix, cache_valid, position_ids, need_hidden=False)
+
 
 def probe(target, input_ids, attention_mask) -> None:
     """Once per target (dtype, attention implementation): the forward `StaticVerifier` runs,
     eagerly, on the call's own prompt tokens (three nodes x, y and y's child z, padded to a
-    bucket, into a `StaticCache`) against the model's own plain forwards; a target that differs
-    is refused. The compiled graph computes what this eager forward computes."""
+    bucket, into a `StaticCache`; on a target with recurrent state, the chain y, z unpadded, as
+    it verifies) against the model's own plain forwards; a target that differs is refused. The
+    compiled graph computes what this eager forward computes."""
     admission.cached_probe(target, "static",
                            lambda: _measure(target, input_ids, attention_mask))
 
@@ -282,11 +313,13 @@ def _measure(target, input_ids, attention_mask):
     name = type(target).__name__
     try:
         with torch.no_grad():
-            plain, _, nodes = admission.reference_logits(target, ids)
-            want = torch.cat([plain[-2:-1], nodes])  # [4, V]: the prompt's last token, x, y, z
+            plain, ref_yz, nodes = admission.reference_logits(target, ids)
+            chain = holds_recurrent_state(static_cache(target, 1))
+            # [4, V] (the prompt's last token, x, y, z), or [3, V] without x for a chain
+            want = torch.cat([plain[-2:-1], ref_yz if chain else nodes])
             restore = use_block_sparse_attention(target)  # the attention the engine runs
             try:
-                got = _static_logits(target, ids)
+                got = _static_logits(target, ids, chain)
             finally:
                 restore()
     except admission.UnsupportedTarget as err:
@@ -304,9 +337,10 @@ def _measure(target, input_ids, attention_mask):
     return None
 
 
-def _static_logits(target, ids):
+def _static_logits(target, ids, chain: bool = False):
     """The logits `[4, V]` of a prefill of the probe's n prompt tokens (`ids` `[1, n + 3]`) into
-    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does."""
+    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does;
+    `chain`: `[3, V]`, of y and z fed as a chain of two, unpadded (recurrent state)."""
     n = ids.shape[1] - 3
     length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
     cache = static_cache(target, length)
@@ -319,15 +353,20 @@ def _static_logits(target, ids):
         raise admission.UnsupportedTarget(
             f"{type(target).__name__}: compile=True gave its prefill a StaticCache and it "
             f"returned {type(output_cache(out)).__name__}; use compile=False")
-    attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
-    attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
-    p = round_up(3, NODE_BUCKET)
-    depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
-    q_pos = n - 1 + depth[:, :3]  # x, y, z: the root (the prompt's last token) is at n - 1
+    if chain:
+        fed, anc, depth = ids[:, n + 1:], [[1, 0], [1, 1]], [1, 2]
+    else:
+        fed, anc, depth = ids[:, n:], [[1, 0, 0], [0, 1, 0], [0, 1, 1]], [1, 1, 2]
+    m = fed.shape[1]
+    attends = torch.ones(1, m, n + m, dtype=torch.bool, device=ids.device)
+    attends[0, :, n:] = torch.tensor(anc, dtype=torch.bool)
+    p = m if chain else round_up(m, NODE_BUCKET)
+    depth = torch.tensor([depth + [0] * (p - m)], device=ids.device)
+    q_pos = n - 1 + depth[:, :m]  # the root (the prompt's last token) is at n - 1
     k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
     mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
                          lambda: (q_pos, k_pos))
-    tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
+    tokens = torch.nn.functional.pad(fed, (0, p - m))
     nodes = target(input_ids=tokens, attention_mask=mask, position_ids=pos[..., -1:] + depth,
-                   use_cache=True, return_dict=True, **kwargs).logits[0, :3]
+                   use_cache=True, return_dict=True, **kwargs).logits[0, :m]
     return torch.cat([last, nodes])

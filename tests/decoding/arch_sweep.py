@@ -230,11 +230,12 @@ class OracleChain:
         n = min(3, state.max_tokens)
         done = state.attention_mask.sum(-1) - self.real  # committed tokens, the root included
         at = self.ref.shape[1] - NEW_TOKENS + done  # [B]
-        idx = (at[:, None] + torch.arange(n)).clamp(max=self.ref.shape[1] - 1)
+        idx = (at[:, None] + torch.arange(n, device=at.device)).clamp(max=self.ref.shape[1] - 1)
         truth = self.ref.gather(1, idx)
         if self.stagger:  # rows accept different numbers: a batch gets holes
-            at = (self.rounds + torch.arange(len(truth))) % n
-            truth[torch.arange(len(truth)), at] = (truth[torch.arange(len(truth)), at] + 1) % VOCAB
+            rows = torch.arange(len(truth), device=truth.device)
+            at = (self.rounds + rows) % n
+            truth[rows, at] = (truth[rows, at] + 1) % VOCAB
         elif self.rounds % 2:
             truth[:, -1] = (truth[:, -1] + 1) % VOCAB
         self.rounds += 1

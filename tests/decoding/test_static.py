@@ -8,6 +8,7 @@ the ~40 s the suite can give it) and on CUDA (CUDA graphs; the GPU session's tes
 
 import importlib
 import os
+from types import SimpleNamespace
 
 import arch_sweep
 import pytest
@@ -17,11 +18,13 @@ from spec_helpers import PAD, VOCAB, OracleDrafter, RandomDrafter, tiny_llama
 import test_windows
 import transformers
 from test_windows import tiny_gemma2
+from transformers.cache_utils import StaticLayer
 from transformers.generation.configuration_utils import CompileConfig
 
 import mmspec
 from mmspec import ModelDrafter, UnsupportedTarget, generate
 from mmspec.decoding import kv_cache, static, windows
+from mmspec.decoding import recurrent as rec
 
 NEW = identity.NEW
 
@@ -227,9 +230,10 @@ def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, mo
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("qwen3_next", r"^Qwen3NextForCausalLM: compile=True pads every verification forward .* "
-                   r"linear-attention / SSM layers \(LinearAttentionLayer, StaticLayer\) would "
-                   r"fold the padding into their recurrent state"),
+    ("inkling_text", r"^InklingForCausalLM: compile=True keeps the KV in a StaticCache, which "
+                     r"holds this model in LinearAttentionAndStaticFullAttentionLayer, "
+                     r"LinearAttentionAndStaticSlidingWindowAttentionLayer layers; the engine "
+                     r"commits paths only in full-attention StaticLayers"),
     ("deepseek_v4", r"^DeepseekV4ForCausalLM: compile=True keeps the KV in transformers' "
                     r"StaticCache, which has no layer for this model's layer type "
                     r"'heavily_compressed_attention'; use compile=False$"),
@@ -360,3 +364,104 @@ def _drafts_alike(target, make_drafter, ids, mask, new, **kwargs):
     assert len(runs[True][1]) == len(runs[False][1]) > 3
     for a, b in zip(runs[True][1], runs[False][1]):
         assert torch.equal(a, b)
+
+
+# Hybrid linear-attention / SSM targets: each verified chain unpadded, the recurrent state rolled
+# back by a restore and a replay through the same static forward (`recurrent.py`). Gated delta
+# net beside full attention (Qwen3-Next), Mamba-2 beside attention (Bamba), Zamba 2's hybrid
+# layers (mamba state and attention keys in one cache layer, `LinearAttentionAndStaticFull
+# AttentionLayer`; initialised at std 0.1, as the sweep's tiny one only repeats the prompt's last
+# token, which no rollback could get wrong).
+HYBRIDS = {"qwen3_next": None, "bamba": None, "zamba2": 0.1}
+
+
+def _build_hybrid(model_type):
+    std = HYBRIDS[model_type]
+    if std is None:
+        return arch_sweep.build(model_type)
+    config = arch_sweep.tiny_config(model_type)
+    config.initializer_range = std
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.fixture(scope="module", params=list(HYBRIDS))
+def hybrid(request):
+    model = _build_hybrid(request.param)
+    refs = {}
+    for b in (1, 2):
+        ids, mask = arch_sweep.PROMPTS[:b], arch_sweep.MASK[:b]
+        with torch.no_grad():
+            refs[b] = model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                                     max_new_tokens=arch_sweep.NEW_TOKENS)
+    return model, refs
+
+
+def _hybrid_run(hybrid, b):
+    """Chains of three with one wrong draft every round, at a position that moves round by
+    round (a replay every round; on the left-padded batch of two, rows accept different counts
+    and commit alike)."""
+    model, refs = hybrid
+    ids, mask = arch_sweep.PROMPTS[:b], arch_sweep.MASK[:b]
+    out = generate(model, arch_sweep.OracleChain(refs[b], mask, stagger=True), ids,
+                   attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS, do_sample=False,
+                   pad_token_id=0, compile=True)
+    return out, refs[b]
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_hybrid_targets_are_token_identical_under_compile(hybrid, eager, b):
+    out, ref = _hybrid_run(hybrid, b)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.replays >= 3 and out.stats.accepted >= 4
+
+
+def _padded_verify(self, *args, verify=static.StaticVerifier.verify, **kwargs):
+    """verify padding a recurrent target's chain to the bucket, as for attention-only ones."""
+    self.recurrent = False
+    try:
+        return verify(self, *args, **kwargs)
+    finally:
+        self.recurrent = True
+
+
+@pytest.mark.parametrize("mutant", [
+    (static.StaticVerifier, "verify", _padded_verify),
+    (static.StaticVerifier, "replay", lambda self, *args: None),
+    (rec, "crop_attention", lambda cache, start, crop=rec.crop_attention: crop(
+        SimpleNamespace(layers=[layer for layer in cache.layers
+                                if not isinstance(layer, StaticLayer)]), start)),
+], ids=["padding_fed_to_the_state", "no_replay", "static_keys_not_cut_back"])
+def test_the_hybrid_cases_notice_padding_or_a_missing_rollback(hybrid, eager, monkeypatch,
+                                                               mutant):
+    monkeypatch.setattr(*mutant)
+    out, ref = _hybrid_run(hybrid, 1)
+    assert not torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.skipif(
+    os.environ.get("MMSPEC_COMPILE_GRID") != "all", reason="dynamo traces Qwen3-Next's torch "
+    "gated-delta-rule fallback: 16-40 s on the 2-core machine; MMSPEC_COMPILE_GRID=all runs "
+    "it")), _CUDA])
+def test_a_compiled_graph_serves_a_hybrid_target(device):
+    """Qwen3-Next's chains through dynamo (backend "eager" on the CPU; on CUDA inductor with
+    CUDA graphs), replays included: the same tokens, from few graphs (one per chain length:
+    the full chain, the replays' shorter ones and the budget-capped last rounds)."""
+    torch._dynamo.reset()
+    counters = importlib.import_module("torch._dynamo.utils").counters
+    counters.clear()
+    model = arch_sweep.build("qwen3_next").to(device)
+    ids, mask = arch_sweep.PROMPTS[:1].to(device), arch_sweep.MASK[:1].to(device)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                             max_new_tokens=arch_sweep.NEW_TOKENS)
+    config = (CompileConfig(backend="eager", dynamic=False, fullgraph=False) if device == "cpu"
+              else CompileConfig(dynamic=False, fullgraph=False, mode="reduce-overhead"))
+    out = generate(model, arch_sweep.OracleChain(ref, mask, stagger=True), ids,
+                   attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS, do_sample=False,
+                   pad_token_id=0, compile=config)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.replays >= 3
+    assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
