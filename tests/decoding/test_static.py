@@ -346,7 +346,7 @@ def test_a_compiled_sliding_window_drafter_drafts_what_the_eager_one_drafts(eage
                   test_windows.NEW, eos_token_id=[])
 
 
-def _drafts_alike(target, make_drafter, ids, mask, new, **kwargs):
+def _drafts_alike(target, make_drafter, ids, mask, new, compiled_cache="StaticCache", **kwargs):
     runs = {}
     for compile in (False, True):
         drafter = make_drafter()
@@ -360,7 +360,7 @@ def _drafts_alike(target, make_drafter, ids, mask, new, **kwargs):
                        compile=compile, on_round=on_round, **kwargs)
         runs[compile] = out.sequences, drafts, caches
     assert torch.equal(runs[True][0], runs[False][0])
-    assert runs[True][2] == {"StaticCache"} and runs[False][2] == {"DynamicCache"}
+    assert runs[True][2] == {compiled_cache} and runs[False][2] == {"DynamicCache"}
     assert len(runs[True][1]) == len(runs[False][1]) > 3
     for a, b in zip(runs[True][1], runs[False][1]):
         assert torch.equal(a, b)
@@ -416,6 +416,16 @@ def test_hybrid_targets_are_token_identical_under_compile(hybrid, eager, b):
     out, ref = _hybrid_run(hybrid, b)
     assert torch.equal(out.sequences, ref)
     assert out.stats.replays >= 3 and out.stats.accepted >= 4
+
+
+def test_a_chain_drafter_on_a_hybrid_model_stays_eager_under_compile(eager, hybrid):
+    # ModelDrafter re-reads a recurrent model's whole prefix every round; its static path would
+    # pad those catch-ups into the state: under compile=True it keeps its own eager cache, and
+    # drafts what it drafts without compile
+    model, _ = hybrid
+    ids, mask = arch_sweep.PROMPTS[:2], arch_sweep.MASK[:2]
+    _drafts_alike(model, lambda: ModelDrafter(model, 2), ids, mask, arch_sweep.NEW_TOKENS,
+                  compiled_cache="DynamicCache", do_sample=False, pad_token_id=0)
 
 
 def _padded_verify(self, *args, verify=static.StaticVerifier.verify, **kwargs):

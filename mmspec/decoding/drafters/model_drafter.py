@@ -30,8 +30,10 @@ compiled call (`static.py`): the first round's catch-up (the prompt) eagerly, as
 each catch-up padded to a multiple of 8 slots and each chain step of one token, every forward
 against all the cache's slots through a dense 4-D mask, so two graphs serve every round; a model
 with sliding windows keeps every entry and gets its window as a mask counted in positions. Trees
-(their levels go through the block-sparse layer) and models the static path refuses
-(`static.unsupported`: recurrent state, chunked attention, ...) stay eager.
+(their levels go through the block-sparse layer), models with recurrent state (this drafter
+re-reads their whole prefix every round, above, and a padded catch-up would fold its padding into
+the state) and models the static path refuses (`static.unsupported`: chunked attention, ...) stay
+eager.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class ModelDrafter:
             self.cache = DynamicCache() if self.windows else None
             self.fed_ids = self.fed_valid = None
             self.compiled = None
-            if state.compile is not None and self.top_k == 1 \
+            if state.compile is not None and self.top_k == 1 and not self.recurrent \
                     and static.unsupported(self.model, self.windows) is None:
                 # the prompt, every new token and a padded catch-up of at most a draft + root
                 self.static_len = static.round_up(
