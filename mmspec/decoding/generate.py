@@ -524,14 +524,14 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         # commit the root and the accepted nodes at cache slots [C, C + K); holes where shorter
         k = max(d for d, alive in zip(depth_h, live_h) if alive) + 1
         keep, keep_valid = keep[:, :k], keep_valid[:, :k]
+        if need_hidden:  # before a replay: a compiled call's outputs live until the next call
+            h = _hidden(out, layers)  # [B, N, H']
+            hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H]
         if recurrent:  # a chain, rows alike: replay the committed tokens where one was rejected
             _roll_back(target, cache, state_layers, saved, tree, slots, k, stats, clock, static)
         else:
             kv_cache.commit_path(cache, slots.ids.shape[1] - 1, keep, in_place=tree.is_chain)
         slots.append(path_tokens[:, : k - 1], keep_valid[:, 1:], bonus, depth, live)
-        if need_hidden:
-            h = _hidden(out, layers)  # [B, N, H']
-            hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H]
         if streamer is not None and num_h[0] > 0:
             streamer.put(torch.tensor(new_h[0][: num_h[0]]))
         accepted_h = [min(d, n) if alive else 0 for d, n, alive in zip(depth_h, num_h, live_h)]

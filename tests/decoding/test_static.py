@@ -475,3 +475,52 @@ def test_a_compiled_graph_serves_a_hybrid_target(device):
     assert torch.equal(out.sequences, ref)
     assert out.stats.replays >= 3
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
+
+
+def _graph_like(target, config):
+    """The compiled call as CUDA graphs treat its outputs: each call overwrites the previous
+    call's (here with NaN), so an output read after the next call reads garbage."""
+    last = []
+
+    def call(**kwargs):
+        for tensor in last:
+            tensor.fill_(float("nan"))
+        last.clear()
+        out = target(**kwargs)
+        last.extend([out.logits, *(out.hidden_states or ())])
+        return out
+
+    return call
+
+
+class _HiddenChain(arch_sweep.OracleChain):
+    """An EAGLE-style chain drafter: it asks for the target's hidden states and records them."""
+
+    needs_target_hidden = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.results = []
+
+    def update(self, result):
+        self.results.append(result.target_hidden.clone())
+
+
+@pytest.mark.parametrize("hybrid", ["qwen3_next"], indirect=True)
+def test_no_output_of_a_compiled_call_is_read_after_the_next_call(monkeypatch, hybrid):
+    """The replay is a second compiled call in the round: the committed hidden states are
+    gathered from the verification's output before it (CUDA graphs would overwrite them)."""
+    model, refs = hybrid
+    ids, mask = arch_sweep.PROMPTS[:1], arch_sweep.MASK[:1]
+    runs = {}
+    for compile in (False, True):
+        if compile:
+            monkeypatch.setattr(static, "compiled_forward", _graph_like)
+        drafter = _HiddenChain(refs[1], mask, stagger=True)
+        out = generate(model, drafter, ids, attention_mask=mask, pad_token_id=0, do_sample=False,
+                       max_new_tokens=arch_sweep.NEW_TOKENS, compile=compile)
+        assert torch.equal(out.sequences, refs[1]) and out.stats.replays >= 3
+        runs[compile] = drafter.results
+    assert len(runs[True]) == len(runs[False])
+    for got, want in zip(runs[True], runs[False]):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
