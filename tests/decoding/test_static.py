@@ -29,11 +29,31 @@ from mmspec.decoding import recurrent as rec
 NEW = identity.NEW
 
 
+_GRAPH_OUTPUTS = []  # the last compiled call's outputs, whichever model made it
+
+
+def _graph_like(target, config):
+    """The compiled call as CUDA graphs treat its outputs: each call, of this model or another
+    (the graphs share one memory pool), overwrites the previous call's (here with NaN), so an
+    output read after the next call reads garbage."""
+
+    def call(**kwargs):
+        for tensor in _GRAPH_OUTPUTS:
+            tensor.fill_(float("nan"))
+        _GRAPH_OUTPUTS.clear()
+        out = target(**kwargs)
+        _GRAPH_OUTPUTS.extend([out.logits, *(out.hidden_states or ())])
+        return out
+
+    return call
+
+
 @pytest.fixture
 def eager(monkeypatch):
     """The static path without the compiler: the model's own `__call__` in the compiled call's
-    place."""
-    monkeypatch.setattr(static, "compiled_forward", lambda target, config: target.__call__)
+    place, its outputs overwritten at the next call as CUDA graphs overwrite theirs
+    (`_graph_like`)."""
+    monkeypatch.setattr(static, "compiled_forward", _graph_like)
 
 
 DRAFTERS = ["random_tree", "perfect_in_tree", "model_chain"]
@@ -477,22 +497,6 @@ def test_a_compiled_graph_serves_a_hybrid_target(device):
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
 
 
-def _graph_like(target, config):
-    """The compiled call as CUDA graphs treat its outputs: each call overwrites the previous
-    call's (here with NaN), so an output read after the next call reads garbage."""
-    last = []
-
-    def call(**kwargs):
-        for tensor in last:
-            tensor.fill_(float("nan"))
-        last.clear()
-        out = target(**kwargs)
-        last.extend([out.logits, *(out.hidden_states or ())])
-        return out
-
-    return call
-
-
 class _HiddenChain(arch_sweep.OracleChain):
     """An EAGLE-style chain drafter: it asks for the target's hidden states and records them."""
 
@@ -507,15 +511,13 @@ class _HiddenChain(arch_sweep.OracleChain):
 
 
 @pytest.mark.parametrize("hybrid", ["qwen3_next"], indirect=True)
-def test_no_output_of_a_compiled_call_is_read_after_the_next_call(monkeypatch, hybrid):
+def test_no_output_of_a_compiled_call_is_read_after_the_next_call(eager, hybrid):
     """The replay is a second compiled call in the round: the committed hidden states are
     gathered from the verification's output before it (CUDA graphs would overwrite them)."""
     model, refs = hybrid
     ids, mask = arch_sweep.PROMPTS[:1], arch_sweep.MASK[:1]
     runs = {}
     for compile in (False, True):
-        if compile:
-            monkeypatch.setattr(static, "compiled_forward", _graph_like)
         drafter = _HiddenChain(refs[1], mask, stagger=True)
         out = generate(model, drafter, ids, attention_mask=mask, pad_token_id=0, do_sample=False,
                        max_new_tokens=arch_sweep.NEW_TOKENS, compile=compile)
