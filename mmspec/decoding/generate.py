@@ -260,15 +260,18 @@ def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs
     `compile=True` (`static.py`), else None."""
     windows = sliding_windows(target)
     if compile_config is not None:
-        static_cache.refuse(target, windows)
+        static_cache.refuse(target, windows, input_ids.shape[1] + max_new_tokens)
     with engine_positions(target):  # the BART family: the engine's positions, not cache slots
         probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
+        # where no tree mask is exact the engine verifies main paths: chains, through the
+        # model's own causal mask
+        chains = probe is not None and probe.tree_mode is None
         if compile_config is not None:
-            static_cache.probe(target, input_ids, attention_mask)
+            static_cache.probe(target, input_ids, attention_mask, chains)
         with block_sparse_attention_of(target), torch.no_grad():
             try:
                 static = None if compile_config is None else static_cache.StaticVerifier(
-                    target, compile_config, input_ids.shape[1], max_new_tokens)
+                    target, compile_config, input_ids.shape[1], max_new_tokens, chains)
                 return _generate(target, drafter, input_ids, attention_mask.long(),
                                  max_new_tokens, model_kwargs, windows, probe, static=static,
                                  **loop)

@@ -49,7 +49,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from transformers import StaticCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import (
     DummyLayer,
     LinearAttentionCacheLayerMixin,
@@ -122,21 +122,33 @@ def _layer_types(model) -> set[str]:
     return set(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
 
 
-def refuse(target, windows) -> None:
-    """Before the prefill: one line saying why, for a target `unsupported` names a reason for."""
-    why = unsupported(target, windows)
+def refuse(target, windows, length: int) -> None:
+    """Before the prefill of a call of `length` tokens (prompt + max_new_tokens): one line saying
+    why, for a target `unsupported` names a reason for."""
+    why = unsupported(target, windows, round_up(length + NODE_BUCKET, LENGTH_BUCKET))
     if why is not None:
         raise admission.UnsupportedTarget(f"{type(target).__name__}: {why}; use compile=False")
 
 
-def unsupported(model, windows) -> str | None:
-    """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path:
-    its cache is not a `StaticCache` of full-attention `StaticLayer`s (sliding ones replaced,
-    `static_cache`; KV-sharing consumers' `DummyLayer`s hold nothing), or a layer needs another
-    mask than a full or a sliding-window one; None where it can."""
+def unsupported(model, windows, length: int) -> str | None:
+    """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path
+    with a cache of `length` slots: its cache is not a `StaticCache` of full-attention
+    `StaticLayer`s (sliding ones replaced, `static_cache`; KV-sharing consumers' `DummyLayer`s
+    hold nothing), or a layer needs another mask than a full or a sliding-window one; None where
+    it can."""
     config = model.config.get_text_config(decoder=True)
     if getattr(config, "is_encoder_decoder", False):
         return "compile=True needs a decoder-only cache"
+    local = getattr(config, "window_size", None)
+    if "local" in (getattr(config, "attention_layers", None) or ()) and length > local:
+        # GPT-Neo: `bias[:, :, kv - q : kv, :kv]`, its local rows for queries at the last slots
+        most = local // LENGTH_BUCKET * LENGTH_BUCKET - NODE_BUCKET
+        return (f"compile=True keeps the KV in a StaticCache of {length} slots, and this "
+                f"model's local-attention layers count their window (window_size={local}) "
+                f"back from the cache's last slot, not from the query, which is exact only "
+                f"while the cache fits the window; "
+                + (f"keep the prompt plus max_new_tokens within {most}" if most > 0 else
+                   f"no cache of whole {LENGTH_BUCKET}-slot buckets does"))
     if "chunked_attention" in _layer_types(model):
         return ("compile=True gives each layer a full or a sliding-window mask, and this model "
                 "has chunked-attention layers (attention_chunk_size)")
@@ -196,6 +208,14 @@ def masks(model):
     return build
 
 
+def slot_mask(valid: torch.Tensor, length: int) -> torch.Tensor:
+    """valid bool `[B, C + N]` (the cached slots, then the chain's nodes) -> the 2-D
+    `attention_mask` long `[B, length]` of a chain's static forward: the model builds its causal
+    mask (and ALiBi, Bloom) from it as from the eager engine's; padding nodes and the slots past
+    them are hidden."""
+    return padded(valid.long(), length)
+
+
 def padded(x: torch.Tensor, width: int) -> torch.Tensor:
     """x `[..., N]` zero-padded to `[..., width]`, a new tensor of standard strides (a view's
     strides would be guarded by the compiled graph: a step's token, sliced from a longer row,
@@ -227,8 +247,9 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
 class StaticVerifier:
     """The engine's static cache and compiled verification forward for one `generate` call."""
 
-    def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int):
-        self.target, self.config = target, config
+    def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int,
+                 chains: bool = False):
+        self.target, self.config, self.chains = target, config, chains
         self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
         self.cache = static_cache(target, self.length)
         self.masks = masks(target)
@@ -253,9 +274,13 @@ class StaticVerifier:
         c = cache_valid.shape[1]
         p = round_up(n, NODE_BUCKET)
         self._fit(c + p)
-        attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
-        mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] (or a dict)
-                          lambda: node_positions(tree, cache_valid))
+        if self.chains:  # the model's own causal mask over the valid slots, [B, length]
+            mask = slot_mask(torch.cat([cache_valid, torch.ones_like(tree.valid)], 1),
+                             self.length)
+        else:
+            attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
+            mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] or a dict
+                              lambda: node_positions(tree, cache_valid))
         tokens = padded(tree.tokens, p)  # [B, P]
         depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
         out = self.forward(input_ids=tokens, attention_mask=mask,
@@ -266,27 +291,33 @@ class StaticVerifier:
         return SimpleNamespace(logits=out.logits[:, :n], hidden_states=hidden)
 
 
-def probe(target, input_ids, attention_mask) -> None:
-    """Once per target (dtype, attention implementation): the forward `StaticVerifier` runs,
-    eagerly, on the call's own prompt tokens (three nodes x, y and y's child z, padded to a
-    bucket, into a `StaticCache`) against the model's own plain forwards; a target that differs
-    is refused. The compiled graph computes what this eager forward computes."""
-    admission.cached_probe(target, "static",
-                           lambda: _measure(target, input_ids, attention_mask))
+def probe(target, input_ids, attention_mask, chains: bool = False) -> None:
+    """Once per target (dtype, attention implementation, `chains`): the forward
+    `StaticVerifier` runs, eagerly, on the call's own prompt tokens against the model's own
+    forwards; a target that differs is refused. The compiled graph computes what this eager
+    forward computes. A tree (x, y and y's child z, padded to a bucket, through the 4-D mask)
+    against its plain forwards; with `chains` (the engine verifies only main paths: no tree mask
+    is exact on it, `admission.Probe`), the chain x, y, z through the 2-D slot mask against its
+    own cached one-token steps, which is what its generate runs."""
+    admission.cached_probe(target, ("static", chains),
+                           lambda: _measure(target, input_ids, attention_mask, chains))
 
 
-def _measure(target, input_ids, attention_mask):
+def _measure(target, input_ids, attention_mask, chains):
     ids = admission._probe_tokens(target, input_ids, attention_mask)
     if ids is None:
         return None
     name = type(target).__name__
     try:
         with torch.no_grad():
-            plain, _, nodes = admission.reference_logits(target, ids)
-            want = torch.cat([plain[-2:-1], nodes])  # [4, V]: the prompt's last token, x, y, z
+            if chains:
+                want = _own_steps(target, ids)
+            else:
+                plain, _, nodes = admission.reference_logits(target, ids)
+                want = torch.cat([plain[-2:-1], nodes])  # [4, V]: the prompt's last, x, y, z
             restore = use_block_sparse_attention(target)  # the attention the engine runs
             try:
-                got = _static_logits(target, ids)
+                got = _static_logits(target, ids, chains)
             finally:
                 restore()
     except admission.UnsupportedTarget as err:
@@ -294,19 +325,35 @@ def _measure(target, input_ids, attention_mask):
     except admission._FAILURES as err:
         line = (str(err).splitlines() or [""])[0][:200]
         return admission.UnsupportedTarget(
-            f"{name}: compile=True verifies through a 4-D mask on a StaticCache, and that "
-            f"forward failed in the engine's probe ({type(err).__name__}: {line}); use "
-            f"compile=False")
+            f"{name}: compile=True verifies through a {'2' if chains else '4'}-D mask on a "
+            f"StaticCache, and that forward failed in the engine's probe "
+            f"({type(err).__name__}: {line}); use compile=False")
     if not admission._close(got, want):
         return admission.UnsupportedTarget(
-            f"{name}: compile=True verifies through a 4-D mask on a StaticCache, which gives "
-            f"other logits than its own forward here; use compile=False")
+            f"{name}: compile=True verifies through a {'2' if chains else '4'}-D mask on a "
+            f"StaticCache, which gives other logits than its own forward here; use "
+            f"compile=False")
     return None
 
 
-def _static_logits(target, ids):
+def _own_steps(target, ids):
+    """The model's own cached decoding of the probe's tokens (`ids` `[1, n + 3]`): the logits
+    `[4, V]` of a prefill of the n prompt tokens (its last token's), then of x, y and z fed one
+    at a time, in its own attention and `DynamicCache`."""
+    n = ids.shape[1] - 3
+    kwargs = cache_kwargs(target.forward, DynamicCache(config=target.config))
+    pos = admission._positions(target, ids)
+    out = []
+    for step in (slice(0, n), slice(n, n + 1), slice(n + 1, n + 2), slice(n + 2, n + 3)):
+        out.append(target(input_ids=ids[:, step], position_ids=pos[..., step], use_cache=True,
+                          return_dict=True, **kwargs).logits[0, -1:])
+    return torch.cat(out)
+
+
+def _static_logits(target, ids, chains):
     """The logits `[4, V]` of a prefill of the probe's n prompt tokens (`ids` `[1, n + 3]`) into
-    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does."""
+    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does:
+    the tree (x, y siblings, z y's child) or, with `chains`, the chain x, y, z."""
     n = ids.shape[1] - 3
     length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
     cache = static_cache(target, length)
@@ -319,14 +366,18 @@ def _static_logits(target, ids):
         raise admission.UnsupportedTarget(
             f"{type(target).__name__}: compile=True gave its prefill a StaticCache and it "
             f"returned {type(output_cache(out)).__name__}; use compile=False")
-    attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
-    attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
     p = round_up(3, NODE_BUCKET)
-    depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
-    q_pos = n - 1 + depth[:, :3]  # x, y, z: the root (the prompt's last token) is at n - 1
-    k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
-    mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
-                         lambda: (q_pos, k_pos))
+    if chains:
+        depth = torch.tensor([[1, 2, 3] + [0] * (p - 3)], device=ids.device)
+        mask = slot_mask(torch.ones(1, n + 3, dtype=torch.bool, device=ids.device), length)
+    else:
+        attends = torch.ones(1, 3, n + 3, dtype=torch.bool, device=ids.device)
+        attends[0, :, n:] = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+        depth = torch.tensor([[1, 1, 2] + [0] * (p - 3)], device=ids.device)
+        q_pos = n - 1 + depth[:, :3]  # x, y, z: the root (the prompt's last token) is at n - 1
+        k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
+        mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
+                             lambda: (q_pos, k_pos))
     tokens = torch.nn.functional.pad(ids[:, n:], (0, p - 3))
     nodes = target(input_ids=tokens, attention_mask=mask, position_ids=pos[..., -1:] + depth,
                    use_cache=True, return_dict=True, **kwargs).logits[0, :3]
