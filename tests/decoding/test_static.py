@@ -226,6 +226,56 @@ def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, mo
     assert not torch.equal(out.sequences, ref)
 
 
+# where no tree mask is exact the engine verifies main paths, and the static path verifies them
+# through the model's own causal mask from a 2-D slot mask: Bloom builds its ALiBi from that mask
+# (a 4-D one fails), MPT counts ALiBi in slots; PaliGemma's Gemma layers are bidirectional over
+# the prompt (its prefix), which its static prefill must not extend to unwritten slots
+MAIN_PATH_ONLY = [("bloom", "causal"), ("mpt", "causal"), ("paligemma", "vlm")]
+
+
+@pytest.mark.parametrize("model_type, kind", MAIN_PATH_ONLY, ids=[m for m, _ in MAIN_PATH_ONLY])
+def test_main_path_targets_are_token_identical(eager, model_type, kind):
+    target = arch_sweep.build(model_type, kind)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=arch_sweep.NEW_TOKENS,
+                          pad_token_id=PAD)
+    # rows rejecting at different depths: holes where the target verifies them (Bloom)
+    out = generate(target, arch_sweep.OracleChain(ref, mask, stagger=True), ids,
+                   attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS, pad_token_id=PAD, compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted > 0
+
+
+def _tiny_gpt_neo(window):
+    config = arch_sweep.tiny_config("gpt_neo")
+    config.window_size = window
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("window", [64, 63])
+def test_gpt_neo_runs_while_its_static_cache_fits_its_local_window(eager, window):
+    # its local layers window their keys back from the cache's last slot: exact while the
+    # 64-slot cache (11 + 12 tokens and a bucket) fits the window, refused with the reason past
+    target = _tiny_gpt_neo(window)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=arch_sweep.NEW_TOKENS,
+                          pad_token_id=PAD)
+    drafter = arch_sweep.OracleChain(ref, mask, stagger=True)
+    if window == 63:
+        with pytest.raises(UnsupportedTarget, match=(
+                r"^GPTNeoForCausalLM: compile=True keeps the KV in a StaticCache of 64 slots, "
+                r"and this model's local-attention layers count their window \(window_size=63\)"
+                r" back from the cache's last slot, not from the query, .*; no cache of whole "
+                r"64-slot buckets does; use compile=False$")):
+            generate(target, drafter, ids, attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
+                     pad_token_id=PAD, compile=True)
+        return
+    out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
+                   pad_token_id=PAD, compile=True)
+    assert torch.equal(out.sequences, ref)
+
+
 @pytest.mark.parametrize("model_type, reason", [
     ("qwen3_next", r"^Qwen3NextForCausalLM: compile=True pads every verification forward .* "
                    r"linear-attention / SSM layers \(LinearAttentionLayer, StaticLayer\) would "
