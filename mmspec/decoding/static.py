@@ -166,10 +166,12 @@ def unsupported(model, windows, length: int) -> str | None:
                 f"nodes, and this model's linear-attention / SSM layers "
                 f"({', '.join(sorted(kinds))}) would fold the padding into their recurrent "
                 f"state, which only the eager engine rolls back (snapshot and replay)")
-    if kinds - {"DummyLayer"} != {"StaticLayer"}:  # DummyLayer: KV-sharing consumers
+    # DummyLayer: KV-sharing consumers; StaticIndexedLayer: DSA, full attention beside its
+    # indexer's keys, which the commit gathers too (kv_cache.commit_path)
+    if not kinds - {"DummyLayer"} <= {"StaticLayer", "StaticIndexedLayer"}:
         return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
                 f"{', '.join(sorted(kinds))} layers; the engine commits paths only in "
-                f"full-attention StaticLayers")
+                f"full-attention StaticLayers (and DSA's StaticIndexedLayers)")
     return None
 
 
@@ -241,6 +243,12 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
             new[:, :, : old.shape[2]] = old
             torch._dynamo.mark_static_address(new)
             setattr(layer, name, new)
+        if getattr(layer, "is_indexer_initialized", False):  # DSA: StaticIndexedLayer
+            old = layer.indexer_keys  # [B, length, D]
+            new = old.new_zeros(old.shape[0], length, old.shape[2])
+            new[:, : old.shape[1]] = old
+            torch._dynamo.mark_static_address(new)
+            layer.indexer_keys = new
     return length
 
 

@@ -287,6 +287,20 @@ def test_gpt_neo_runs_while_its_static_cache_fits_its_local_window(eager, window
     assert torch.equal(out.sequences, ref)
 
 
+def test_a_dsa_target_is_token_identical(eager):
+    # DeepSeek-V3.2: StaticIndexedLayers, whose indexer keys the commit gathers in place beside
+    # the KV (test_kv_cache.py checks the gather); a tree a round on a batch with holes
+    target = _sharp("deepseek_v32")
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False,
+                          max_new_tokens=arch_sweep.NEW_TOKENS, pad_token_id=PAD)
+    drafter = _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 4, "tree")
+    out = generate(target, drafter, ids, attention_mask=mask, pad_token_id=PAD,
+                   max_new_tokens=arch_sweep.NEW_TOKENS, compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted > 0
+
+
 @pytest.mark.parametrize("model_type, reason", [
     ("qwen3_next", r"^Qwen3NextForCausalLM: compile=True pads every verification forward .* "
                    r"linear-attention / SSM layers \(LinearAttentionLayer, StaticLayer\) would "
