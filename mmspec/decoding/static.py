@@ -33,15 +33,24 @@ a forward given `attention_mask={"full_attention": m, "sliding_attention": m_w}`
 the mask of its `config.layer_types` entry (Gemma 2 and 3, Qwen2, Cohere2: `causal_mask_mapping`),
 and a model whose layers all slide gets `m_w` alone (Mistral's forward builds one mask for all).
 
+Where no tree mask is exact on the target (the eager probe's `tree_mode` is None: ALiBi counted
+in slots, MPT; ALiBi built from the 2-D mask, Bloom; PaliGemma), the engine verifies each draft's
+main path, and the static path passes that chain the 2-D mask of the valid slots (`slot_mask`),
+from which the model builds its own causal mask (and Bloom its ALiBi), as the eager engine does;
+its probe compares that chain with the model's own one-token steps. DSA models (DeepSeek-V3.2,
+GLM-MoE-DSA: `StaticIndexedLayer`) keep their indexer's keys beside the KV, gathered in place too.
+Chunked layers (Llama 4) take the full mask, exact while a call fits one chunk, which
+`admission.check_length` requires as it does for the eager engine.
+
 Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
 linear-attention / SSM layers (transformers' `StaticCache` holds their state, but the padded
 verification would fold padding tokens into it, and rolling it back to the accepted tokens needs
-the eager engine's snapshot and replay, `recurrent.py`), chunked attention (Llama 4: its chunks are
-not a window), DSA indexer caches, layer types `StaticCache` has no layer for (DeepSeek-V4) and
-encoder-decoder caches; and, from a probe on the call's prompt (`probe`), models whose prefill into
-the `StaticCache` or whose 4-D-masked forward on it does not give their own logits. KV-sharing
-layers (Gemma 4's `num_kv_shared_layers`) hold nothing in the cache (`DummyLayer`) and read the
-full layers' tensors: they run as they are.
+the eager engine's snapshot and replay, `recurrent.py`), GPT-Neo's local layers past their
+window (they count it back from the cache's last slot), layer types `StaticCache` has no layer for
+(DeepSeek-V4) and encoder-decoder caches; and, from a probe on the call's prompt (`probe`), models
+whose prefill into the `StaticCache` or whose masked forward on it does not give their own
+logits. KV-sharing layers (Gemma 4's `num_kv_shared_layers`) hold nothing in the cache
+(`DummyLayer`) and read the full layers' tensors: they run as they are.
 """
 
 from __future__ import annotations
@@ -149,9 +158,6 @@ def unsupported(model, windows, length: int) -> str | None:
                 f"while the cache fits the window; "
                 + (f"keep the prompt plus max_new_tokens within {most}" if most > 0 else
                    f"no cache of whole {LENGTH_BUCKET}-slot buckets does"))
-    if "chunked_attention" in _layer_types(model):
-        return ("compile=True gives each layer a full or a sliding-window mask, and this model "
-                "has chunked-attention layers (attention_chunk_size)")
     if len(windows) > 1:
         return (f"compile=True gives all sliding layers one mask, and this model has windows of "
                 f"{len(windows)} sizes {windows}")
@@ -194,18 +200,26 @@ def masks(model):
     window for sliding layers (`windows.within_window`; `positions()` gives the query and key
     positions), passed alone where every layer slides (Mistral's forward takes one mask) and
     otherwise as transformers' per-layer-type dict (Gemma 2 and 3, Qwen2, Cohere2: a forward
-    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own)."""
-    windows = sliding_windows(model)
-    slides_only = _layer_types(model) == {"sliding_attention"}
+    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own). Chunked
+    layers (Llama 4) get the full mask under `"chunked_attention"`: `admission.check_length`
+    keeps a call within one `attention_chunk_size` block, where chunked attention is causal, as
+    in the eager engine."""
+    types = _layer_types(model)
+    # Llama 4's chunked layers are cached as sliding ones, their chunk as the window
+    windows = sliding_windows(model) if "sliding_attention" in types else ()
+    chunked = "chunked_attention" in types
 
     def build(attends, nodes, length, dtype, positions):
         full = dense_tree_mask(attends, nodes, length, dtype)  # [B, 1, P, length]
         if not windows:
-            return full
+            return {"full_attention": full, "chunked_attention": full} if chunked else full
         q_pos, k_pos = positions()
         sliding = dense_tree_mask(within_window(attends, q_pos, k_pos, windows[0]), nodes,
                                   length, dtype)
-        return sliding if slides_only else {"full_attention": full, "sliding_attention": sliding}
+        if types == {"sliding_attention"}:
+            return sliding
+        return {"full_attention": full, "sliding_attention": sliding,
+                **({"chunked_attention": full} if chunked else {})}
 
     return build
 

@@ -317,18 +317,33 @@ def test_targets_without_a_static_cache_of_full_layers_are_refused_with_the_reas
                  compile=True)
 
 
-def test_chunked_attention_targets_are_refused_by_name():
+def _tiny_llama4(chunk):
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    target = Llama4ForCausalLM(Llama4TextConfig(
+    torch.manual_seed(0)
+    return Llama4ForCausalLM(Llama4TextConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        num_local_experts=2, attention_chunk_size=8, layer_types=None)).eval()
-    with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: compile=True gives each "
-                                                r"layer a full or a sliding-window mask, and "
-                                                r"this model has chunked-attention layers"):
-        generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
-                 compile=True)
+        num_local_experts=2, attention_chunk_size=chunk, layer_types=None,
+        initializer_range=identity.SHARP)).eval()
+
+
+def test_chunked_attention_targets_run_within_one_chunk(eager):
+    # Llama 4's chunked layers take the full mask (their own key of the per-layer-type dict):
+    # exact while prompt + max_new_tokens fit one chunk (11 + 12 in 32), refused past it with
+    # the eager engine's line (admission.check_length)
+    target = _tiny_llama4(32)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                          max_new_tokens=arch_sweep.NEW_TOKENS, eos_token_id=[])
+    out = generate(target, _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 4, "tree"),
+                   ids, attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
+                   pad_token_id=PAD, eos_token_id=[], compile=True)
+    assert torch.equal(out.sequences, ref)
+    with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: its chunked-attention "
+                                                r"layers attend within blocks of 8 tokens"):
+        generate(_tiny_llama4(8), RandomDrafter(4), ids, attention_mask=mask, max_new_tokens=4,
+                 pad_token_id=PAD, compile=True)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
