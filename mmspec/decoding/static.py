@@ -39,7 +39,7 @@ main path, and the static path passes that chain the 2-D mask of the valid slots
 from which the model builds its own causal mask (and Bloom its ALiBi), as the eager engine does;
 its probe compares that chain with the model's own one-token steps. DSA models (DeepSeek-V3.2,
 GLM-MoE-DSA: `StaticIndexedLayer`) keep their indexer's keys beside the KV, gathered in place too.
-Chunked layers (Llama 4) take the full mask, exact while a call fits one chunk, which
+Chunked layers (Llama 4) take the full 4-D mask, exact while a call fits one chunk, which
 `admission.check_length` requires as it does for the eager engine.
 
 Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
@@ -201,25 +201,22 @@ def masks(model):
     positions), passed alone where every layer slides (Mistral's forward takes one mask) and
     otherwise as transformers' per-layer-type dict (Gemma 2 and 3, Qwen2, Cohere2: a forward
     given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own). Chunked
-    layers (Llama 4) get the full mask under `"chunked_attention"`: `admission.check_length`
-    keeps a call within one `attention_chunk_size` block, where chunked attention is causal, as
-    in the eager engine."""
+    layers (Llama 4) take the full mask, which its forward hands every layer:
+    `admission.check_length` keeps a call within one `attention_chunk_size` block, where chunked
+    attention is causal, as in the eager engine."""
     types = _layer_types(model)
-    # Llama 4's chunked layers are cached as sliding ones, their chunk as the window
+    # Llama 4's chunked layers are cached as sliding ones (their chunk as the window): no window
     windows = sliding_windows(model) if "sliding_attention" in types else ()
-    chunked = "chunked_attention" in types
+    slides_only = types == {"sliding_attention"}
 
     def build(attends, nodes, length, dtype, positions):
         full = dense_tree_mask(attends, nodes, length, dtype)  # [B, 1, P, length]
         if not windows:
-            return {"full_attention": full, "chunked_attention": full} if chunked else full
+            return full
         q_pos, k_pos = positions()
         sliding = dense_tree_mask(within_window(attends, q_pos, k_pos, windows[0]), nodes,
                                   length, dtype)
-        if types == {"sliding_attention"}:
-            return sliding
-        return {"full_attention": full, "sliding_attention": sliding,
-                **({"chunked_attention": full} if chunked else {})}
+        return sliding if slides_only else {"full_attention": full, "sliding_attention": sliding}
 
     return build
 

@@ -329,8 +329,8 @@ def _tiny_llama4(chunk):
 
 
 def test_chunked_attention_targets_run_within_one_chunk(eager):
-    # Llama 4's chunked layers take the full mask (their own key of the per-layer-type dict):
-    # exact while prompt + max_new_tokens fit one chunk (11 + 12 in 32), refused past it with
+    # Llama 4's chunked layers take the full mask (not a window's, though its cache holds them
+    # as sliding layers): exact while prompt + max_new_tokens fit one chunk (11 + 12 in 32), refused past it with
     # the eager engine's line (admission.check_length)
     target = _tiny_llama4(32)
     ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
