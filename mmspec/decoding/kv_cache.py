@@ -11,7 +11,8 @@ Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` te
 `DynamicIndexedLayer`s (DSA models: GLM-MoE-DSA, DeepSeek-V3.2) also keep their indexer's keys.
 A `StaticLayer` (`compile=True`, `static.py`) keeps its preallocated tensors: the path is gathered
 in place and its `cumulative_length` set back to the committed count, so the next forward writes
-over the rest. Sliding-window and linear-attention layers are refused: their contents cannot be
+over the rest; a `StaticIndexedLayer` (DSA) does the same with its indexer's keys and
+`indexer_cumulative_length`. Sliding-window and linear-attention layers are refused: their contents cannot be
 compacted this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the
 engine instead, `windows.py`, or of full `StaticLayer`s under `compile=True`, `static.py`).
 """
