@@ -39,8 +39,9 @@ main path, and the static path passes that chain the 2-D mask of the valid slots
 from which the model builds its own causal mask (and Bloom its ALiBi), as the eager engine does;
 its probe compares that chain with the model's own one-token steps. DSA models (DeepSeek-V3.2,
 GLM-MoE-DSA: `StaticIndexedLayer`) keep their indexer's keys beside the KV, gathered in place too.
-Chunked layers (Llama 4) take the full 4-D mask, exact while a call fits one chunk, which
-`admission.check_length` requires as it does for the eager engine.
+Chunked layers (Llama 4) get the mask cut to each query's chunk, counted in positions, under
+their key of the per-layer-type dict: unlike the eager engine (`admission.check_length`), the
+static path runs past one `attention_chunk_size` block.
 
 Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
 linear-attention / SSM layers (transformers' `StaticCache` holds their state, but the padded
@@ -73,7 +74,7 @@ from mmspec.kernels.hf import additive_mask, use_block_sparse_attention
 
 from . import admission
 from .tree import node_positions
-from .windows import sliding_windows, within_window
+from .windows import sliding_windows, within_chunk, within_window
 
 # nodes of a verification forward: the tree's count rounded up to a multiple of this, so that a
 # drafter's usual tree (gpt-fast's speculate_k + 1, EAGLE's 60) and its budget-capped last rounds
@@ -200,23 +201,29 @@ def masks(model):
     window for sliding layers (`windows.within_window`; `positions()` gives the query and key
     positions), passed alone where every layer slides (Mistral's forward takes one mask) and
     otherwise as transformers' per-layer-type dict (Gemma 2 and 3, Qwen2, Cohere2: a forward
-    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own). Chunked
-    layers (Llama 4) take the full mask, which its forward hands every layer:
-    `admission.check_length` keeps a call within one `attention_chunk_size` block, where chunked
-    attention is causal, as in the eager engine."""
+    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own); with
+    chunked layers (Llama 4), the same within each query's chunk (`windows.within_chunk`) under
+    `"chunked_attention"` of that dict."""
     types = _layer_types(model)
     # Llama 4's chunked layers are cached as sliding ones (their chunk as the window): no window
     windows = sliding_windows(model) if "sliding_attention" in types else ()
+    chunk = (model.config.get_text_config(decoder=True).attention_chunk_size
+             if "chunked_attention" in types else None)
     slides_only = types == {"sliding_attention"}
 
     def build(attends, nodes, length, dtype, positions):
         full = dense_tree_mask(attends, nodes, length, dtype)  # [B, 1, P, length]
-        if not windows:
+        if not windows and chunk is None:
             return full
         q_pos, k_pos = positions()
-        sliding = dense_tree_mask(within_window(attends, q_pos, k_pos, windows[0]), nodes,
-                                  length, dtype)
-        return sliding if slides_only else {"full_attention": full, "sliding_attention": sliding}
+        out = {"full_attention": full}
+        if windows:
+            out["sliding_attention"] = dense_tree_mask(
+                within_window(attends, q_pos, k_pos, windows[0]), nodes, length, dtype)
+        if chunk is not None:
+            out["chunked_attention"] = dense_tree_mask(
+                within_chunk(attends, q_pos, k_pos, chunk), nodes, length, dtype)
+        return out["sliding_attention"] if slides_only else out
 
     return build
 

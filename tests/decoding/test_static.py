@@ -328,11 +328,11 @@ def _tiny_llama4(chunk):
         initializer_range=identity.SHARP)).eval()
 
 
-def test_chunked_attention_targets_run_within_one_chunk(eager):
-    # Llama 4's chunked layers take the full mask (not a window's, though its cache holds them
-    # as sliding layers): exact while prompt + max_new_tokens fit one chunk (11 + 12 in 32), refused past it with
-    # the eager engine's line (admission.check_length)
-    target = _tiny_llama4(32)
+def test_chunked_attention_targets_are_token_identical_past_a_chunk(eager):
+    # Llama 4 (every layer chunked here) with chunks of 8: the prompt (11 tokens) and the new
+    # ones cross two chunk borders, rows with holes included; its chunk mask counts positions
+    # (windows.within_chunk). The eager engine refuses this call (admission.check_length)
+    target = _tiny_llama4(8)
     ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
     ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
                           max_new_tokens=arch_sweep.NEW_TOKENS, eos_token_id=[])
@@ -342,8 +342,8 @@ def test_chunked_attention_targets_run_within_one_chunk(eager):
     assert torch.equal(out.sequences, ref)
     with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: its chunked-attention "
                                                 r"layers attend within blocks of 8 tokens"):
-        generate(_tiny_llama4(8), RandomDrafter(4), ids, attention_mask=mask, max_new_tokens=4,
-                 pad_token_id=PAD, compile=True)
+        generate(target, RandomDrafter(4), ids, attention_mask=mask, max_new_tokens=4,
+                 pad_token_id=PAD)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
