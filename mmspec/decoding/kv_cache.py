@@ -12,9 +12,10 @@ Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` te
 A `StaticLayer` (`compile=True`, `static.py`) keeps its preallocated tensors: the path is gathered
 in place and its `cumulative_length` set back to the committed count, so the next forward writes
 over the rest; a `StaticIndexedLayer` (DSA) does the same with its indexer's keys and
-`indexer_cumulative_length`. Sliding-window and linear-attention layers are refused: their contents cannot be
-compacted this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the
-engine instead, `windows.py`, or of full `StaticLayer`s under `compile=True`, `static.py`).
+`indexer_cumulative_length`. Sliding-window and linear-attention layers are refused: their
+contents cannot be compacted this way (a model with sliding-window layers gets a cache of
+`DynamicLayer`s from the engine instead, `windows.py`, or of full `StaticLayer`s under
+`compile=True`, `static.py`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _layers(cache: Cache):
     for layer in cache.layers:
         if type(layer) is DummyLayer:  # holds nothing (KV-sharing consumers, MLP-only layers)
             continue
-        if type(layer) not in (DynamicLayer, DynamicIndexedLayer, StaticLayer, StaticIndexedLayer):
+        if type(layer) not in (DynamicLayer, DynamicIndexedLayer, StaticLayer,
+                               StaticIndexedLayer):
             raise TypeError(
                 f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "
                 f"needs DynamicLayer (full attention) layers"

@@ -255,11 +255,12 @@ def _sharp(model_type, kind="causal", **config_kwargs):
 def test_main_path_targets_are_token_identical(eager, model_type, kind, sharp):
     target = _sharp(model_type, kind) if sharp else arch_sweep.build(model_type, kind)
     ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
-    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=arch_sweep.NEW_TOKENS,
-                          pad_token_id=PAD)
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                          max_new_tokens=arch_sweep.NEW_TOKENS)
     # rows rejecting at different depths: holes where the target verifies them (Bloom)
     out = generate(target, arch_sweep.OracleChain(ref, mask, stagger=True), ids,
-                   attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS, pad_token_id=PAD, compile=True)
+                   attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS, pad_token_id=PAD,
+                   compile=True)
     assert torch.equal(out.sequences, ref)
     assert out.stats.accepted > 0
 
@@ -270,8 +271,8 @@ def test_gpt_neo_runs_while_its_static_cache_fits_its_local_window(eager, window
     # 64-slot cache (11 + 12 tokens and a bucket) fits the window, refused with the reason past
     target = _sharp("gpt_neo", window_size=window)
     ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
-    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=arch_sweep.NEW_TOKENS,
-                          pad_token_id=PAD)
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                          max_new_tokens=arch_sweep.NEW_TOKENS)
     drafter = arch_sweep.OracleChain(ref, mask, stagger=True)
     if window == 63:
         with pytest.raises(UnsupportedTarget, match=(
@@ -279,11 +280,11 @@ def test_gpt_neo_runs_while_its_static_cache_fits_its_local_window(eager, window
                 r"and this model's local-attention layers count their window \(window_size=63\)"
                 r" back from the cache's last slot, not from the query, .*; no cache of whole "
                 r"64-slot buckets does; use compile=False$")):
-            generate(target, drafter, ids, attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
-                     pad_token_id=PAD, compile=True)
+            generate(target, drafter, ids, attention_mask=mask, pad_token_id=PAD,
+                     max_new_tokens=arch_sweep.NEW_TOKENS, compile=True)
         return
-    out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
-                   pad_token_id=PAD, compile=True)
+    out = generate(target, drafter, ids, attention_mask=mask, pad_token_id=PAD,
+                   max_new_tokens=arch_sweep.NEW_TOKENS, compile=True)
     assert torch.equal(out.sequences, ref)
 
 
