@@ -75,17 +75,19 @@ def engine_cache(model, windows):
     return cache
 
 
-def check_length(model, length: int) -> None:
+def check_length(model, length: int, chunks_masked: bool = False) -> None:
     """Refuse a call whose `length` (prompt plus max_new_tokens, in cache slots) passes what the
     engine verifies exactly. Llama 4's chunked layers attend within blocks of
     `attention_chunk_size` tokens counted in cache slots; the engine masks them as full causal
-    attention, the same while one block holds the whole sequence. DSA models (DeepSeek-V3.2, GLM-MoE-DSA: `index_topk`) attend to the top-k keys their
-    indexer picks; past `index_topk` tokens, transformers' forward over several new tokens picks
-    other keys than its one-token decode step (seen in the architecture sweep with a small
-    `index_topk`), so a verification forward cannot equal `generate` there."""
+    attention, the same while one block holds the whole sequence (`chunks_masked`: the static
+    path of `compile=True` masks the chunks themselves, `static.masks`). DSA models
+    (DeepSeek-V3.2, GLM-MoE-DSA: `index_topk`) attend to the top-k keys their indexer picks;
+    past `index_topk` tokens, transformers' forward over several new tokens picks other keys
+    than its one-token decode step (seen in the architecture sweep with a small `index_topk`),
+    so a verification forward cannot equal `generate` there."""
     config = model.config.get_text_config()
     chunk = getattr(config, "attention_chunk_size", None)
-    if (isinstance(chunk, int) and length > chunk
+    if (isinstance(chunk, int) and length > chunk and not chunks_masked
             and "chunked_attention" in (getattr(config, "layer_types", None) or ())):
         raise UnsupportedTarget(
             f"{type(model).__name__}: its chunked-attention layers attend within blocks of "

@@ -260,15 +260,19 @@ def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs
     `compile=True` (`static.py`), else None."""
     windows = sliding_windows(target)
     if compile_config is not None:
-        static_cache.refuse(target, windows)
+        static_cache.refuse(target, windows, input_ids.shape[1] + max_new_tokens)
     with engine_positions(target):  # the BART family: the engine's positions, not cache slots
-        probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens)
+        probe = _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens,
+                       compile_config is not None)
+        # where no tree mask is exact the engine verifies main paths: chains, through the
+        # model's own causal mask
+        chains = probe is not None and probe.tree_mode is None
         if compile_config is not None:
-            static_cache.probe(target, input_ids, attention_mask)
+            static_cache.probe(target, input_ids, attention_mask, chains)
         with block_sparse_attention_of(target), torch.no_grad():
             try:
                 static = None if compile_config is None else static_cache.StaticVerifier(
-                    target, compile_config, input_ids.shape[1], max_new_tokens)
+                    target, compile_config, input_ids.shape[1], max_new_tokens, chains)
                 return _generate(target, drafter, input_ids, attention_mask.long(),
                                  max_new_tokens, model_kwargs, windows, probe, static=static,
                                  **loop)
@@ -281,11 +285,12 @@ def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs
                     end()
 
 
-def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens):
+def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens, static=False):
     """The target's probe (`admission.py`), and the refusals it implies for this call, before the
     prefill: a batch whose rows would leave holes, a tree drafter (or any round through a mask,
-    with sliding windows) where no tree verification is exact."""
-    admission.check_length(target, input_ids.shape[1] + max_new_tokens)
+    with sliding windows) where no tree verification is exact. `static`: `compile=True`, whose
+    masks cut chunked layers to their chunks."""
+    admission.check_length(target, input_ids.shape[1] + max_new_tokens, chunks_masked=static)
     probe = admission.probe(target, input_ids, attention_mask, windows)
     if probe is None:
         return None

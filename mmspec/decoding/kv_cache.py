@@ -11,16 +11,24 @@ Works on any cache whose attention layers hold `keys`/`values` `[B, H, L, D]` te
 `DynamicIndexedLayer`s (DSA models: GLM-MoE-DSA, DeepSeek-V3.2) also keep their indexer's keys.
 A `StaticLayer` (`compile=True`, `static.py`) keeps its preallocated tensors: the path is gathered
 in place and its `cumulative_length` set back to the committed count, so the next forward writes
-over the rest. Sliding-window and linear-attention layers are refused: their contents cannot be
-compacted this way (a model with sliding-window layers gets a cache of `DynamicLayer`s from the
-engine instead, `windows.py`, or of full `StaticLayer`s under `compile=True`, `static.py`).
+over the rest; a `StaticIndexedLayer` (DSA) does the same with its indexer's keys and
+`indexer_cumulative_length`. Sliding-window and linear-attention layers are refused: their
+contents cannot be compacted this way (a model with sliding-window layers gets a cache of
+`DynamicLayer`s from the engine instead, `windows.py`, or of full `StaticLayer`s under
+`compile=True`, `static.py`).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import Cache, EncoderDecoderCache
-from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer, StaticLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicIndexedLayer,
+    DynamicLayer,
+    StaticIndexedLayer,
+    StaticLayer,
+)
 
 
 def _layers(cache: Cache):
@@ -29,7 +37,8 @@ def _layers(cache: Cache):
     for layer in cache.layers:
         if type(layer) is DummyLayer:  # holds nothing (KV-sharing consumers, MLP-only layers)
             continue
-        if type(layer) not in (DynamicLayer, DynamicIndexedLayer, StaticLayer):
+        if type(layer) not in (DynamicLayer, DynamicIndexedLayer, StaticLayer,
+                               StaticIndexedLayer):
             raise TypeError(
                 f"cache layer {type(layer).__name__} cannot be compacted; speculative decoding "
                 f"needs DynamicLayer (full attention) layers"
@@ -54,6 +63,7 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
         crop(cache, start + k)
         return
     for layer in _layers(cache):
+        static = isinstance(layer, StaticLayer)  # StaticLayer, StaticIndexedLayer (DSA)
         rows = keep.to(layer.keys.device)[:, None, :, None]  # [B, 1, K, 1]
         for name in ("keys", "values"):
             # MLA models (DeepSeek-V2/V3, ...) cache values of another last dim than the keys
@@ -62,15 +72,18 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
             idx = rows.expand(b, full.shape[1], k, full.shape[3])  # [B, H, K, D]
             picked = full[:, :, start:].gather(2, idx)  # [B, H, K, D]
             full[:, :, start : start + k] = picked
-            if type(layer) is not StaticLayer:
+            if not static:
                 setattr(layer, name, full[:, :, : start + k])
-        if type(layer) is StaticLayer:
+        if static:
             layer.cumulative_length.fill_(start + k)
         if getattr(layer, "is_indexer_initialized", False):  # DSA: the indexer's keys too
-            keys = layer.indexer_keys  # [B, start + N, D]
+            keys = layer.indexer_keys  # [B, start + N, D] ([B, length, D] static)
             idx = keep.to(keys.device)[..., None].expand(b, k, keys.shape[2])
             keys[:, start : start + k] = keys[:, start:].gather(1, idx)
-            layer.indexer_keys = keys[:, : start + k]
+            if static:
+                layer.indexer_cumulative_length.fill_(start + k)
+            else:
+                layer.indexer_keys = keys[:, : start + k]
             pos = layer.indexer_position_ids  # [P, B, start + N] or None
             if pos is not None:
                 idx = keep.to(pos.device)[None].expand(pos.shape[0], b, k)
@@ -81,8 +94,10 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
 def crop(cache: Cache, length: int) -> None:
     """Keep the first `length` entries of every layer."""
     for layer in _layers(cache):
-        if type(layer) is StaticLayer:  # the tensors stay; the next update writes from here
+        if isinstance(layer, StaticLayer):  # the tensors stay; the next update writes from here
             layer.cumulative_length.fill_(length)
+            if getattr(layer, "is_indexer_initialized", False):
+                layer.indexer_cumulative_length.fill_(length)
             continue
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]

@@ -52,13 +52,20 @@ def crop_attention(cache, start: int) -> None:
     """Keep the attention layers' first `start` entries: `DynamicLayer`s sliced, `StaticLayer`s
     (`compile=True`) writing from `start` on at their next update."""
     for layer in cache.layers:
+        indexed = getattr(layer, "is_indexer_initialized", False)  # DSA's indexer keys too
         if isinstance(layer, StaticLayer):
             if layer.is_initialized:
                 layer.cumulative_length.fill_(start)
+            if indexed:
+                layer.indexer_cumulative_length.fill_(start)
         elif isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None \
                 and layer.keys.numel():
             layer.keys = layer.keys[:, :, :start]
             layer.values = layer.values[:, :, :start]
+            if indexed:
+                layer.indexer_keys = layer.indexer_keys[:, :start]
+                if layer.indexer_position_ids is not None:
+                    layer.indexer_position_ids = layer.indexer_position_ids[..., :start]
 
 
 def replay(target, tokens: torch.Tensor, positions: torch.Tensor, attn_2d: torch.Tensor,

@@ -33,6 +33,16 @@ a forward given `attention_mask={"full_attention": m, "sliding_attention": m_w}`
 the mask of its `config.layer_types` entry (Gemma 2 and 3, Qwen2, Cohere2: `causal_mask_mapping`),
 and a model whose layers all slide gets `m_w` alone (Mistral's forward builds one mask for all).
 
+Where no tree mask is exact on the target (the eager probe's `tree_mode` is None: ALiBi counted
+in slots, MPT; ALiBi built from the 2-D mask, Bloom; PaliGemma), the engine verifies each draft's
+main path, and the static path passes that chain the 2-D mask of the valid slots (`slot_mask`),
+from which the model builds its own causal mask (and Bloom its ALiBi), as the eager engine does;
+its probe compares that chain with the model's own one-token steps. DSA models (DeepSeek-V3.2,
+GLM-MoE-DSA: `StaticIndexedLayer`) keep their indexer's keys beside the KV, gathered in place too.
+Chunked layers (Llama 4) get the mask cut to each query's chunk, counted in positions, under
+their key of the per-layer-type dict: unlike the eager engine (`admission.check_length`), the
+static path runs past one `attention_chunk_size` block.
+
 Linear-attention, SSM and convolution layers (Qwen3-Next, Jamba, Bamba, Nemotron-H, Zamba 2, ...):
 transformers' `StaticCache` holds their state in place (`LinearAttentionLayer`, or
 `LinearAttentionAndStaticFullAttentionLayer` beside keys). The engine verifies their drafts'
@@ -44,12 +54,13 @@ only in budget-capped rounds), and the replay runs through the same static forwa
 replayed length.
 
 Refused with one line before the prefill (`unsupported`), where the static path cannot be exact:
-chunked attention (Llama 4: its chunks are not a window), DSA indexer caches, linear attention
-beside sliding-window keys in one layer (Inkling; the eager engine refuses them too), layer types `StaticCache` has no layer for (DeepSeek-V4) and
-encoder-decoder caches; and, from a probe on the call's prompt (`probe`), models whose prefill into
-the `StaticCache` or whose 4-D-masked forward on it does not give their own logits. KV-sharing
-layers (Gemma 4's `num_kv_shared_layers`) hold nothing in the cache (`DummyLayer`) and read the
-full layers' tensors: they run as they are.
+GPT-Neo's local layers past their window (they count it back from the cache's last slot), linear
+attention beside sliding-window keys in one layer (Inkling; the eager engine refuses them too),
+layer types `StaticCache` has no layer for (DeepSeek-V4) and encoder-decoder caches; and, from a
+probe on the call's prompt (`probe`), models whose prefill into the `StaticCache` or whose masked
+forward on it does not give their own logits. KV-sharing layers (Gemma 4's
+`num_kv_shared_layers`) hold nothing in the cache (`DummyLayer`) and read the full layers'
+tensors: they run as they are.
 """
 
 from __future__ import annotations
@@ -57,12 +68,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from transformers import StaticCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import (
     DummyLayer,
     LinearAttentionAndStaticFullAttentionLayer,
     LinearAttentionCacheLayerMixin,
     LinearAttentionLayer,
+    StaticIndexedLayer,
     StaticLayer,
     StaticSlidingWindowLayer,
     get_layer_types_and_kwargs,
@@ -74,7 +86,7 @@ from mmspec.kernels.hf import additive_mask, use_block_sparse_attention
 
 from . import admission
 from .tree import node_positions
-from .windows import sliding_windows, within_window
+from .windows import sliding_windows, within_chunk, within_window
 
 # nodes of a verification forward: the tree's count rounded up to a multiple of this, so that a
 # drafter's usual tree (gpt-fast's speculate_k + 1, EAGLE's 60) and its budget-capped last rounds
@@ -132,24 +144,33 @@ def _layer_types(model) -> set[str]:
     return set(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
 
 
-def refuse(target, windows) -> None:
-    """Before the prefill: one line saying why, for a target `unsupported` names a reason for."""
-    why = unsupported(target, windows)
+def refuse(target, windows, length: int) -> None:
+    """Before the prefill of a call of `length` tokens (prompt + max_new_tokens): one line saying
+    why, for a target `unsupported` names a reason for."""
+    why = unsupported(target, windows, round_up(length + NODE_BUCKET, LENGTH_BUCKET))
     if why is not None:
         raise admission.UnsupportedTarget(f"{type(target).__name__}: {why}; use compile=False")
 
 
-def unsupported(model, windows) -> str | None:
-    """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path:
-    its cache is not a `StaticCache` of full-attention `StaticLayer`s (sliding ones replaced,
-    `static_cache`; KV-sharing consumers' `DummyLayer`s hold nothing), or a layer needs another
-    mask than a full or a sliding-window one; None where it can."""
+def unsupported(model, windows, length: int) -> str | None:
+    """Why `model` (its sliding `windows`, `windows.sliding_windows`) cannot run the static path
+    with a cache of `length` slots: its cache is not a `StaticCache` of full-attention
+    `StaticLayer`s (sliding ones replaced, `static_cache`; KV-sharing consumers' `DummyLayer`s
+    hold nothing), or a layer needs another mask than a full or a sliding-window one; None where
+    it can."""
     config = model.config.get_text_config(decoder=True)
     if getattr(config, "is_encoder_decoder", False):
         return "compile=True needs a decoder-only cache"
-    if "chunked_attention" in _layer_types(model):
-        return ("compile=True gives each layer a full or a sliding-window mask, and this model "
-                "has chunked-attention layers (attention_chunk_size)")
+    local = getattr(config, "window_size", None)
+    if "local" in (getattr(config, "attention_layers", None) or ()) and length > local:
+        # GPT-Neo: `bias[:, :, kv - q : kv, :kv]`, its local rows for queries at the last slots
+        most = local // LENGTH_BUCKET * LENGTH_BUCKET - NODE_BUCKET
+        return (f"compile=True keeps the KV in a StaticCache of {length} slots, and this "
+                f"model's local-attention layers count their window (window_size={local}) "
+                f"back from the cache's last slot, not from the query, which is exact only "
+                f"while the cache fits the window; "
+                + (f"keep the prompt plus max_new_tokens within {most}" if most > 0 else
+                   f"no cache of whole {LENGTH_BUCKET}-slot buckets does"))
     if len(windows) > 1:
         return (f"compile=True gives all sliding layers one mask, and this model has windows of "
                 f"{len(windows)} sizes {windows}")
@@ -163,14 +184,16 @@ def unsupported(model, windows) -> str | None:
         names = ", ".join(sorted(kind.__name__ for kind in kinds))
         return (f"compile=True keeps the KV in a StaticCache, which holds this model in "
                 f"{names} layers; the engine commits paths only in full-attention StaticLayers "
-                f"(beside linear-attention state, which it replays)")
+                f"(and DSA's StaticIndexedLayers, beside linear-attention state, which it "
+                f"replays)")
     return None
 
 
 # the StaticCache layers the static path runs: full attention (sliding layers replaced,
-# `static_cache`), KV-sharing consumers' DummyLayers, and linear-attention / SSM / convolution
+# `static_cache`; DSA's beside its indexer's keys), KV-sharing consumers' DummyLayers, and
+# linear-attention / SSM / convolution
 # state alone or beside full attention (`recurrent.py`: snapshot, restore and replay)
-_STATIC_KINDS = {StaticLayer, DummyLayer, LinearAttentionLayer,
+_STATIC_KINDS = {StaticLayer, StaticIndexedLayer, DummyLayer, LinearAttentionLayer,
                  LinearAttentionAndStaticFullAttentionLayer}
 
 
@@ -198,20 +221,39 @@ def masks(model):
     window for sliding layers (`windows.within_window`; `positions()` gives the query and key
     positions), passed alone where every layer slides (Mistral's forward takes one mask) and
     otherwise as transformers' per-layer-type dict (Gemma 2 and 3, Qwen2, Cohere2: a forward
-    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own)."""
-    windows = sliding_windows(model)
-    slides_only = _layer_types(model) == {"sliding_attention"}
+    given `{"full_attention": ..., "sliding_attention": ...}` hands each layer its own); with
+    chunked layers (Llama 4), the same within each query's chunk (`windows.within_chunk`) under
+    `"chunked_attention"` of that dict."""
+    types = _layer_types(model)
+    # Llama 4's chunked layers are cached as sliding ones (their chunk as the window): no window
+    windows = sliding_windows(model) if "sliding_attention" in types else ()
+    chunk = (model.config.get_text_config(decoder=True).attention_chunk_size
+             if "chunked_attention" in types else None)
+    slides_only = types == {"sliding_attention"}
 
     def build(attends, nodes, length, dtype, positions):
         full = dense_tree_mask(attends, nodes, length, dtype)  # [B, 1, P, length]
-        if not windows:
+        if not windows and chunk is None:
             return full
         q_pos, k_pos = positions()
-        sliding = dense_tree_mask(within_window(attends, q_pos, k_pos, windows[0]), nodes,
-                                  length, dtype)
-        return sliding if slides_only else {"full_attention": full, "sliding_attention": sliding}
+        out = {"full_attention": full}
+        if windows:
+            out["sliding_attention"] = dense_tree_mask(
+                within_window(attends, q_pos, k_pos, windows[0]), nodes, length, dtype)
+        if chunk is not None:
+            out["chunked_attention"] = dense_tree_mask(
+                within_chunk(attends, q_pos, k_pos, chunk), nodes, length, dtype)
+        return out["sliding_attention"] if slides_only else out
 
     return build
+
+
+def slot_mask(valid: torch.Tensor, length: int) -> torch.Tensor:
+    """valid bool `[B, C + N]` (the cached slots, then the chain's nodes) -> the 2-D
+    `attention_mask` long `[B, length]` of a chain's static forward: the model builds its causal
+    mask (and ALiBi, Bloom) from it as from the eager engine's; padding nodes and the slots past
+    them are hidden."""
+    return padded(valid.long(), length)
 
 
 def padded(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -239,21 +281,30 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
             new[:, :, : old.shape[2]] = old
             torch._dynamo.mark_static_address(new)
             setattr(layer, name, new)
+        if getattr(layer, "is_indexer_initialized", False):  # DSA: StaticIndexedLayer
+            old = layer.indexer_keys  # [B, length, D]
+            new = old.new_zeros(old.shape[0], length, old.shape[2])
+            new[:, : old.shape[1]] = old
+            torch._dynamo.mark_static_address(new)
+            layer.indexer_keys = new
     return length
 
 
 class StaticVerifier:
     """The engine's static cache and compiled verification forward for one `generate` call."""
 
-    def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int):
+    def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int,
+                 chains: bool = False):
         self.target, self.config = target, config
         self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
         self.cache = static_cache(target, self.length)
+        # linear-attention / SSM state: chains verified unpadded through the 4-D mask (a padding
+        # node would fold into the state); other main-path targets: the 2-D slot mask
+        self.recurrent = holds_recurrent_state(self.cache)
+        self.chains = chains and not self.recurrent
         self.masks = masks(target)
         self.forward = compiled_forward(target, config)
         self.dtype = next(target.parameters()).dtype
-        # linear-attention / SSM state: verified unpadded (a padding node would fold into it)
-        self.recurrent = holds_recurrent_state(self.cache)
 
     def check_prefill(self, cache) -> None:
         """The model filled the cache it was given (not one of its own)."""
@@ -274,9 +325,13 @@ class StaticVerifier:
         c = cache_valid.shape[1]
         p = n if self.recurrent else round_up(n, NODE_BUCKET)
         self._fit(c + p)
-        attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
-        mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] (or a dict)
-                          lambda: node_positions(tree, cache_valid))
+        if self.chains:  # the model's own causal mask over the valid slots, [B, length]
+            mask = slot_mask(torch.cat([cache_valid, torch.ones_like(tree.valid)], 1),
+                             self.length)
+        else:
+            attends = torch.cat([cache_valid[:, None, :].expand(b, n, c), tree.anc], -1)
+            mask = self.masks(attends, p, self.length, self.dtype,  # [B, 1, P, length] or a dict
+                              lambda: node_positions(tree, cache_valid))
         tokens = padded(tree.tokens, p)  # [B, P]
         depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
         out = self.forward(input_ids=tokens, attention_mask=mask,
@@ -296,30 +351,38 @@ class StaticVerifier:
         self.verify(prefix, cache_valid, position_ids, need_hidden=False)
 
 
-def probe(target, input_ids, attention_mask) -> None:
-    """Once per target (dtype, attention implementation): the forward `StaticVerifier` runs,
-    eagerly, on the call's own prompt tokens (three nodes x, y and y's child z, padded to a
-    bucket, into a `StaticCache`; on a target with recurrent state, the chain y, z unpadded, as
-    it verifies) against the model's own plain forwards; a target that differs is refused. The
-    compiled graph computes what this eager forward computes."""
-    admission.cached_probe(target, "static",
-                           lambda: _measure(target, input_ids, attention_mask))
+def probe(target, input_ids, attention_mask, chains: bool = False) -> None:
+    """Once per target (dtype, attention implementation, `chains`): the forward
+    `StaticVerifier` runs, eagerly, on the call's own prompt tokens against the model's own
+    forwards; a target that differs is refused. The compiled graph computes what this eager
+    forward computes. A tree (x, y and y's child z, padded to a bucket, through the 4-D mask)
+    against its plain forwards; with `chains` (the engine verifies only main paths: no tree mask
+    is exact on it, `admission.Probe`), the chain x, y, z through the 2-D slot mask against its
+    own cached one-token steps, which is what its generate runs; on a target with recurrent
+    state, the chain y, z unpadded through the 4-D mask, as it verifies, against its plain
+    forward."""
+    admission.cached_probe(target, ("static", chains),
+                           lambda: _measure(target, input_ids, attention_mask, chains))
 
 
-def _measure(target, input_ids, attention_mask):
+def _measure(target, input_ids, attention_mask, chains):
     ids = admission._probe_tokens(target, input_ids, attention_mask)
     if ids is None:
         return None
     name = type(target).__name__
     try:
         with torch.no_grad():
-            plain, ref_yz, nodes = admission.reference_logits(target, ids)
-            chain = holds_recurrent_state(static_cache(target, 1))
-            # [4, V] (the prompt's last token, x, y, z), or [3, V] without x for a chain
-            want = torch.cat([plain[-2:-1], ref_yz if chain else nodes])
+            recurrent = holds_recurrent_state(static_cache(target, 1))
+            chains = chains and not recurrent  # recurrent chains: the 4-D mask, unpadded
+            if chains:
+                want = _own_steps(target, ids)
+            else:
+                plain, ref_yz, nodes = admission.reference_logits(target, ids)
+                # [4, V]: the prompt's last, x, y, z; [3, V] without x for a recurrent chain
+                want = torch.cat([plain[-2:-1], ref_yz if recurrent else nodes])
             restore = use_block_sparse_attention(target)  # the attention the engine runs
             try:
-                got = _static_logits(target, ids, chain)
+                got = _static_logits(target, ids, chains, recurrent)
             finally:
                 restore()
     except admission.UnsupportedTarget as err:
@@ -327,20 +390,36 @@ def _measure(target, input_ids, attention_mask):
     except admission._FAILURES as err:
         line = (str(err).splitlines() or [""])[0][:200]
         return admission.UnsupportedTarget(
-            f"{name}: compile=True verifies through a 4-D mask on a StaticCache, and that "
-            f"forward failed in the engine's probe ({type(err).__name__}: {line}); use "
-            f"compile=False")
+            f"{name}: compile=True verifies through a {'2' if chains else '4'}-D mask on a "
+            f"StaticCache, and that forward failed in the engine's probe "
+            f"({type(err).__name__}: {line}); use compile=False")
     if not admission._close(got, want):
         return admission.UnsupportedTarget(
-            f"{name}: compile=True verifies through a 4-D mask on a StaticCache, which gives "
-            f"other logits than its own forward here; use compile=False")
+            f"{name}: compile=True verifies through a {'2' if chains else '4'}-D mask on a "
+            f"StaticCache, which gives other logits than its own forward here; use "
+            f"compile=False")
     return None
 
 
-def _static_logits(target, ids, chain: bool = False):
+def _own_steps(target, ids):
+    """The model's own cached decoding of the probe's tokens (`ids` `[1, n + 3]`): the logits
+    `[4, V]` of a prefill of the n prompt tokens (its last token's), then of x, y and z fed one
+    at a time, in its own attention and `DynamicCache`."""
+    n = ids.shape[1] - 3
+    kwargs = cache_kwargs(target.forward, DynamicCache(config=target.config))
+    pos = admission._positions(target, ids)
+    out = []
+    for step in (slice(0, n), slice(n, n + 1), slice(n + 1, n + 2), slice(n + 2, n + 3)):
+        out.append(target(input_ids=ids[:, step], position_ids=pos[..., step], use_cache=True,
+                          return_dict=True, **kwargs).logits[0, -1:])
+    return torch.cat(out)
+
+
+def _static_logits(target, ids, chains, recurrent=False):
     """The logits `[4, V]` of a prefill of the probe's n prompt tokens (`ids` `[1, n + 3]`) into
-    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does;
-    `chain`: `[3, V]`, of y and z fed as a chain of two, unpadded (recurrent state)."""
+    a static cache (its last token's), then of x, y, z verified as `StaticVerifier.verify` does:
+    the tree (x, y siblings, z y's child) or, with `chains`, the chain x, y, z; `recurrent`:
+    `[3, V]`, of y and z fed as a chain of two, unpadded, through the 4-D mask."""
     n = ids.shape[1] - 3
     length = round_up(n + NODE_BUCKET, LENGTH_BUCKET)
     cache = static_cache(target, length)
@@ -353,19 +432,25 @@ def _static_logits(target, ids, chain: bool = False):
         raise admission.UnsupportedTarget(
             f"{type(target).__name__}: compile=True gave its prefill a StaticCache and it "
             f"returned {type(output_cache(out)).__name__}; use compile=False")
-    if chain:
-        fed, anc, depth = ids[:, n + 1:], [[1, 0], [1, 1]], [1, 2]
+    if chains:
+        p, m = round_up(3, NODE_BUCKET), 3
+        depth = torch.tensor([[1, 2, 3] + [0] * (p - 3)], device=ids.device)
+        mask = slot_mask(torch.ones(1, n + 3, dtype=torch.bool, device=ids.device), length)
+        fed = ids[:, n:]
     else:
-        fed, anc, depth = ids[:, n:], [[1, 0, 0], [0, 1, 0], [0, 1, 1]], [1, 1, 2]
-    m = fed.shape[1]
-    attends = torch.ones(1, m, n + m, dtype=torch.bool, device=ids.device)
-    attends[0, :, n:] = torch.tensor(anc, dtype=torch.bool)
-    p = m if chain else round_up(m, NODE_BUCKET)
-    depth = torch.tensor([depth + [0] * (p - m)], device=ids.device)
-    q_pos = n - 1 + depth[:, :m]  # the root (the prompt's last token) is at n - 1
-    k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
-    mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
-                         lambda: (q_pos, k_pos))
+        if recurrent:
+            fed, anc, depth = ids[:, n + 1:], [[1, 0], [1, 1]], [1, 2]
+        else:
+            fed, anc, depth = ids[:, n:], [[1, 0, 0], [0, 1, 0], [0, 1, 1]], [1, 1, 2]
+        m = fed.shape[1]
+        attends = torch.ones(1, m, n + m, dtype=torch.bool, device=ids.device)
+        attends[0, :, n:] = torch.tensor(anc, dtype=torch.bool)
+        p = m if recurrent else round_up(m, NODE_BUCKET)
+        depth = torch.tensor([depth + [0] * (p - m)], device=ids.device)
+        q_pos = n - 1 + depth[:, :m]  # the root (the prompt's last token) is at n - 1
+        k_pos = torch.cat([torch.arange(n, device=ids.device)[None], q_pos], 1)
+        mask = masks(target)(attends, p, length, next(target.parameters()).dtype,
+                             lambda: (q_pos, k_pos))
     tokens = torch.nn.functional.pad(fed, (0, p - m))
     nodes = target(input_ids=tokens, attention_mask=mask, position_ids=pos[..., -1:] + depth,
                    use_cache=True, return_dict=True, **kwargs).logits[0, :m]

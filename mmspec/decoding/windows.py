@@ -55,3 +55,12 @@ def within_window(token_mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Te
     """token_mask (bool `[B, Nq, Nk]`) limited to the keys inside each query's window: a query
     at position p keeps the keys at positions k > p - window (long `[B, Nq]` and `[B, Nk]`)."""
     return token_mask & (q_pos[:, :, None] - k_pos[:, None, :] < window)
+
+
+def within_chunk(token_mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                 chunk: int) -> torch.Tensor:
+    """token_mask (bool `[B, Nq, Nk]`) limited to the keys in each query's chunk (Llama 4's
+    chunked attention, `attention_chunk_size`): a query at position p keeps the keys at positions
+    k with k // chunk == p // chunk (long `[B, Nq]` and `[B, Nk]`). transformers counts chunks in
+    cache slots from each row's left padding, which are positions where a row has no holes."""
+    return token_mask & (q_pos[:, :, None] // chunk == k_pos[:, None, :] // chunk)

@@ -90,15 +90,17 @@ def mmspec_attention_forward(module: torch.nn.Module, query, key, value, attenti
     if block_sparse_mask is None:
         if _AUDIT.active:
             _AUDIT.dropped += 1
+        if attention_mask is None and 1 < query.shape[2] < key.shape[2] and _prefix_layer(
+                module, kwargs):
+            attention_mask = _written_keys(query.shape[2], key.shape[2], query.device)
         eager = _eager_fallback(module)
         if eager is not None:
             mask = _additive(attention_mask, module, kwargs, query, key.shape[2])
             return eager(module, query, key, value, mask, scaling=scaling, dropout=dropout,
                          **kwargs)
         if kwargs.get("softcap"):  # SDPA cannot soft-cap (Gemma 2): the same mask, through ours
-            causal = kwargs.get("is_causal")
-            causal = getattr(module, "is_causal", True) if causal is None else causal
-            block_sparse_mask = _block_mask_of(attention_mask, causal, query.shape[2],
+            block_sparse_mask = _block_mask_of(attention_mask, _causal(module, kwargs),
+                                               query.shape[2],
                                                key.shape[2], query.device)
             out = block_sparse_attention(query, key, value, block_sparse_mask, scale=scaling,
                                          softcap=kwargs["softcap"])
@@ -193,12 +195,33 @@ def _additive(attention_mask, module, kwargs, query, kv_len: int):
         if attention_mask.dtype != torch.bool:
             return attention_mask
         return additive_mask(attention_mask, query.dtype)
-    causal = kwargs.get("is_causal")
-    causal = getattr(module, "is_causal", True) if causal is None else causal
     q_len = query.shape[2]
-    if not causal or q_len == 1:
+    if not _causal(module, kwargs) or q_len == 1:
         return None
     return additive_mask(_sdpa_causal(q_len, kv_len, query.device), query.dtype)
+
+
+def _causal(module, kwargs) -> bool:
+    """Whether SDPA would attend causally where transformers passes no mask: the call's
+    `is_causal`, else the module's (False in bidirectional layers: PaliGemma's prefix)."""
+    causal = kwargs.get("is_causal")
+    return getattr(module, "is_causal", True) if causal is None else causal
+
+
+def _prefix_layer(module, kwargs) -> bool:
+    """A bidirectional layer in a model whose config is causal (PaliGemma: its Gemma layers'
+    `is_causal` is False, so a mask-less prefill attends over the whole prompt): its masks come
+    from transformers' causal mask builder, which leaves the mask out for several queries against
+    more keys only in a prefill into an empty `StaticCache` (`_sdpa_causal`). Where the config is
+    not causal (diffusion LMs), the bidirectional builder leaves it out over a cached prefix too."""
+    config = getattr(module, "config", None)
+    return not _causal(module, kwargs) and getattr(config, "is_causal", True) is not False
+
+
+def _written_keys(q_len: int, kv_len: int, device) -> torch.Tensor:
+    """bool `[1, 1, 1, Nk]`: the first `q_len` keys, the ones a prefill into an empty
+    `StaticCache` wrote (the rest are unwritten slots), for a `_prefix_layer`."""
+    return (torch.arange(kv_len, device=device) < q_len)[None, None, None]
 
 
 def _sdpa_causal(q_len: int, kv_len: int, device) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicIndexedLayer, StaticIndexedLayer
 
 from mmspec.decoding.kv_cache import commit_path, crop
 
@@ -40,3 +41,33 @@ def test_crop():
     cache = _cache()
     crop(cache, 4)
     assert cache.get_seq_length() == 4 and all(l.values.shape[2] == 4 for l in cache.layers)
+
+
+def _indexed(layer_type, b=2, n=7, length=12):
+    """A DSA layer holding n entries: keys/values `[B, 2, n, 3]`, indexer keys `[B, n, 4]`."""
+    layer = layer_type(max_cache_len=length) if layer_type is StaticIndexedLayer else layer_type()
+    k = torch.arange(b * 2 * n * 3, dtype=torch.float).view(b, 2, n, 3)
+    layer.update(k, -k)
+    layer.update_indexer(torch.arange(b * n * 4, dtype=torch.float).view(b, n, 4) + 0.5)
+    return layer
+
+
+def test_a_static_dsa_layer_commits_its_indexer_keys_in_place():
+    # compile=True (static.py): the StaticIndexedLayer keeps its buffers, gathers the path into
+    # [start, start + K) of the keys, values and indexer keys alike, and sets both lengths
+    keep = torch.tensor([[0, 2, 3], [0, 1, 1]])
+    dynamic, static = (_indexed(t) for t in (DynamicIndexedLayer, StaticIndexedLayer))
+    buffer, before = static.indexer_keys, static.indexer_keys[:, :7].clone()
+    for layer in (dynamic, static):
+        cache = DynamicCache()
+        cache.layers = [layer]
+        commit_path(cache, 3, keep)
+    assert static.indexer_keys is buffer and static.keys.shape[2] == 12
+    assert int(static.cumulative_length) == int(static.indexer_cumulative_length) == 6
+    for b in range(2):
+        assert torch.equal(static.indexer_keys[b, 3:6], before[b, 3 + keep[b]])
+    assert torch.equal(static.indexer_keys[:, :6], dynamic.indexer_keys)
+    assert torch.equal(static.keys[:, :, :6], dynamic.keys)
+    assert torch.equal(static.values[:, :, :6], dynamic.values)
+    crop(cache, 4)
+    assert int(static.cumulative_length) == int(static.indexer_cumulative_length) == 4

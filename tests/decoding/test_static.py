@@ -249,6 +249,82 @@ def test_the_sliding_window_cases_notice_a_wrong_window(sliding_batch, eager, mo
     assert not torch.equal(out.sequences, ref)
 
 
+# where no tree mask is exact the engine verifies main paths, and the static path verifies them
+# through the model's own causal mask from a 2-D slot mask: Bloom builds its ALiBi from that mask
+# (a 4-D one fails), MPT counts ALiBi in slots; PaliGemma's Gemma layers are bidirectional over
+# the prompt (its prefix), which its static prefill must not extend to unwritten slots. PaliGemma
+# at the sweep's weights: with sharper ones the engine refuses it (its text-only generate attends
+# over the prompt bidirectionally, its plain forward over everything: `admission._generate_agrees`)
+MAIN_PATH_ONLY = [("bloom", "causal", True), ("mpt", "causal", True),
+                  ("paligemma", "vlm", False)]
+
+
+def _sharp(model_type, kind="causal", **config_kwargs):
+    """The sweep's tiny class with weights of std `identity.SHARP` (at the sweep's 0.02 they
+    repeat one token, whatever the attention sees)."""
+    config = arch_sweep.tiny_config(model_type)
+    for c in {id(config): config, id(text := config.get_text_config()): text}.values():
+        c.initializer_range = identity.SHARP
+    for name, value in config_kwargs.items():
+        setattr(config, name, value)
+    torch.manual_seed(0)
+    auto = (transformers.AutoModelForCausalLM if kind == "causal"
+            else transformers.AutoModelForImageTextToText)
+    return auto.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type, kind, sharp", MAIN_PATH_ONLY,
+                         ids=[m for m, _, _ in MAIN_PATH_ONLY])
+def test_main_path_targets_are_token_identical(eager, model_type, kind, sharp):
+    target = _sharp(model_type, kind) if sharp else arch_sweep.build(model_type, kind)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                          max_new_tokens=arch_sweep.NEW_TOKENS)
+    # rows rejecting at different depths: holes where the target verifies them (Bloom)
+    out = generate(target, arch_sweep.OracleChain(ref, mask, stagger=True), ids,
+                   attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS, pad_token_id=PAD,
+                   compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted > 0
+
+
+@pytest.mark.parametrize("window", [64, 63])
+def test_gpt_neo_runs_while_its_static_cache_fits_its_local_window(eager, window):
+    # its local layers window their keys back from the cache's last slot: exact while the
+    # 64-slot cache (11 + 12 tokens and a bucket) fits the window, refused with the reason past
+    target = _sharp("gpt_neo", window_size=window)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                          max_new_tokens=arch_sweep.NEW_TOKENS)
+    drafter = arch_sweep.OracleChain(ref, mask, stagger=True)
+    if window == 63:
+        with pytest.raises(UnsupportedTarget, match=(
+                r"^GPTNeoForCausalLM: compile=True keeps the KV in a StaticCache of 64 slots, "
+                r"and this model's local-attention layers count their window \(window_size=63\)"
+                r" back from the cache's last slot, not from the query, .*; no cache of whole "
+                r"64-slot buckets does; use compile=False$")):
+            generate(target, drafter, ids, attention_mask=mask, pad_token_id=PAD,
+                     max_new_tokens=arch_sweep.NEW_TOKENS, compile=True)
+        return
+    out = generate(target, drafter, ids, attention_mask=mask, pad_token_id=PAD,
+                   max_new_tokens=arch_sweep.NEW_TOKENS, compile=True)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_a_dsa_target_is_token_identical(eager):
+    # DeepSeek-V3.2: StaticIndexedLayers, whose indexer keys the commit gathers in place beside
+    # the KV (test_kv_cache.py checks the gather); a tree a round on a batch with holes
+    target = _sharp("deepseek_v32")
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False,
+                          max_new_tokens=arch_sweep.NEW_TOKENS, pad_token_id=PAD)
+    drafter = _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 4, "tree")
+    out = generate(target, drafter, ids, attention_mask=mask, pad_token_id=PAD,
+                   max_new_tokens=arch_sweep.NEW_TOKENS, compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted > 0
+
+
 @pytest.mark.parametrize("model_type, reason", [
     ("inkling_text", r"^InklingForCausalLM: compile=True keeps the KV in a StaticCache, which "
                      r"holds this model in LinearAttentionAndStaticFullAttentionLayer, "
@@ -266,18 +342,33 @@ def test_targets_without_a_static_cache_of_full_layers_are_refused_with_the_reas
                  compile=True)
 
 
-def test_chunked_attention_targets_are_refused_by_name():
+def _tiny_llama4(chunk):
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    target = Llama4ForCausalLM(Llama4TextConfig(
+    torch.manual_seed(0)
+    return Llama4ForCausalLM(Llama4TextConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        num_local_experts=2, attention_chunk_size=8, layer_types=None)).eval()
-    with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: compile=True gives each "
-                                                r"layer a full or a sliding-window mask, and "
-                                                r"this model has chunked-attention layers"):
-        generate(target, RandomDrafter(4), torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4,
-                 compile=True)
+        num_local_experts=2, attention_chunk_size=chunk, layer_types=None,
+        initializer_range=identity.SHARP)).eval()
+
+
+def test_chunked_attention_targets_are_token_identical_past_a_chunk(eager):
+    # Llama 4 (every layer chunked here) with chunks of 8: the prompt (11 tokens) and the new
+    # ones cross two chunk borders, rows with holes included; its chunk mask counts positions
+    # (windows.within_chunk). The eager engine refuses this call (admission.check_length)
+    target = _tiny_llama4(8)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                          max_new_tokens=arch_sweep.NEW_TOKENS, eos_token_id=[])
+    out = generate(target, _OneRowRight(ref[:, ids.shape[1]:], mask.sum(1).tolist(), 4, "tree"),
+                   ids, attention_mask=mask, max_new_tokens=arch_sweep.NEW_TOKENS,
+                   pad_token_id=PAD, eos_token_id=[], compile=True)
+    assert torch.equal(out.sequences, ref)
+    with pytest.raises(UnsupportedTarget, match=r"^Llama4ForCausalLM: its chunked-attention "
+                                                r"layers attend within blocks of 8 tokens"):
+        generate(target, RandomDrafter(4), ids, attention_mask=mask, max_new_tokens=4,
+                 pad_token_id=PAD)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

@@ -185,12 +185,13 @@ class ModelDrafter:
             self.cache = DynamicCache() if self.windows else None
             self.fed_ids = self.fed_valid = None
             self.compiled = None
+            # the prompt, every new token and a padded catch-up of at most a draft + root
+            static_len = static.round_up(
+                ids.shape[1] + state.max_tokens + self.num_tokens + static.NODE_BUCKET,
+                static.LENGTH_BUCKET)
             if state.compile is not None and self.top_k == 1 and not self.recurrent \
-                    and static.unsupported(self.model, self.windows) is None:
-                # the prompt, every new token and a padded catch-up of at most a draft + root
-                self.static_len = static.round_up(
-                    ids.shape[1] + state.max_tokens + self.num_tokens + static.NODE_BUCKET,
-                    static.LENGTH_BUCKET)
+                    and static.unsupported(self.model, self.windows, static_len) is None:
+                self.static_len = static_len
                 self.cache = static.static_cache(self.model, self.static_len)
                 self.masks = static.masks(self.model)
                 self.compiled = static.compiled_forward(self.model, state.compile)
