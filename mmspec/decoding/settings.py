@@ -97,8 +97,8 @@ def check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text_config, "is_causal", True) is False:  # ran, then differed from its generate
         raise ValueError("target: its config says is_causal=False (a bidirectional diffusion "
-                         f"LM); the target must be an autoregressive causal LM (a diffusion LM "
-                         f"drafts: DiffusionDrafter)")
+                         "LM); the target must be an autoregressive causal LM (a diffusion LM "
+                         "drafts: DiffusionDrafter)")
     check_target = getattr(drafter, "check_target", None)
     if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
         check_target(target)
