@@ -617,3 +617,14 @@ def test_no_output_of_a_compiled_call_is_read_after_the_next_call(eager, hybrid)
     assert len(runs[True]) == len(runs[False])
     for got, want in zip(runs[True], runs[False]):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "mpt"])
+def test_a_chain_drafter_whose_model_takes_no_tree_mask_stays_eager(eager, model_type):
+    """A ModelDrafter's static path feeds its model 4-D masks (Bloom's ALiBi fails on them, MPT's
+    counts slots): where its model's static probe refuses, the drafter drafts eagerly under
+    compile=True, what it drafts without compile (Bloom's static path crashed)."""
+    target = _sharp(model_type)
+    ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
+    _drafts_alike(target, lambda: ModelDrafter(_sharp(model_type), 2), ids, mask,
+                  arch_sweep.NEW_TOKENS, compiled_cache="DynamicCache", pad_token_id=PAD)

@@ -32,8 +32,9 @@ against all the cache's slots through a dense 4-D mask, so two graphs serve ever
 with sliding windows keeps every entry and gets its window as a mask counted in positions. Trees
 (their levels go through the block-sparse layer), models with recurrent state (this drafter
 re-reads their whole prefix every round, above, and a padded catch-up would fold its padding into
-the state) and models the static path refuses (`static.unsupported`: chunked attention, ...) stay
-eager.
+the state), models the static path refuses (`static.unsupported`: GPT-Neo past its window, ...)
+and models whose static forward differs from their own on the call's prompt (`static.probe`:
+Bloom, MPT) stay eager.
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ class ModelDrafter:
                 ids.shape[1] + state.max_tokens + self.num_tokens + static.NODE_BUCKET,
                 static.LENGTH_BUCKET)
             if state.compile is not None and self.top_k == 1 and not self.recurrent \
-                    and static.unsupported(self.model, self.windows, static_len) is None:
+                    and static.unsupported(self.model, self.windows, static_len) is None \
+                    and self._static_exact(ids, valid):
                 self.static_len = static_len
                 self.cache = static.static_cache(self.model, self.static_len)
                 self.masks = static.masks(self.model)
@@ -204,6 +206,16 @@ class ModelDrafter:
         return logits[:, -1]
 
     # ------------------------------------------------------------------------------- drafting
+
+    def _static_exact(self, ids, valid) -> bool:
+        """Whether its model's static forward (4-D masks on a `StaticCache`) gives its own logits
+        on this call's prompt (`static.probe`, kept per model): Bloom's ALiBi fails on a 4-D
+        mask and MPT's counts slots, so they draft eagerly."""
+        try:
+            static.probe(self.model, ids, valid.long())
+        except UnsupportedTarget:
+            return False
+        return True
 
     def propose(self, state: DraftState) -> Draft:
         if state.round == 0 and self.top_k > 1:
