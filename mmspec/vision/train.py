@@ -18,6 +18,10 @@ answers' most frequent tokens (`--draft-vocab-size`), and the training-time test
 passes that feed the drafter its own outputs, EAGLE-3's default 6), with EAGLE-3's loss (the
 feature, tv, rank and ce weights and the noise are ViSpec's and do not apply). It saves in the
 speculators format, which `EagleDrafter.from_pretrained` loads and `vllm serve` serves.
+`--supervise all` trains on every position of prompt + answer instead of the answers' alone (the
+target's logits cover them all), for plain text windows: with `--answer-tokens 0` the samples are
+the windows themselves and no answers are made (how the zoo's `text-eagle3` was trained);
+`--intermediate-size`, `--heads` and `--kv-heads` shape a layer smaller than the target's.
 
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
 (`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,

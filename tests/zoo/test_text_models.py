@@ -85,7 +85,28 @@ def test_dlm_fills_a_masked_block_far_better_than_chance(dlm, heldout_windows):
     assert shifted < unshifted - 0.5
 
 
-@pytest.mark.parametrize("name", ["diffusion", "model"])
+def test_the_eagle3_entry_drafts_on_the_targets_embedding(target):
+    from safetensors.torch import load_file
+
+    from mmspec import EagleDrafter
+    from mmspec.zoo.paths import ZOO_DIR
+    from mmspec.zoo.registry import ZOO_TREE
+
+    bound = mmspec.zoo.load("text-eagle3", target=target.model)
+    drafter = bound.model
+    assert isinstance(drafter, EagleDrafter) and drafter.target is target.model
+    assert drafter.config.arch == "eagle3" and not drafter.training
+    assert (drafter.config.depth, drafter.config.top_k) == (ZOO_TREE["depth"], ZOO_TREE["top_k"])
+    shipped = load_file(str(ZOO_DIR / "text-eagle3" / "model.safetensors"))
+    assert "embed_tokens.weight" not in shipped  # the target's embedding, not a copy
+    assert torch.equal(drafter.embed_weight, target.model.get_input_embeddings().weight)
+    card = bound.card
+    assert card["target"] == "text-target" and bound.tokenizer.eos_token_id == 0
+    assert {k: getattr(drafter.config, k) for k in card["config"]} == {
+        k: tuple(v) if isinstance(v, list) else v for k, v in card["config"].items()}
+
+
+@pytest.mark.parametrize("name", ["diffusion", "model", "eagle3"])
 def test_drafters_get_accepted_on_held_out_code(name):
     # the zoo preset's drafters (`mmspec generate --target text`) on its held-out stdlib prompt:
     # lossless, and their drafts accepted, not merely verified (measured: 2.3 accepted tokens per
