@@ -10,7 +10,7 @@ from tiny_vlms import IMAGE, _seeded, _text_config, _vision_config, llava_prompt
 from transformers import LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
 import pytest
-from mmspec import EagleDrafter, generate
+from mmspec import EagleDrafter, ViSpecDrafter, generate
 from mmspec.decoding.draft import DraftState
 from mmspec.vision import eagle as eagle_module
 from mmspec.vision.eagle3_train import (
@@ -141,11 +141,15 @@ def test_supervise_all_trains_every_position_of_windows_without_answers(llama, t
     _check_lossless(llama, tmp_path / "run", drafter, windows[1]["input_ids"], {})
 
 
-def test_supervise_settings_are_checked():
+def test_supervise_settings_are_checked(llava):
     with pytest.raises(ValueError, match="answer_tokens 0 .* needs supervise='all'"):
         TrainConfig(answer_tokens=0)
     with pytest.raises(ValueError, match="supervise must be 'answers' or 'all', got 'prompt'"):
         TrainConfig(supervise="prompt")
+    ids, extras = llava_prompt(images=1, seed=0)
+    cfg = TrainConfig(**{**CFG.__dict__, "supervise": "all"})
+    with pytest.raises(ValueError, match="supervise 'all' trains EAGLE-3 drafters"):
+        train(ViSpecDrafter.from_target(llava), llava, [{"input_ids": ids, **extras}], cfg)
 
 
 def test_a_vlm_target_trains_through_its_images(llava, tmp_path):
