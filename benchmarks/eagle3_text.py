@@ -9,12 +9,12 @@ zoo's EAGLE-2-style `ModelDrafter` rows, on `benchmarks/text.py`'s held-out prom
 
 τ and speedup as in `benchmarks/text.py` (a forward hook counts target calls; speedup = target-only
 wall time / the method's, summed over prompts); every mmspec output is asserted token-identical
-to target-only greedy. The EAGLE-3 drafter is not shipped (the zoo's 40 MB budget): train it first
-(the command is in BENCHMARKS.md's section).
+to target-only greedy. The EAGLE-3 drafter is the zoo's `text-eagle3` unless `--eagle3 PATH` names
+another (its training command is on its card and in BENCHMARKS.md).
 
-    python benchmarks/eagle3_text.py --eagle3 PATH [--prompts 8] [--prompt-tokens 256]
+    python benchmarks/eagle3_text.py [--eagle3 PATH] [--prompts 8] [--prompt-tokens 256]
                                      [--new-tokens 96] [--threads 1] [--repeats 1] [--write]
-    python benchmarks/eagle3_text.py --make-data PATH [--samples 320] [--length 64]  # prompts
+    python benchmarks/eagle3_text.py --make-data PATH [--samples 320] [--length 64]  # windows
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from benchmarks.text import (
 )
 from mmspec import zoo
 from mmspec.decoding.drafters import ModelDrafter
+from mmspec.zoo.paths import ZOO_DIR
 
 
 def make_data(path: Path, samples: int, length: int = 64, seed: int = 0) -> None:
@@ -78,7 +79,9 @@ def build_methods(target, drafter_model, tree_drafter_model, eagle3_path: Path, 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--eagle3", type=Path, help="an EAGLE-3 drafter folder for text-target")
+    parser.add_argument("--eagle3", type=Path, default=ZOO_DIR / "text-eagle3",
+                        help="an EAGLE-3 drafter folder for text-target (default: the zoo's "
+                             "text-eagle3)")
     parser.add_argument("--make-data", type=Path, metavar="PATH",
                         help="write the drafter's training prompts to PATH (.pt) and stop")
     parser.add_argument("--samples", type=int, default=320, help="with --make-data")
@@ -95,8 +98,6 @@ def main():
     if args.make_data is not None:
         make_data(args.make_data, args.samples, args.length)
         return
-    if args.eagle3 is None:
-        parser.error("--eagle3 PATH is required (or --make-data PATH)")
     torch.set_num_threads(args.threads)
     import transformers
 
@@ -132,9 +133,10 @@ def main():
             f"{m.name} {best[m.name].seconds:.2f}s" for m in methods), flush=True)
     load_end = os.getloadavg()[0]
     header, rows = table(methods, totals, {m.name for m in methods if m.kind == "mmspec"})
+    named = "the zoo's `text-eagle3`" if args.eagle3.parent == ZOO_DIR else f"`{args.eagle3}`"
     body = "\n".join([
         (f"Zoo target `text-target`, AR drafter `text-drafter` (2 layers, 128 wide), and an "
-         f"EAGLE-3 drafter trained with `mmspec.vision.train --arch eagle3` ({args.eagle3}); "
+         f"EAGLE-3 drafter trained with `mmspec.vision.train --arch eagle3` ({named}); "
          f"fp32, batch 1, greedy, {args.threads} thread(s). {len(prompts)} held-out prompts of "
          f"{args.prompt_tokens} tokens (as `benchmarks/text.py`), {args.new_tokens} new tokens, "
          f"best of {args.repeats}. Every mmspec output asserted token-identical to target-only "

@@ -15,8 +15,9 @@ interleaved per prompt so that background load hits them alike:
     DLM CPS                     DiffusionDrafter(text-dlm): CPS (paper defaults), fixed k
     DLM CPS+ADL                 DiffusionDrafter(text-dlm): CPS + ADL (paper defaults, k in [20, 30])
     DLM CPS+ADL, prefix cache   the same, prefix_cache=True (beyond the paper: prefix KV reused)
-    EAGLE-3 chain / tree        mmspec.generate, an EAGLE-3 drafter (`--eagle3 PATH`, trained
-                                with `mmspec.vision.train --arch eagle3`): 5-chain; 16-node tree
+    EAGLE-3 chain / tree        mmspec.generate, the zoo's `text-eagle3` (or `--eagle3 PATH`,
+                                trained with `mmspec.vision.train --arch eagle3`): 5-chain;
+                                16-node tree
 
 tau is tokens per target verification forward, counted the same way for every method: a forward
 pre-hook counts the target's calls, and tau = (new tokens - 1) / (calls - 1) (the prefill's call
@@ -28,8 +29,7 @@ output is asserted token-identical to target-only greedy; HF's outputs are compa
     python benchmarks/text.py [--prompts 8] [--prompt-tokens 256] [--new-tokens 96] [--threads 1]
                               [--repeats 1] [--fixed-k 20] [--eagle3 PATH] [--plot] [--write]
 
-The EAGLE-3 rows need `--eagle3 PATH` (the zoo's `text-eagle3` when it ships one): the zoo's
-40 MB budget has no room for it today (BENCHMARKS.md, `text-eagle3`).
+The EAGLE-3 rows draft with the zoo's `text-eagle3`, or with the drafter `--eagle3 PATH` names.
 """
 
 from __future__ import annotations
@@ -676,8 +676,8 @@ def main():
     body = "\n".join([
         (f"Zoo text pair: target `text-target` (Qwen2, {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M "
         f"parameters), AR drafter `text-drafter`, diffusion drafter `text-dlm` (Dream-style)"
-        + (f", EAGLE-3 drafter `{eagle3}` (not in the zoo: its 40 MB budget has no room)"
-           if eagle3 is not None and eagle3.parent != ZOO_DIR else "")
+        + ("" if eagle3 is None else ", EAGLE-3 drafter `text-eagle3`" if eagle3.parent == ZOO_DIR
+           else f", EAGLE-3 drafter `{eagle3}` (not the zoo's)")
         + f"; "
         f"fp32, batch 1, greedy, {args.threads} thread(s). {len(prompts)} prompts of "
         f"{args.prompt_tokens} tokens from the middle of held-out stdlib files ({files}), "

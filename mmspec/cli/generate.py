@@ -7,14 +7,15 @@
     mmspec generate --image scene.png --prompt "What colour is the circle?"
     mmspec generate --target text                    zoo text pair, diffusion drafter (CPS + ADL
                                                      with a CPU-sized block, prefix KV cache)
+    mmspec generate --target text --drafter eagle3   ... with its EAGLE-3 drafter (text-eagle3)
     mmspec generate --target builtin --drafter self  built-in random Llama (noise; engine check)
     mmspec generate --target PATH --drafter model:PATH --prompt "..."
     mmspec generate --target PATH --image cat.jpg --drafter vispec:PATH --prompt "Describe it."
     mmspec generate --target PATH --drafter eagle:PATH --prompt "..."
     mmspec generate ... --sample --temperature 0.7 --top-p 0.9
 
-Drafters: zoo targets name theirs (`vlm`: vispec, text-only; `text`: diffusion, model,
-prompt-lookup). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
+Drafters: zoo targets name theirs (`vlm`: vispec, text-only, eagle3; `text`: diffusion, model,
+prompt-lookup, eagle3). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
 vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a ViSpec
 drafter for this VLM, saved by mmspec or in the ViSpec authors' layout), `eagle:PATH` (a
 SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target), `diffusion:PATH` (a diffusion LM

@@ -8,8 +8,9 @@ Semantics of SafeAILab/EAGLE `eagle/traineagle3/cnets.py` (`Model.forward`, `sca
   L - 3, as the reference's patched target hands them over; `eagle_checkpoint.py`) side by side,
   fused by `fc` (3d -> d). Entry j pairs the feature of slot j with the token of slot j + 1 at
   position j, and its output predicts the token of slot j + 2 (the drafter's input shift).
-- draft vocabulary: the `draft_vocab_size` most frequent tokens of the supervised tokens (here:
-  the target's answers), sorted by id; `d2t[i] = id_i - i`, `t2d` marks them.
+- draft vocabulary: the `draft_vocab_size` most frequent tokens of the supervised tokens (the
+  target's answers, or with every position supervised the target's argmax at each of them,
+  `target_argmax`), sorted by id; `d2t[i] = id_i - i`, `t2d` marks them.
 - training-time test: `rollout_steps + 1` passes. Pass i feeds entry j the drafter's own output
   of pass i - 1 at entry j (not the target's feature: no `fc`) with the token of slot j + 1 + i,
   at position j + i, attending the pass-0 entries up to j and its own entries of passes 1..i:
@@ -17,7 +18,9 @@ Semantics of SafeAILab/EAGLE `eagle/traineagle3/cnets.py` (`Model.forward`, `sca
   drafter does at tree depth i.
 - loss of pass i: cross-entropy against the target's distribution over the draft vocabulary
   (softmax of its logits at the `t2d` ids), on entries that predict an answer token whose
-  target argmax is in the draft vocabulary; passes weighted 0.8 ** i and summed.
+  target argmax is in the draft vocabulary; passes weighted 0.8 ** i and summed. The reference
+  supervises every position of its (chat) training data but the prompt's (`loss_mask`);
+  `prompt_len=0` supervises every position, as for plain text windows (`--supervise all`).
 
 Deliberate differences: each pass's loss is the mean over its supervised entries (the reference
 divides by every entry of the batch); the draft `lm_head` starts from the target's rows of the
@@ -38,6 +41,9 @@ from .eagle_head import EagleConfig
 DRAFT_VOCAB_SIZE = 32000  # EAGLE-3 LLaMA-3.1-8B config.json: draft_vocab_size
 ROLLOUT_STEPS = 6  # cnets.py: self.length = 7 passes
 PASS_DECAY = 0.8  # main.py: ploss_weight = 0.8 ** i
+# samples whose target argmax sets the draft vocabulary under `--supervise all`: one target
+# forward each, and the ranking of a few thousand tokens settles long before (ours: 4,096)
+VOCABULARY_SAMPLES = 512
 
 
 def feature_layers(num_layers: int) -> tuple:
@@ -54,11 +60,15 @@ def feature_layers(num_layers: int) -> tuple:
 
 
 def new_eagle3_drafter(target, draft_vocab_size: int = DRAFT_VOCAB_SIZE,
-                       layers: tuple | None = None) -> EagleDrafter:
+                       layers: tuple | None = None, intermediate_size: int | None = None,
+                       num_heads: int | None = None,
+                       num_kv_heads: int | None = None) -> EagleDrafter:
     """An untrained EAGLE-3 drafter for `target`, float32, shaped like one of its decoder layers
     (as the reference's config.json for each target). draft_vocab_size: capped at the target's
     vocabulary; smaller, its `d2t` is set by `fit_draft_vocabulary`. layers: the target layers
-    whose inputs are the features (default `feature_layers`)."""
+    whose inputs are the features (default `feature_layers`). intermediate_size, num_heads,
+    num_kv_heads: a smaller layer than the target's (None: the target's); the width is the
+    target's, which fixes `fc` and the query and output projections."""
     text = target.config.get_text_config(decoder=True)
     embed = target.get_input_embeddings().weight
     vocab, d = embed.shape
@@ -71,15 +81,22 @@ def new_eagle3_drafter(target, draft_vocab_size: int = DRAFT_VOCAB_SIZE,
             isinstance(i, int) and 0 <= i < num_layers for i in layers):
         raise ValueError(f"feature_layers: three distinct layer ids in [0, {num_layers}) of this "
                          f"target, got {list(layers)}")
-    heads = text.num_attention_heads
-    if d % heads:
-        raise ValueError(f"target: hidden size {d} is not a multiple of its {heads} heads; the "
-                         f"EAGLE-3 layer takes head_dim = hidden_size / heads")
+    heads = text.num_attention_heads if num_heads is None else num_heads
+    kv_heads = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+                if num_kv_heads is None else num_kv_heads)
+    intermediate = text.intermediate_size if intermediate_size is None else intermediate_size
+    for name, value in (("intermediate_size", intermediate), ("num_heads", heads),
+                        ("num_kv_heads", kv_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if d % heads or heads % kv_heads:
+        raise ValueError(f"num_heads: the EAGLE-3 layer takes head_dim = hidden_size / heads and "
+                         f"groups the heads over the KV heads; {heads} heads over {kv_heads} KV "
+                         f"heads at the target's width {d} do not divide")
     params = getattr(text, "rope_parameters", None) or {}
     cfg = EagleConfig(
         arch="eagle3", hidden_size=d, target_hidden_size=d,
-        intermediate_size=text.intermediate_size, num_heads=heads,
-        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads, num_layers=1,
+        intermediate_size=intermediate, num_heads=heads, num_kv_heads=kv_heads, num_layers=1,
         vocab_size=vocab, draft_vocab_size=min(draft_vocab_size, vocab),
         rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
         rope_theta=float(params.get("rope_theta", getattr(text, "rope_theta", 10000.0))),
@@ -110,6 +127,25 @@ def fit_draft_vocabulary(drafter: EagleDrafter, answers: list) -> None:
         drafter.head.lm_head.weight.copy_(drafter.lm_head_weight[ids])
 
 
+@torch.no_grad()
+def target_argmax(target, samples: list, answers: list) -> list:
+    """The target's greedy next token (long `[T_i - 1]`) at every position of each sample's
+    prompt + answer but the last, for the first `VOCABULARY_SAMPLES` samples: the tokens a
+    drafter supervised on every position (`--supervise all`) is asked for, whose most frequent
+    ones make its draft vocabulary (as the answers do when only they are supervised)."""
+    tokens = []
+    for sample, answer in list(zip(samples, answers))[:VOCABULARY_SAMPLES]:
+        prompt = sample["input_ids"]
+        ids = torch.cat([prompt, answer[None].to(prompt)], 1)
+        extras = {k: v for k, v in sample.items() if k not in ("input_ids", "attention_mask")}
+        if "mm_token_type_ids" in extras:  # per-token types: zeros (text) for the answer
+            types = extras["mm_token_type_ids"]
+            extras["mm_token_type_ids"] = F.pad(types, (0, ids.shape[1] - types.shape[1]))
+        logits = target(input_ids=ids, attention_mask=torch.ones_like(ids), **extras).logits
+        tokens.append(logits[0, :-1].argmax(-1).cpu())
+    return tokens
+
+
 def training_passes(drafter: EagleDrafter, features: torch.Tensor, tokens: torch.Tensor,
                     steps: int) -> list:
     """The training-time test's forward: features `[B, n, 3d]` of the target at slots
@@ -138,7 +174,9 @@ def training_passes(drafter: EagleDrafter, features: torch.Tensor, tokens: torch
 def eagle3_loss(drafter: EagleDrafter, target, ids: torch.Tensor, prompt_len: int,
                 extras: dict, rollout_steps: int):
     """(loss, parts) for one sequence `ids` `[1, T]` whose first `prompt_len` tokens are the
-    prompt: the training-time test of the module docstring, `rollout_steps + 1` passes."""
+    prompt: the training-time test of the module docstring, `rollout_steps + 1` passes, on the
+    entries that predict a token past the prompt (`prompt_len` 0: every entry, the whole
+    window supervised)."""
     head = drafter.head
     t = ids.shape[1]
     n = t - 1  # entries

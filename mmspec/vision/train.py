@@ -18,6 +18,10 @@ answers' most frequent tokens (`--draft-vocab-size`), and the training-time test
 passes that feed the drafter its own outputs, EAGLE-3's default 6), with EAGLE-3's loss (the
 feature, tv, rank and ce weights and the noise are ViSpec's and do not apply). It saves in the
 speculators format, which `EagleDrafter.from_pretrained` loads and `vllm serve` serves.
+`--supervise all` trains on every position of prompt + answer instead of the answers' alone (the
+target's logits cover them all), for plain text windows: with `--answer-tokens 0` the samples are
+the windows themselves and no answers are made (how the zoo's `text-eagle3` was trained);
+`--intermediate-size`, `--heads` and `--kv-heads` shape a layer smaller than the target's.
 
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
 (`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,
@@ -62,7 +66,7 @@ from mmspec.train_scaffold import (META, RunExists, RunRefused, checkpoint_dirs,
 from .drafter import ViSpecDrafter
 from .eagle import EagleDrafter
 from .eagle3_train import (DRAFT_VOCAB_SIZE, ROLLOUT_STEPS, eagle3_loss, fit_draft_vocabulary,
-                           new_eagle3_drafter)
+                           new_eagle3_drafter, target_argmax)
 from .eagle_checkpoint import check_state, read_config, read_weights
 from .eagle_speculators import read_speculators
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
@@ -88,6 +92,10 @@ class TrainConfig:
     rollout_steps: int = 1  # ViSpec README --mtp-steps 1
     noise: float = 0.2  # EAGLE uniform feature noise, scaled by 512 / seq_len
     answer_tokens: int = 1024  # vispec.md §1.6: max_new_tokens of the generated answers
+    # EAGLE-3: "answers" supervises the entries that predict answer tokens (ViSpec's, and the
+    # reference's loss_mask on chat data); "all" every position of prompt + answer, for plain
+    # text windows whose every position the target's logits cover (answer_tokens 0: no answers)
+    supervise: str = "answers"
     batch_size: int = 1  # samples per step and process (ViSpec: 1 per GPU); losses averaged
     eval_every: int = 100
     eval_new_tokens: int = 64
@@ -96,7 +104,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for name, low in (("steps", 1), ("warmup_steps", 0), ("rank_top", 1), ("batch_size", 1),
-                          ("rollout_steps", 0), ("answer_tokens", 1), ("eval_every", 0),
+                          ("rollout_steps", 0), ("answer_tokens", 0), ("eval_every", 0),
                           ("eval_new_tokens", 1), ("checkpoint_every", 0), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -115,6 +123,12 @@ class TrainConfig:
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got "
                              f"{self.betas!r}")
+        if self.supervise not in ("answers", "all"):
+            raise ValueError(f"TrainConfig.supervise must be 'answers' or 'all', got "
+                             f"{self.supervise!r}")
+        if self.answer_tokens == 0 and self.supervise != "all":
+            raise ValueError("TrainConfig.answer_tokens 0 (no answers) needs supervise='all': "
+                             "only the answers would be supervised, and there would be none")
         if not any((self.feature_weight, self.tv_weight, self.rank_weight, self.ce_weight)):
             raise ValueError("TrainConfig: feature_weight, tv_weight, rank_weight and ce_weight "
                              "are all 0: there would be nothing to train on")
@@ -305,7 +319,8 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
     extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k not in NOT_EXTRAS},
                             ids.shape[1])
     if isinstance(drafter, EagleDrafter):
-        return eagle3_loss(drafter, target, ids, prompt.shape[1], extras, cfg.rollout_steps)
+        first = prompt.shape[1] if cfg.supervise == "answers" else 0  # 0: every entry
+        return eagle3_loss(drafter, target, ids, first, extras, cfg.rollout_steps)
     mask = torch.ones_like(ids)
     with torch.no_grad():
         out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True, **extras)
@@ -440,6 +455,9 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
     from accelerate.utils import broadcast, gather_object
 
     check_samples(samples, "samples")
+    if cfg.supervise == "all" and not isinstance(drafter, EagleDrafter):
+        raise ValueError("cfg.supervise 'all' trains EAGLE-3 drafters; a ViSpec drafter's loss "
+                         "supervises the answers only (supervise='answers')")
     if held_out:
         check_samples(held_out, "held_out")
     accelerator = _accelerator(drafter.embed_weight.device)
@@ -455,8 +473,11 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
         own, others = answer_cache_paths(out_dir, rank, world)
     else:
         own, others = None, ()
-    answers = target_answers(target, samples, cfg.answer_tokens, own, also=others,
-                             shard=(rank, world))
+    if cfg.answer_tokens:
+        answers = target_answers(target, samples, cfg.answer_tokens, own, also=others,
+                                 shard=(rank, world))
+    else:  # the windows alone (supervise="all")
+        answers = [torch.zeros(0, dtype=torch.long) for _ in samples]
     if world > 1:  # every process needs every answer
         for part in gather_object([{i: a for i, a in enumerate(answers) if a is not None}]):
             for i, a in part.items():
@@ -464,7 +485,9 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
         for p in drafter.state_dict().values():  # one start, whatever each process built
             broadcast(p, from_process=0)
     if fit_vocabulary:  # every process has every answer: the same vocabulary everywhere
-        fit_draft_vocabulary(drafter, answers)
+        supervised = answers if cfg.supervise == "answers" else target_argmax(target, samples,
+                                                                              answers)
+        fit_draft_vocabulary(drafter, supervised)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
     sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
@@ -768,6 +791,13 @@ def main(argv=None) -> None:
     p.add_argument("--feature-layers", type=int, nargs=3, default=None, metavar="ID",
                    help="eagle3: the target layers whose inputs are the features (default: "
                         "2, L//2, L-3 as EAGLE-3; 1, L//2, L-1 for targets under 7 layers)")
+    p.add_argument("--intermediate-size", type=int, default=None,
+                   help="eagle3: the layer's MLP width (default: the target's)")
+    p.add_argument("--heads", type=int, default=None,
+                   help="eagle3: attention heads (default: the target's; head_dim = its width / "
+                        "heads)")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="eagle3: key/value heads (default: the target's)")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
     p.add_argument("--suffix", default=LONG_ANSWER,
                    help="appended to every jsonl prompt (default: %(default)r, ViSpec's "
@@ -789,6 +819,11 @@ def main(argv=None) -> None:
                            help=f"passes that feed the drafter its own outputs (default: "
                                 f"{f.default} for vispec as its README, {ROLLOUT_STEPS} for "
                                 f"eagle3 as its trainer)")
+        elif f.name == "supervise":
+            p.add_argument("--supervise", default=f.default, choices=["answers", "all"],
+                           help="eagle3: the positions supervised, the answers' (default) or all "
+                                "of prompt + answer (plain text windows; with --answer-tokens 0 "
+                                "the windows alone, no answers made)")
         elif f.name != "betas":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
                            default=f.default, help="default: %(default)s")
@@ -799,9 +834,11 @@ def main(argv=None) -> None:
     for flag, given in (("--drafter", args.drafter), ("--text-only", args.text_only)):
         if eagle3 and given:
             p.error(f"{flag} is for --arch vispec; --arch eagle3 trains a new EAGLE-3 drafter")
-    if not eagle3 and (args.feature_layers is not None
-                       or args.draft_vocab_size != DRAFT_VOCAB_SIZE):
-        p.error("--feature-layers and --draft-vocab-size are for --arch eagle3")
+    shape = (args.intermediate_size, args.heads, args.kv_heads)
+    if not eagle3 and (args.feature_layers is not None or args.supervise != "answers"
+                       or args.draft_vocab_size != DRAFT_VOCAB_SIZE or shape != (None,) * 3):
+        p.error("--feature-layers, --draft-vocab-size, --supervise, --intermediate-size, --heads "
+                "and --kv-heads are for --arch eagle3")
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
     if args.warmup_steps is None:  # a warm-up longer than the run never reaches the peak LR
@@ -857,14 +894,17 @@ def main(argv=None) -> None:
     elif eagle3:
         try:
             drafter = new_eagle3_drafter(target, args.draft_vocab_size,
-                                         args.feature_layers and tuple(args.feature_layers))
-        except ValueError as err:  # "draft_vocab_size: ..." / "feature_layers: ..."
-            p.error(re.sub(r"^(draft_vocab_size|feature_layers)\b",
-                           lambda m: "--" + m[1].replace("_", "-"), str(err)))
+                                         args.feature_layers and tuple(args.feature_layers),
+                                         *shape)
+        except ValueError as err:  # "draft_vocab_size: ..." / "feature_layers: ..." / ...
+            flags = {"num_heads": "heads", "num_kv_heads": "kv_heads"}
+            p.error(re.sub(r"^(draft_vocab_size|feature_layers|intermediate_size|num_heads|"
+                           r"num_kv_heads)\b",
+                           lambda m: "--" + flags.get(m[1], m[1]).replace("_", "-"), str(err)))
     else:
         drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
     drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
-    if args.batched_answers:  # into the cache `train` reads (one process: answers.pt)
+    if args.batched_answers and cfg.answer_tokens:  # into the cache `train` reads (answers.pt)
         args.out.mkdir(parents=True, exist_ok=True)
         precompute_answers(target, train_set, cfg.answer_tokens, args.out / "answers.pt")
     try:

@@ -58,7 +58,9 @@ def held_out_prompts(target_entry, n: int) -> list:
 
 
 def export(run: Path, name: str, target_name: str, train_command: str, data: str,
-           zoo_dir: Path = ZOO_DIR) -> Path:
+           zoo_dir: Path = ZOO_DIR, budget: str | None = None) -> Path:
+    """Write `zoo_dir/name` from the training run in `run`; `budget`: why the entry fits the
+    zoo's size budget, recorded on the card where given."""
     from mmspec.vision import EagleDrafter
     from mmspec.vision.train import held_out_tau
     from mmspec.zoo.registry import ZOO_TREE, load
@@ -110,12 +112,13 @@ def export(run: Path, name: str, target_name: str, train_command: str, data: str
                                     f"on, fp16 weights as shipped, the zoo tree {ZOO_TREE}",
                 "heldout_tau_wall_s": round(tau_s, 1),
                 "train_wall_time_s": round(steps[-1]["time"] - steps[0]["time"], 1),
-                "train_wall_time_note": "first to last logged step (the target's answers were "
-                                        "precomputed before)",
+                "train_wall_time_note": "first to last logged step (the target's answers, if "
+                                        "any, were precomputed before)",
                 "threads": torch.get_num_threads(),
                 "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
             },
             "command": train_command,
+            **({"budget": budget} if budget else {}),
         })
     print(f"exported {out_dir}: {size} bytes, held-out tau {tau:.3f}")
     return out_dir
@@ -129,11 +132,13 @@ def main(argv=None) -> None:
     p.add_argument("--target", required=True, help="the zoo target it drafts for")
     p.add_argument("--train-command", required=True, help="recorded on the card")
     p.add_argument("--data", required=True, help="the training data, in words, for the card")
+    p.add_argument("--budget", help="why the entry fits the zoo's size budget, for the card")
     p.add_argument("--zoo", type=Path, default=ZOO_DIR)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    export(args.run, args.name, args.target, args.train_command, args.data, args.zoo)
+    export(args.run, args.name, args.target, args.train_command, args.data, args.zoo,
+           args.budget)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ benchmarks use them. Every preset reads `assets/zoo/` only (no network).
     vlm_preset()   the zoo VLM (tiny LLaVA) on its sample scene, drafters ViSpec / text-only /
                    EAGLE-3
     text_preset()  the zoo text target on a held-out stdlib window, drafters DLM (CPS+ADL) / AR / PLD
+                   / EAGLE-3
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def text_preset(prompt: str | None = None) -> Preset:
             # samples like the target under a sampling call, greedy under a greedy one
             "model": lambda: ModelDrafter(drafter_model, 5, sample=True),
             "prompt-lookup": lambda: PromptLookupDrafter(),
+            "eagle3": lambda: load("text-eagle3", target=target).model,  # the zoo's CPU tree
         },
         default_drafter="diffusion", eos_token_id=eos,
         description=f"zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL "

@@ -4,7 +4,7 @@ An entry is a folder of `assets/zoo/` holding a `card.json` whose `kind` has a l
 Weights are safetensors only (fp16 on disk, upcast to float32 on load for CPU speed).
 VLM entries: `vlm-target` (LLaVA, with its `LlavaProcessor`), `vlm-assistant` (text-only Llama for
 HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bound to a target),
-`vlm-eagle3` (an EAGLE-3 `EagleDrafter`, bound alike).
+`vlm-eagle3` and `text-eagle3` (EAGLE-3 `EagleDrafter`s, bound alike).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     `name` itself (a path to a folder with a `card.json`; its parent is then the zoo folder).
 
     `target`: ViSpec and EAGLE-3 drafters only (`vlm-vispec`, `vlm-text-drafter`,
-    `vlm-eagle3`): the already loaded target to bind the drafter to (it must be the card's
+    `vlm-eagle3`, `text-eagle3`): the already loaded target to bind the drafter to (it must be the card's
     target). None loads the target named in the card.
     """
     zoo_dir = Path(zoo_dir)

@@ -63,7 +63,7 @@ SPECS = {
         # 6.1M tokens in 59 min. (Sessions 1-6 shipped a 192x4 target of 2.5M parameters.)
         TextModelSpec("text-target", "causal", hidden_size=320, num_layers=6, num_heads=5,
                       num_kv_heads=1, intermediate_size=960, steps=3000, lr=1.5e-3, warmup=100,
-                      drafters=("text-drafter", "text-dlm")),
+                      drafters=("text-drafter", "text-dlm", "text-eagle3")),
         # 5000 steps = 10.2M tokens (1.1 epochs) in ~17 min on 2 threads. (Sessions 1-6 shipped
         # 450 steps, 0.9M tokens: enough next to the 2.5M target, 1.8 nats behind the 8.3M one.)
         TextModelSpec("text-drafter", "causal", hidden_size=128, num_layers=2, num_heads=2,

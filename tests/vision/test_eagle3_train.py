@@ -10,14 +10,16 @@ from tiny_vlms import IMAGE, _seeded, _text_config, _vision_config, llava_prompt
 from transformers import LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
 import pytest
-from mmspec import EagleDrafter, generate
+from mmspec import EagleDrafter, ViSpecDrafter, generate
 from mmspec.decoding.draft import DraftState
 from mmspec.vision import eagle as eagle_module
 from mmspec.vision.eagle3_train import (
     draft_vocabulary,
     feature_layers,
     fit_draft_vocabulary,
+    eagle3_loss,
     new_eagle3_drafter,
+    target_argmax,
     training_passes,
 )
 from mmspec.vision.train import TrainConfig, main, train
@@ -120,6 +122,36 @@ def test_a_tiny_run_trains_saves_loads_and_decodes_exactly(llama, tmp_path):
     assert stats.mean_accepted > 1.8, stats
 
 
+def test_supervise_all_trains_every_position_of_windows_without_answers(llama, tmp_path):
+    """`supervise="all"` with no answers (`answer_tokens=0`): plain text windows, every entry
+    supervised against the target's distribution, the draft vocabulary from the target's argmax
+    at every position; the drafter learns the target's next-but-one token across the windows."""
+    windows = [{"input_ids": p} for p in _prompts(4, 5, length=15, low=60, high=120)]
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 40, "answer_tokens": 0, "supervise": "all"})
+    drafter, losses = _trained(llama, windows, tmp_path / "run", cfg)
+    assert not (tmp_path / "run" / "answers.pt").exists()  # no answers were made
+    empty = [torch.zeros(0, dtype=torch.long)] * len(windows)
+    want = draft_vocabulary(target_argmax(llama, windows, empty), TEXT["vocab_size"], 48)
+    assert torch.equal(drafter.head.d2t, want)
+    assert losses[0] > 0 and sum(losses[-5:]) < 0.6 * sum(losses[:5]), losses
+    with torch.no_grad():  # pass 0 over every entry of a trained window (prompt_len 0)
+        _, parts = eagle3_loss(drafter, llama, windows[0]["input_ids"], 0, {}, 0)
+    # 0.5 and 2.99 here; 0.0 and 7.3 when the answers alone are supervised (here: the last entry)
+    assert parts["acc0"] > 0.3 and parts["ce0"] < 4.5, parts
+    _check_lossless(llama, tmp_path / "run", drafter, windows[1]["input_ids"], {})
+
+
+def test_supervise_settings_are_checked(llava):
+    with pytest.raises(ValueError, match="answer_tokens 0 .* needs supervise='all'"):
+        TrainConfig(answer_tokens=0)
+    with pytest.raises(ValueError, match="supervise must be 'answers' or 'all', got 'prompt'"):
+        TrainConfig(supervise="prompt")
+    ids, extras = llava_prompt(images=1, seed=0)
+    cfg = TrainConfig(**{**CFG.__dict__, "supervise": "all"})
+    with pytest.raises(ValueError, match="supervise 'all' trains EAGLE-3 drafters"):
+        train(ViSpecDrafter.from_target(llava), llava, [{"input_ids": ids, **extras}], cfg)
+
+
 def test_a_vlm_target_trains_through_its_images(llava, tmp_path):
     samples = [{"input_ids": ids, **extras}
                for ids, extras in (llava_prompt(images=1, seed=s) for s in range(3))]
@@ -143,6 +175,23 @@ def test_the_command_line_trains_a_causal_lm_target(llama, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--arch", "eagle3", "--text-only", "--target", "x", "--data", "y", "--out", "z"])
     assert "--text-only is for --arch vispec" in capsys.readouterr().err
+    # a smaller layer than the target's, trained on the windows alone
+    main(["--arch", "eagle3", "--target", str(tmp_path / "target"), "--data",
+          str(tmp_path / "data.pt"), "--out", str(tmp_path / "small"), "--steps", "2",
+          "--answer-tokens", "0", "--supervise", "all", "--draft-vocab-size", "40",
+          "--intermediate-size", "24", "--heads", "2", "--kv-heads", "1", "--held-out", "0",
+          "--eval-every", "0", "--batched-answers"])
+    small = EagleDrafter.from_pretrained(tmp_path / "small", llama).config
+    assert (small.intermediate_size, small.num_heads, small.num_kv_heads) == (24, 2, 1)
+    assert not (tmp_path / "small" / "answers.pt").exists()
+    for flags, message in ((["--heads", "3"], "--heads: the EAGLE-3 layer takes head_dim"),
+                           (["--supervise", "all", "--arch", "vispec"],
+                            "--supervise, --intermediate-size, --heads and --kv-heads are for "
+                            "--arch eagle3")):
+        with pytest.raises(SystemExit):
+            main(["--arch", "eagle3", "--target", str(tmp_path / "target"), "--data",
+                  str(tmp_path / "data.pt"), "--out", str(tmp_path / "bad"), *flags])
+        assert message in capsys.readouterr().err
 
 
 def test_resume_continues_exactly(llama, tmp_path, monkeypatch, interrupt_on_call):

@@ -9,7 +9,7 @@ import pytest
 import mmspec.zoo
 from mmspec.zoo.paths import ZOO_DIR
 
-TEXT = ("text-dlm", "text-drafter", "text-target")
+TEXT = ("text-dlm", "text-drafter", "text-eagle3", "text-target")
 
 
 def test_text_entries_are_listed():
@@ -60,7 +60,7 @@ def test_the_offline_check_would_see_a_connect():
 
 def test_target_names_its_drafters():
     target = mmspec.zoo.load("text-target")
-    assert set(target.drafters) == {"text-drafter", "text-dlm"}
+    assert set(target.drafters) == {"text-drafter", "text-dlm", "text-eagle3"}
     assert all(d in mmspec.zoo.available() for d in target.drafters)
 
 
@@ -88,10 +88,13 @@ def test_text_zoo_fits_its_budget():
     assert total <= 26e6, f"text zoo takes {total / 1e6:.1f} MB, budget 26 MB"
 
 
-def test_the_whole_zoo_fits_in_40_mb():
-    """The issue's budget: every file under assets/zoo/, all models together."""
+def test_the_whole_zoo_fits_in_42_mb():
+    """The budget: every file under assets/zoo/, all models together. The issue's 40 MB, raised
+    to 42 MB by the lead for `text-eagle3`: at 39.30 MB no EAGLE-3 layer at the text target's
+    width fitted (its fixed projections alone are 1.23 MB), and the text pair had no EAGLE-3
+    drafter of the issue's list (BENCHMARKS.md, "How the EAGLE-3 drafters were trained")."""
     total = stored_bytes(ZOO_DIR.rglob("*"))
-    assert total <= 40e6, f"assets/zoo takes {total / 1e6:.1f} MB, budget 40 MB"
+    assert total <= 42e6, f"assets/zoo takes {total / 1e6:.1f} MB, budget 42 MB"
 
 
 def test_the_budget_counts_a_shared_file_once_and_refuses_links_out(tmp_path):
