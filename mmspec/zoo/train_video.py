@@ -80,6 +80,12 @@ def grid_name(grid) -> str:
     return "%dx%dx%d" % tuple(grid[:3])
 
 
+def sizes(grids) -> tuple[tuple[int, int, int], ...]:
+    """The distinct (frames, height, width) of `grids`, first listed first: a size listed twice
+    in --grids trains twice as often but is one size of the card."""
+    return tuple(dict.fromkeys(tuple(g[:3]) for g in grids))
+
+
 def sample_t(b: int, generator) -> torch.Tensor:
     """t ~ logit-normal(0, 1) (SD3), shifted by `SHIFT` towards noise as the sampler's schedule.
 
@@ -200,7 +206,7 @@ def export(spec, grids, transformer, text_encoder, tokenizer, losses, elapsed, s
         tokenizer.save_pretrained(str(stage))
         shipped_transformer, shipped_text, shipped_tok = load_video_components(stage)
         held = {grid_name(g): heldout_loss(shipped_transformer, shipped_tok, shipped_text, g)
-                for g in grids}
+                for g in sizes(grids)}
         size_mb = (stage / "model.safetensors").stat().st_size / 1e6
         write_card(stage, _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args,
                                 held, size_mb))
@@ -211,9 +217,9 @@ def export(spec, grids, transformer, text_encoder, tokenizer, losses, elapsed, s
 def _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args, held,
           size_mb) -> dict:
     tail = losses[-50:]
-    # the last 20 steps of each grid (a grid no step has reached yet has none)
-    by_grid = {grid_name(g): [x for s, x in enumerate(losses) if s % len(grids) == i][-20:]
-               for i, g in enumerate(grids)}
+    # the last 20 steps of each size (a size no step has reached yet has none)
+    by_grid = {grid_name(g): [x for s, x in enumerate(losses)
+                              if grids[s % len(grids)][:3] == g][-20:] for g in sizes(grids)}
     return {
         "name": NAME,
         "summary": "Tiny WanTransformer3DModel (diffusers) trained with rectified flow matching "
@@ -229,7 +235,7 @@ def _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args, hel
         "conventions": {
             "space": "pixels in [-1, 1], video layout [B, 3, F, H, W]; patch (1, 2, 2)",
             "token_grid": "(frames, height/2, width/2); training grids " + ", ".join(
-                str((f, h // 2, w // 2)) for f, h, w, _ in grids),
+                str((f, h // 2, w // 2)) for f, h, w in sizes(grids)),
             "scheduler": f"FlowMatchEulerDiscreteScheduler(shift={SHIFT})",
             "caption": "'a <colour> <shape> moving <direction>' (mmspec.zoo.clips); '' = "
                        "unconditional (caption dropout %.0f%%)" % (100 * CAPTION_DROPOUT),
@@ -246,10 +252,11 @@ def _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args, hel
             "heldout_seeds": f"{HELDOUT_SEED}..{HELDOUT_SEED + EVAL_CLIPS - 1}",
         },
         "training": {"steps": steps, "shift": SHIFT,
-                     "grids": [list(g[:3]) for g in grids],
-                     "grids_note": "(frames, height, width) in pixels, trained in turn (step s on "
-                                   "grid s mod %d); batch per grid %s" % (
-                                       len(grids), [g[3] for g in grids]),
+                     "grids": [list(g) for g in sizes(grids)],
+                     "grids_note": "(frames, height, width) in pixels; step s trains entry s mod "
+                                   "%d of --grids %s (FxHxW:batch)" % (
+                                       len(grids), " ".join(f"{grid_name(g)}:{g[3]}"
+                                                            for g in grids)),
                      "lr": args.lr, "warmup": args.warmup,
                      "optimizer": "AdamW(0.9, 0.99), wd 0.01, grad clip 1.0, cosine to 10%"},
         "results": {
@@ -281,7 +288,8 @@ def main(argv=None) -> None:
     parser.add_argument("--grids", type=parse_grid, nargs="+", default=None,
                         metavar="FxHxW:B",
                         help="grids trained in turn, frames x height x width in pixels and the "
-                             "batch of each (default " + " ".join(
+                             "batch of each; a size listed twice trains twice as often (default "
+                             + " ".join(
                                  f"{grid_name(g)}:{g[3]}" for g in GRIDS) + "; --micro: " +
                              " ".join(f"{grid_name(g)}:{g[3]}" for g in MICRO_GRIDS) + ")")
     parser.add_argument("--lr", type=float, default=2e-3)

@@ -252,6 +252,22 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
     assert json.loads((entry / "card.json").read_text())["training"]["steps"] == 3
 
 
+def test_a_size_listed_twice_trains_twice_as_often_and_is_one_size_of_the_card(tmp_path):
+    _micro_run(tmp_path, "--steps", "3", "--grids", "2x16x16:2", "4x8x8:2", "2x16x16:2")
+    card = json.loads((tmp_path / "zoo" / "video-dit" / "card.json").read_text())
+    assert card["training"]["grids"] == [[2, 16, 16], [4, 8, 8]]
+    assert card["training"]["grids_note"].endswith("--grids 2x16x16:2 4x8x8:2 2x16x16:2 "
+                                                   "(FxHxW:batch)")
+    assert set(card["results"]["heldout_loss_by_grid"]) == {"2x16x16", "4x8x8"}
+    losses = torch.load(tmp_path / "out" / "video-dit" / "ckpt" / "trainer.pt",
+                        weights_only=True)["losses"]
+    by_grid = card["results"]["final_train_loss_by_grid"]
+    assert by_grid["2x16x16"] == round((losses[0] + losses[2]) / 2, 4)  # steps 0 and 2
+    assert by_grid["4x8x8"] == round(losses[1], 4)
+    assert mmspec.zoo.load("video-dit", tmp_path / "zoo").model.trained_grids == (
+        (2, 16, 16), (4, 8, 8))
+
+
 def test_an_export_killed_while_evaluating_keeps_the_previous_entry(tmp_path, monkeypatch):
     _micro_run(tmp_path, "--steps", "2")
     entry = tmp_path / "zoo" / "video-dit"
