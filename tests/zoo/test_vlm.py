@@ -17,6 +17,7 @@ from mmspec.interrupt import run_command
 from mmspec.vision import ViSpecDrafter
 from mmspec.zoo import train_vlm
 from mmspec.zoo.paths import ZOO_DIR
+from tests.zoo.eagle3_entry import load_bound_eagle3
 from mmspec.zoo.scenes import (
     HELDOUT_START,
     NO_SHAPE,
@@ -58,18 +59,7 @@ def test_vlm_entries_are_listed_and_load_offline(monkeypatch, target):
 
 
 def test_the_eagle3_entry_is_an_eagle_drafter_on_the_targets_embedding(target):
-    from mmspec import EagleDrafter
-    from mmspec.zoo.registry import ZOO_TREE
-
-    bound = mmspec.zoo.load("vlm-eagle3", target=target.model)
-    drafter = bound.model
-    assert isinstance(drafter, EagleDrafter) and drafter.target is target.model
-    assert drafter.config.arch == "eagle3" and not drafter.training
-    assert (drafter.config.depth, drafter.config.top_k) == (ZOO_TREE["depth"], ZOO_TREE["top_k"])
-    # shipped without the embedding: the drafter reads the target's
-    assert "embed_tokens.weight" not in load_file(str(ZOO_DIR / "vlm-eagle3" /
-                                                      "model.safetensors"))
-    assert torch.equal(drafter.embed_weight, target.model.get_input_embeddings().weight)
+    bound = load_bound_eagle3("vlm-eagle3", target.model)
     assert isinstance(bound.tokenizer, LlavaProcessor) and bound.card["target"] == "vlm-target"
 
 
