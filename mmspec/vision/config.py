@@ -28,6 +28,10 @@ class ViSpecConfig:
     # ablation baseline (vispec.md §1.6 "--use-ours=False"): no adaptor, no global vector, every
     # image token stays in the draft sequence
     text_only: bool = False
+    # the target's `hidden_states` entries whose concatenation `fuse` maps to the feature (EAGLE-3's
+    # multi-layer features, e.g. the inputs of layers 2, L//2, L-3); () means the last entry (the
+    # normed last layer), ViSpec's and EAGLE-2's feature
+    feature_layers: tuple = ()
     # tree (vispec.md §1.5: top_k 8, depth 3 expansions = 4 draft levels, total_token 30 with root)
     depth: int = 4
     top_k: int = 8
@@ -56,6 +60,13 @@ class ViSpecConfig:
         if not self.text_only and self.num_queries < 2:
             raise ValueError(f"ViSpecConfig.num_queries must be >= 2 (compressed tokens + 1 "
                              f"global vector), got {self.num_queries}")
+        layers = self.feature_layers
+        if (not isinstance(layers, (tuple, list))
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                           for i in layers) or len(set(layers)) != len(layers)):
+            raise ValueError(f"ViSpecConfig.feature_layers must be distinct hidden_states ids "
+                             f">= 0 (empty: the last hidden state), got {layers!r}")
+        object.__setattr__(self, "feature_layers", tuple(layers))
         if self.mrope_section is not None:
             section = self.mrope_section
             if (not isinstance(section, (tuple, list))

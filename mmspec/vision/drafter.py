@@ -71,6 +71,11 @@ class ViSpecDrafter(nn.Module):
                           (f"{axes} position axes (M-RoPE)", f"{axes} sections, one per axis"))
             raise ValueError(f"mrope_section: a {type(target).__name__} target has {has}, so its "
                              f"drafter takes {takes}, got {section!r}")
+        layers = self.adapter.text_config.num_hidden_layers
+        if any(i > layers for i in config.feature_layers):
+            raise ValueError(f"feature_layers: a {type(target).__name__} target of {layers} "
+                             f"layers has hidden_states ids 0..{layers}, got "
+                             f"{list(config.feature_layers)}")
         self.head = DraftHead(config)
         self.adaptor = None if config.text_only else VisionAdaptor(config)
         # frozen, shared with the target (vispec.md §1.2); not saved with the drafter
@@ -193,6 +198,17 @@ class ViSpecDrafter(nn.Module):
         return drafter.to(device=weight.device, dtype=weight.dtype if dtype is None else dtype)
 
     @property
+    def target_hidden_layers(self) -> tuple:
+        """The target's `hidden_states` entries `generate` hands over (`Drafter`), side by side:
+        the last one, or the config's `feature_layers` (EAGLE-3's multi-layer features)."""
+        return self.config.feature_layers or (-1,)
+
+    def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's hidden states at `target_hidden_layers`, side by side `[..., k d]` ->
+        the drafter's features `[..., d]` (fused where there are several layers)."""
+        return self.head.target_features(hidden.to(self.embed_weight.dtype))
+
+    @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
@@ -216,7 +232,8 @@ class ViSpecDrafter(nn.Module):
         return images, adapted, slots
 
     def sequence_entries(self, input_ids, valid, features, positions, extras) -> Entries:
-        """Entries for whole sequences (`sequence.prompt_entries`), images compressed."""
+        """Entries for whole sequences (`sequence.prompt_entries`), images compressed.
+        features `[B, S-1, d]`: already through `target_features`."""
         images, adapted, slots = self.images(input_ids, extras)
         return prompt_entries(input_ids, valid, features.to(self.embed_weight.dtype), positions,
                               self.embed_weight, images, adapted, slots,
@@ -287,7 +304,7 @@ class ViSpecDrafter(nn.Module):
 
     def _new_entries(self, state: DraftState) -> Entries:
         ids, mask = state.input_ids, state.attention_mask
-        hidden = state.target_hidden.to(self.embed_weight.dtype)
+        hidden = self.target_features(state.target_hidden)
         if state.round == 0 or self._cache is None:
             positions = self.adapter.prompt_positions(ids[:, :-1], mask[:, :-1], state.extras)
             images, adapted, slots = self.images(ids, state.extras)

@@ -4,7 +4,9 @@
     h   = decoder layer(s)(x)                                              # predicted feature
     p   = softmax(target.lm_head(h))                                       # no extra final norm
 
-`feature` is the target's last hidden state (post final norm) one position earlier. `img_fc` starts
+`feature` is the target's last hidden state (post final norm) one position earlier, or with
+`feature_layers` (EAGLE-3's multi-layer features) `fuse` of several layers' hidden states side by
+side; inside the tree it is the head's own output, which enters without `fuse`. `img_fc` starts
 as `[I | 0]`, so a head without image information behaves like the text drafter it starts from.
 Compressed image tokens from the vision adaptor skip `fc` and enter the layers directly.
 
@@ -75,6 +77,8 @@ class DraftHead(nn.Module):
         d = cfg.hidden_size
         self.cfg = cfg
         self.fc = nn.Linear(2 * d, d, bias=True)
+        layers = len(cfg.feature_layers)
+        self.fuse = nn.Linear(layers * d, d, bias=False) if layers else None
         self.img_fc = None if cfg.text_only else nn.Linear(2 * d, d, bias=True)
         self.layers = nn.ModuleList(DraftLayer(cfg, i == 0) for i in range(cfg.num_layers))
         self.reset_img_fc()
@@ -88,6 +92,13 @@ class DraftHead(nn.Module):
         self.img_fc.weight.zero_()
         self.img_fc.weight[:, :d].copy_(torch.eye(d))
         self.img_fc.bias.zero_()
+
+    def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's hidden states `[..., k d]` (k = len(feature_layers), 1 without) ->
+        features `[..., d]`."""
+        if self.fuse is None:
+            return hidden
+        return self.fuse(hidden.to(self.fuse.weight.dtype))
 
     def inputs(self, embeds, features, global_vecs, compressed, is_compressed):
         """All `[B, N, d]` (is_compressed bool `[B, N]`) -> layer input `[B, N, d]`."""

@@ -65,8 +65,9 @@ from mmspec.train_scaffold import (META, RunExists, RunRefused, checkpoint_dirs,
 
 from .drafter import ViSpecDrafter
 from .eagle import EagleDrafter
-from .eagle3_train import (DRAFT_VOCAB_SIZE, ROLLOUT_STEPS, eagle3_loss, fit_draft_vocabulary,
-                           new_eagle3_drafter, target_argmax)
+from .eagle3_train import (DRAFT_VOCAB_SIZE, PASS_DECAY, ROLLOUT_STEPS, eagle3_loss,
+                           feature_layers, fit_draft_vocabulary, new_eagle3_drafter,
+                           target_argmax)
 from .eagle_checkpoint import check_state, read_config, read_weights
 from .eagle_speculators import read_speculators
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
@@ -90,6 +91,9 @@ class TrainConfig:
     rank_top: int = 10
     ce_weight: float = 0.0  # EAGLE stage 1 uses 0.1
     rollout_steps: int = 1  # ViSpec README --mtp-steps 1
+    # ViSpec drafters: the rollouts are EAGLE-3's training-time test (`tree_passes`: pass i is the
+    # tree level at depth i, weighted 0.8 ** i) instead of ViSpec's shifted passes
+    training_time_test: bool = False
     noise: float = 0.2  # EAGLE uniform feature noise, scaled by 512 / seq_len
     answer_tokens: int = 1024  # vispec.md §1.6: max_new_tokens of the generated answers
     # EAGLE-3: "answers" supervises the entries that predict answer tokens (ViSpec's, and the
@@ -123,6 +127,9 @@ class TrainConfig:
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got "
                              f"{self.betas!r}")
+        if not isinstance(self.training_time_test, bool):
+            raise ValueError(f"TrainConfig.training_time_test must be a bool, got "
+                             f"{self.training_time_test!r}")
         if self.supervise not in ("answers", "all"):
             raise ValueError(f"TrainConfig.supervise must be 'answers' or 'all', got "
                              f"{self.supervise!r}")
@@ -326,7 +333,9 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
         out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True, **extras)
     hidden = out.hidden_states[-1].to(drafter.embed_weight.dtype)  # [1, T, d]
     logits = out.logits  # [1, T, V]
-    features = hidden[:, :-1]
+    layers = drafter.config.feature_layers
+    raw = torch.cat([out.hidden_states[i] for i in layers], -1)[:, :-1] if layers else hidden[:, :-1]
+    features = drafter.target_features(raw)  # [1, T-1, d]; `fuse` trains with the rest
     if cfg.noise > 0:
         u = torch.rand(features.shape, generator=generator, device="cpu").to(features)
         features = features + (u - 0.5) * cfg.noise * 512 / ids.shape[1]
@@ -334,6 +343,8 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
     entries = drafter.sequence_entries(ids, mask.bool(), features, positions, extras)
     # supervise pairs whose next feature predicts an answer token: i + 1 >= prompt_len - 1
     sel = entries.valid & ~entries.is_compressed & (entries.pair_index >= prompt.shape[1] - 2)
+    if cfg.training_time_test:
+        return _tree_passes_loss(drafter, entries, ids, sel, hidden, logits, cfg)
     target_idx = entries.pair_index[sel] + 1
     t_hidden, t_logits = hidden[0, target_idx], logits[0, target_idx]
     total, parts = 0.0, {}
@@ -345,6 +356,55 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
             parts[f"{name}{rollout}"] = value
         shifted = torch.cat([entries.features[:, :1], pred[:, :-1]], 1)  # own predictions
         entries = dataclasses.replace(entries, features=shifted)
+    return total, parts
+
+
+def tree_passes(drafter: ViSpecDrafter, entries, ids: torch.Tensor, steps: int) -> list:
+    """EAGLE-3's training-time test for a ViSpec drafter: `steps` outputs `[1, N, d]`. Pass 0 is
+    the teacher-forced pass over `entries` (built from `ids` `[1, T]`); entry j of pass i > 0 is
+    the tree node at depth i below entry j (pair p) along the gold tokens: the token of slot
+    p + 1 + i, the entry's own output of pass i - 1 as its feature (no `fuse`, no image input
+    but the global vector), at position + i, attending the pass-0 entries up to j and its own
+    entries of passes 1..i, exactly as `propose`'s tree step does at depth i. Entries past the
+    end (and compressed tokens, after pass 0) are computed but never supervised."""
+    head = drafter.head
+    b, n = entries.valid.shape
+    device = ids.device
+    causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    base = (causal & entries.valid[:, None, :]) | eye  # [B, n, n]: pass 0's mask
+    x = head.inputs(entries.embeds, entries.features, entries.global_vecs, entries.compressed,
+                    entries.is_compressed)
+    h, past = head(x, entries.positions, None, base)
+    outputs = [h]
+    text = torch.zeros(b, n, dtype=torch.bool, device=device)
+    for i in range(1, steps):
+        slot = (entries.pair_index + 1 + i).clamp(0, ids.shape[1] - 1)  # [B, n]
+        embeds = drafter.embed_weight[ids[0][slot]].to(h.dtype)
+        x = head.inputs(embeds, h, entries.global_vecs, torch.zeros_like(h), text)
+        mask = torch.cat([base] + [eye.expand(b, n, n)] * i, 2)
+        h, new = head(x, entries.positions + i, past, mask)
+        past = [(torch.cat([pk, nk], 2), torch.cat([pv, nv], 2))
+                for (pk, pv), (nk, nv) in zip(past, new)]
+        outputs.append(h)
+    return outputs
+
+
+def _tree_passes_loss(drafter, entries, ids, sel, hidden, logits, cfg: TrainConfig):
+    """(loss, parts) of `tree_passes`: ViSpec's terms on each pass's entries whose gold next
+    slot is still in the sequence, pass i weighted `PASS_DECAY ** i` (EAGLE-3's)."""
+    steps = cfg.rollout_steps + 1
+    outputs = tree_passes(drafter, entries, ids, steps)
+    total, parts = 0.0 * outputs[0].sum(), {}
+    for i, pred in enumerate(outputs):
+        idx = entries.pair_index + 1 + i  # the target's slot whose feature and logits it predicts
+        keep = sel & (idx <= ids.shape[1] - 1)
+        if not bool(keep.any()):
+            continue
+        loss, terms = _terms(drafter, pred[keep], hidden[0, idx[keep]], logits[0, idx[keep]], cfg)
+        total = total + PASS_DECAY ** i * loss
+        for name, value in terms.items():
+            parts[f"{name}{i}"] = value
     return total, parts
 
 
@@ -789,8 +849,12 @@ def main(argv=None) -> None:
                    help="eagle3: the draft vocabulary, the answers' most frequent tokens "
                         "(default: %(default)s, EAGLE-3's, at most the target's vocabulary)")
     p.add_argument("--feature-layers", type=int, nargs=3, default=None, metavar="ID",
-                   help="eagle3: the target layers whose inputs are the features (default: "
-                        "2, L//2, L-3 as EAGLE-3; 1, L//2, L-1 for targets under 7 layers)")
+                   help="the target layers whose inputs are the features, fused by a linear "
+                        "layer (eagle3's default: 2, L//2, L-3 as EAGLE-3; 1, L//2, L-1 for "
+                        "targets under 7 layers; vispec's: none, the last hidden state)")
+    p.add_argument("--multi-layer", action="store_true",
+                   help="vispec: EAGLE-3's three feature layers (as --arch eagle3's default) "
+                        "instead of the last hidden state")
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="eagle3: the layer's MLP width (default: the target's)")
     p.add_argument("--heads", type=int, default=None,
@@ -819,6 +883,11 @@ def main(argv=None) -> None:
                            help=f"passes that feed the drafter its own outputs (default: "
                                 f"{f.default} for vispec as its README, {ROLLOUT_STEPS} for "
                                 f"eagle3 as its trainer)")
+        elif f.name == "training_time_test":
+            p.add_argument("--training-time-test", action="store_true",
+                           help="vispec: the --rollout-steps passes are EAGLE-3's training-time "
+                                "test (pass i is the draft tree's level i, weighted 0.8 ** i) "
+                                "instead of ViSpec's shifted passes (eagle3 always trains so)")
         elif f.name == "supervise":
             p.add_argument("--supervise", default=f.default, choices=["answers", "all"],
                            help="eagle3: the positions supervised, the answers' (default) or all "
@@ -834,11 +903,20 @@ def main(argv=None) -> None:
     for flag, given in (("--drafter", args.drafter), ("--text-only", args.text_only)):
         if eagle3 and given:
             p.error(f"{flag} is for --arch vispec; --arch eagle3 trains a new EAGLE-3 drafter")
+    for flag, given in (("--training-time-test", args.training_time_test),
+                        ("--multi-layer", args.multi_layer)):
+        if eagle3 and given:
+            p.error(f"{flag} is for --arch vispec; --arch eagle3 always trains so")
     shape = (args.intermediate_size, args.heads, args.kv_heads)
-    if not eagle3 and (args.feature_layers is not None or args.supervise != "answers"
-                       or args.draft_vocab_size != DRAFT_VOCAB_SIZE or shape != (None,) * 3):
-        p.error("--feature-layers, --draft-vocab-size, --supervise, --intermediate-size, --heads "
-                "and --kv-heads are for --arch eagle3")
+    if not eagle3 and (args.supervise != "answers" or args.draft_vocab_size != DRAFT_VOCAB_SIZE
+                       or shape != (None,) * 3):
+        p.error("--draft-vocab-size, --supervise, --intermediate-size, --heads and --kv-heads "
+                "are for --arch eagle3")
+    if args.multi_layer and args.feature_layers is not None:
+        p.error("--multi-layer picks EAGLE-3's feature layers; give it or --feature-layers")
+    if args.drafter and (args.multi_layer or args.feature_layers is not None):
+        p.error("--feature-layers and --multi-layer build a new drafter; --drafter keeps the "
+                "saved drafter's")
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
     if args.warmup_steps is None:  # a warm-up longer than the run never reaches the peak LR
@@ -902,7 +980,15 @@ def main(argv=None) -> None:
                            r"num_kv_heads)\b",
                            lambda m: "--" + flags.get(m[1], m[1]).replace("_", "-"), str(err)))
     else:
-        drafter = ViSpecDrafter.from_target(target, text_only=args.text_only)
+        text = target.config.get_text_config(decoder=True)
+        try:
+            layers = (feature_layers(text.num_hidden_layers) if args.multi_layer
+                      else tuple(args.feature_layers or ()))
+            drafter = ViSpecDrafter.from_target(target, text_only=args.text_only,
+                                                feature_layers=layers)
+        except ValueError as err:  # "feature_layers: ..." / "target: ... has too few"
+            p.error(re.sub(r"^(ViSpecConfig\.)?feature_layers\b", "--feature-layers",
+                           str(err)))
     drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
     if args.batched_answers and cfg.answer_tokens:  # into the cache `train` reads (answers.pt)
         args.out.mkdir(parents=True, exist_ok=True)

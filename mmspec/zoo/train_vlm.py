@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic, write_text_atomic
@@ -45,6 +44,7 @@ from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedul
                                    refuse_old_format, refuse_other_run, refuse_past_steps,
                                    run_refusals_as_exit, saved_model_state)
 from mmspec.vision import ViSpecDrafter
+from mmspec.vision.eagle3_train import feature_layers
 from mmspec.vision.train import (
     TrainConfig,
     _checkpoint_dirs,
@@ -554,10 +554,14 @@ def cmd_drafter(args) -> None:
     cfg = TrainConfig(steps=steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, steps),
                       answer_tokens=spec.answer_tokens, eval_every=args.eval_every,
                       eval_new_tokens=spec.eval_new_tokens,
+                      rollout_steps=spec.rollout_steps,
+                      training_time_test=spec.training_time_test,
                       checkpoint_every=100, seed=args.seed)
     torch.manual_seed(args.seed)
+    layers = () if spec.features == "last" else feature_layers(
+        target.config.get_text_config(decoder=True).num_hidden_layers)
     drafter = ViSpecDrafter.from_target(target, text_only=spec.text_only,
-                                        num_queries=spec.num_queries)
+                                        num_queries=spec.num_queries, feature_layers=layers)
     losses = train(drafter, target, samples, cfg, held_out=held, out_dir=out_dir,
                    resume=args.resume)
     elapsed = time.time() - t0

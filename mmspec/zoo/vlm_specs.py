@@ -107,6 +107,12 @@ class DrafterSpec:
     eval_new_tokens: int = 128
     target: str = "vlm-target"  # the zoo entry it drafts for (and whose answers it learns)
     num_queries: int = 2  # the adaptor's queries: num_queries - 1 compressed tokens + 1 global
+    # EAGLE-3's pieces on a ViSpec drafter (issue 30's variant): "eagle3" fuses the target's
+    # layers 2, L//2, L-3 (`ViSpecConfig.feature_layers`); training_time_test makes the
+    # rollout_steps passes EAGLE-3's tree levels (`mmspec.vision.train.tree_passes`)
+    features: str = "last"
+    rollout_steps: int = 1
+    training_time_test: bool = False
 
 
 SPECS = {
@@ -145,6 +151,14 @@ SPECS = {
                     target="vlm-target-p4"),
         DrafterSpec("vlm-text-drafter-p4", text_only=True, steps=5000, samples=2400,
                     target="vlm-target-p4"),
+        # experiment (26 Nov, issue 30), not shipped: the ViSpec drafter's recipe with EAGLE-3's
+        # multi-layer features, its training-time test (6 rollouts, as EAGLE-3), or both
+        DrafterSpec("vlm-vispec-ml", text_only=False, steps=5000, samples=2400,
+                    features="eagle3"),
+        DrafterSpec("vlm-vispec-ttt", text_only=False, steps=5000, samples=2400,
+                    rollout_steps=6, training_time_test=True),
+        DrafterSpec("vlm-vispec-e3", text_only=False, steps=5000, samples=2400,
+                    features="eagle3", rollout_steps=6, training_time_test=True),
         # ViSpec's own ablation point 17q (16 compressed tokens per image instead of 1)
         DrafterSpec("vlm-vispec-p4-17q", text_only=False, steps=5000, samples=2400,
                     target="vlm-target-p4", num_queries=17),
