@@ -12,6 +12,11 @@ One step on one sample:
     L                = w_f SmoothL1(feature) + w_tv sum|p_d - p_t| + w_rank ListMLE(top 10) + w_ce CE
 The rollout is ViSpec's anti-shortcut pass (`--rollout-steps`, README: 1).
 
+EAGLE-3's pieces on a ViSpec drafter: `--multi-layer` (or `--feature-layers`) feeds it three
+target layers' hidden states, fused by the head's `fuse` (`ViSpecConfig.feature_layers`);
+`--training-time-test` makes the rollouts EAGLE-3's training-time test (`tree_passes`: pass i is
+the draft tree's level at depth i along the gold tokens, its terms weighted 0.8 ** i).
+
 `--arch eagle3` trains an EAGLE-3 drafter instead (`eagle3_train.py`), for a VLM or a text-only
 causal LM target: three target layers' features fused by `fc`, a draft vocabulary of the
 answers' most frequent tokens (`--draft-vocab-size`), and the training-time test (`--rollout-steps`
