@@ -19,5 +19,6 @@ def test_describe_names_the_features_and_the_rollouts():
 def test_a_short_run_prints_the_table(capsys):
     main(["--drafters", "vlm-vispec", "--prompts", "1", "--new-tokens", "8", "--repeats", "1"])
     out = capsys.readouterr().out
-    assert "| `vlm-vispec` | the last hidden state; ViSpec's shifted rollout x1 | 0 |" in out
+    assert ("| `vlm-vispec` | the last hidden state; training-time test, 6 passes past the "
+            "first | 0 |") in out
     assert out.count("| 1/1 |") == 1  # asserted token-identical to target-only greedy
