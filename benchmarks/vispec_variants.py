@@ -51,7 +51,8 @@ def describe(card: dict) -> str:
     rollout = (f"training-time test, {train.get('rollout_steps')} passes past the first"
                if train.get("training_time_test") else
                f"ViSpec's shifted rollout x{train.get('rollout_steps')}")
-    return f"{features}; {rollout}"
+    loss = "; no feature loss" if train.get("feature_weight", 1.0) == 0 else ""
+    return f"{features}; {rollout}{loss}"
 
 
 def main(argv=None) -> None:
@@ -66,6 +67,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot", action="store_true")
     p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    p.add_argument("--section", default=SECTION,
+                   help="BENCHMARKS.md section and chart name (default: %(default)s)")
     args = p.parse_args(argv)
     check_plot_deps(args.plot)
     torch.set_num_threads(args.threads)
@@ -170,8 +173,10 @@ def main(argv=None) -> None:
     ])
     print(body)
     if args.write:
-        write_section(SECTION, "ViSpec with EAGLE-3's features and training-time test "
-                               "(`benchmarks/vispec_variants.py`)", body)
+        title = "ViSpec with EAGLE-3's features and training-time test"
+        if args.section != SECTION:
+            title += f" ({args.section})"
+        write_section(args.section, f"{title} (`benchmarks/vispec_variants.py`)", body)
 
 
 def plot(args, totals: dict, tau, groups: dict) -> list[Path]:
@@ -203,7 +208,7 @@ def plot(args, totals: dict, tau, groups: dict) -> list[Path]:
     axes[1].legend(fontsize=7)
     fig.suptitle("ViSpec drafters, one recipe, one change each (held-out scenes)")
     fig.tight_layout()
-    path = PLOTS / f"{SECTION}.png"
+    path = PLOTS / f"{args.section}.png"
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return [path]

@@ -11,6 +11,9 @@ def test_describe_names_the_features_and_the_rollouts():
     assert describe({"config": {"features": "eagle3"},
                      "train_config": {"rollout_steps": 6, "training_time_test": True}}) == (
         "EAGLE-3's three layers; training-time test, 6 passes past the first")
+    assert describe({"config": {}, "train_config": {"rollout_steps": 6, "feature_weight": 0.0,
+                                                    "training_time_test": True}}) == (
+        "the last hidden state; training-time test, 6 passes past the first; no feature loss")
     # the shipped cards predate the fields: the last hidden state, ViSpec's rollout
     assert describe({"config": {}, "train_config": {"rollout_steps": 1}}) == (
         "the last hidden state; ViSpec's shifted rollout x1")
