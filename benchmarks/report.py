@@ -37,6 +37,18 @@ def timed_interleaved(fns: dict, repeats: int, sync=lambda: None,
     return {name: reduce(t) for name, t in times.items()}
 
 
+def best_of(names, call, repeats: int, seconds) -> dict:
+    """name -> the fastest of `repeats` results of `call(name)` (`seconds(result)` its time), the
+    names called in turn within each repeat, so that a load change moves all of them alike."""
+    best = {}
+    for _ in range(repeats):
+        for name in names:
+            result = call(name)
+            if name not in best or seconds(result) < seconds(best[name]):
+                best[name] = result
+    return best
+
+
 def versions() -> str:
     """torch and the Hugging Face libraries whose internals mmspec reaches into (see
     constraints.txt): a figure can move with any of them."""

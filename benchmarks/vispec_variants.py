@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import check_plot_deps, markdown_table, write_section
+from benchmarks.report import best_of, check_plot_deps, markdown_table, write_section
 from benchmarks.text import CallCounter, RoundLog, first_difference
 from benchmarks.vlm import heldout_inputs
 from mmspec import zoo
@@ -107,12 +107,8 @@ def main(argv=None) -> None:
         run(key, samples[0], 8)
     totals = {key: {"s": 0.0, "new": 0, "calls": 0, "accepted": []} for key in keys}
     for i, inputs in enumerate(samples):
-        best = {}
-        for _ in range(args.repeats):
-            for key in keys:
-                result = run(key, inputs, args.new_tokens)
-                if key not in best or result[2] < best[key][2]:
-                    best[key] = result
+        best = best_of(keys, lambda key: run(key, inputs, args.new_tokens), args.repeats,
+                       lambda result: result[2])
         ref = best[None][0]
         for key, (seqs, log, seconds, calls) in best.items():
             assert torch.equal(seqs, ref), (f"LOSSLESS MISMATCH: {key} on scene {i}: "

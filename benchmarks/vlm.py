@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import check_plot_deps, markdown_table, write_section
+from benchmarks.report import best_of, check_plot_deps, markdown_table, write_section
 from benchmarks.text import CallCounter, RoundLog, first_difference
 from mmspec import zoo
 from mmspec.decoding import generate
@@ -223,12 +223,8 @@ def main():
             methods[name](samples[0], 8)
     totals = {name: Total() for name in methods}
     for i, inputs in enumerate(samples):
-        best = {}
-        for _ in range(args.repeats):
-            for name in methods:
-                result = run(name, inputs, args.new_tokens)
-                if name not in best or result[3] < best[name][3]:
-                    best[name] = result
+        best = best_of(methods, lambda name: run(name, inputs, args.new_tokens), args.repeats,
+                       lambda result: result[3])
         ref = best[REF][0]
         for name, (seqs, stats, log, seconds, calls) in best.items():
             same = torch.equal(seqs, ref)

@@ -382,11 +382,11 @@ def tree_passes(drafter: ViSpecDrafter, entries, ids: torch.Tensor, steps: int) 
                     entries.is_compressed)
     h, past = head(x, entries.positions, None, base)
     outputs = [h]
-    text = torch.zeros(b, n, dtype=torch.bool, device=device)
+    no_image = torch.zeros(b, n, dtype=torch.bool, device=device)  # passes > 0: no compressed
     for i in range(1, steps):
         slot = (entries.pair_index + 1 + i).clamp(0, ids.shape[1] - 1)  # [B, n]
         embeds = drafter.embed_weight[ids[0][slot]].to(h.dtype)
-        x = head.inputs(embeds, h, entries.global_vecs, torch.zeros_like(h), text)
+        x = head.inputs(embeds, h, entries.global_vecs, torch.zeros_like(h), no_image)
         mask = torch.cat([base] + [eye.expand(b, n, n)] * i, 2)
         h, new = head(x, entries.positions + i, past, mask)
         past = [(torch.cat([pk, nk], 2), torch.cat([pv, nv], 2))

@@ -114,6 +114,11 @@ class DrafterSpec:
     rollout_steps: int = 1
     training_time_test: bool = False
 
+    def __post_init__(self):
+        if self.features not in ("last", "eagle3"):
+            raise ValueError(f"DrafterSpec {self.name}: features must be 'last' or 'eagle3', got "
+                             f"{self.features!r}")
+
 
 SPECS = {
     s.name: s

@@ -12,7 +12,6 @@ from tiny_vlms import (
     tiny_llava,
     tiny_llava_next,
     tiny_pixtral_llava,
-    tiny_qwen2_5_vl,
 )
 
 from mmspec import generate
@@ -27,21 +26,11 @@ QWEN_PROMPTS = [(((1, 4, 8),), 7), (((1, 4, 4), (1, 8, 4)), 7), (((1, 4, 8),), 8
 
 
 @pytest.fixture(scope="module")
-def llava():
-    return no_eos(tiny_llava())
-
-
-@pytest.fixture(scope="module")
 def trained_llava(llava):
     torch.manual_seed(0)
     drafter = ViSpecDrafter.from_target(llava)
     quick_train(drafter, llava, [llava_prompt(images=n, seed=s) for n, s in LLAVA_PROMPTS])
     return drafter
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return no_eos(tiny_qwen2_5_vl())
 
 
 @pytest.fixture(scope="module")

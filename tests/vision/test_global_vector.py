@@ -8,17 +8,12 @@ A fresh drafter's `img_fc` is `[I | 0]`, so the vector has no effect on its draf
 
 import pytest
 import torch
-from tiny_vlms import IMAGE, llava_prompt, no_eos, tiny_llava
+from tiny_vlms import IMAGE, llava_prompt
 
 from mmspec import generate
 from mmspec.vision import ViSpecDrafter
 
 TOKENS = 16  # image tokens per tiny LLaVA image
-
-
-@pytest.fixture(scope="module")
-def llava():
-    return no_eos(tiny_llava())
 
 
 @pytest.fixture(scope="module")

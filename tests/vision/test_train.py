@@ -28,11 +28,6 @@ CFG = TrainConfig(steps=12, lr=3e-3, warmup_steps=2, noise=0.0, answer_tokens=16
 
 
 @pytest.fixture(scope="module")
-def llava():
-    return no_eos(tiny_llava())
-
-
-@pytest.fixture(scope="module")
 def samples():
     return [{"input_ids": ids, **extras}
             for ids, extras in (llava_prompt(images=n, seed=s) for n, s in [(1, 0), (2, 1)])]

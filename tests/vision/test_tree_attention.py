@@ -19,7 +19,7 @@ from tests.vision.test_eagle import (
     write,
 )
 from tests.vision.test_vispec_official import official_config, official_state
-from tests.vision.tiny_vlms import llava_prompt, no_eos, tiny_llava
+from tests.vision.tiny_vlms import llava_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec import EagleDrafter, generate
@@ -37,11 +37,6 @@ def llama():
                       num_key_value_heads=KV_HEADS, pad_token_id=PAD, bos_token_id=1,
                       eos_token_id=2)  # test_eagle.py's target: EAGLE-3 reads layers 2, 4, 5
     return LlamaForCausalLM(cfg).eval()
-
-
-@pytest.fixture(scope="module")
-def llava():
-    return no_eos(tiny_llava())
 
 
 def _llama_batch():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from tiny_vlms import llava_prompt, no_eos, qwen_prompt, reference, tiny_llava, tiny_qwen2_5_vl
+from tiny_vlms import llava_prompt, qwen_prompt, reference
 
 from mmspec import generate
 from mmspec.decoding.draft import DraftState
@@ -19,16 +19,6 @@ from mmspec.vision.train import TrainConfig, main, sample_loss, target_answers, 
 LAYERS = (0, 1, 2)  # the tiny targets have 2 layers: hidden_states 0 (embeddings) .. 2 (normed)
 CFG = TrainConfig(steps=40, lr=3e-3, warmup_steps=4, noise=0.0, answer_tokens=24, eval_every=0,
                   checkpoint_every=0, rollout_steps=2, training_time_test=True)
-
-
-@pytest.fixture(scope="module")
-def llava():
-    return no_eos(tiny_llava())
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return no_eos(tiny_qwen2_5_vl())
 
 
 def _prompt(model):

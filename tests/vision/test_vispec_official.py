@@ -12,11 +12,8 @@ from tests.vision.test_eagle import _rms, _rope, write  # the authors' Llama pie
 from tests.vision.tiny_vlms import (
     IMAGE,
     llava_prompt,
-    no_eos,
     qwen_prompt,
     reference,
-    tiny_llava,
-    tiny_qwen2_5_vl,
 )
 
 from mmspec import generate
@@ -25,16 +22,6 @@ from mmspec.vision.vispec_official import OfficialViSpecDrafter
 
 D, HEADS, VOCAB = 64, 4, 128  # the tiny targets' text sizes
 DH = D // HEADS
-
-
-@pytest.fixture(scope="module")
-def llava():
-    return no_eos(tiny_llava())
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return no_eos(tiny_qwen2_5_vl())
 
 
 # ---------------------------------------------------------------- checkpoints, authors' layout

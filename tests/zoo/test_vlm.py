@@ -711,3 +711,11 @@ def test_interrupted_precomputed_answers_are_kept_and_resumed(target, tmp_path, 
     resumed = torch.load(cache, weights_only=True)
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_a_drafter_spec_names_its_features():
+    # any other word fed the target's three layers in silently (only "last" was checked)
+    assert SPECS["vlm-vispec-e3"].features == "eagle3" and SPECS["vlm-vispec"].features == "last"
+    with pytest.raises(ValueError, match=r"DrafterSpec x: features must be 'last' or 'eagle3', "
+                                         r"got 'eagle-3'"):
+        DrafterSpec("x", text_only=False, steps=1, features="eagle-3")
