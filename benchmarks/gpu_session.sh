@@ -43,7 +43,7 @@
 #   (these need diffusers: carry its wheel in .whl)
 # Issue 30 item 2 (STEPS="tree_levels", under a minute): benchmarks/tree_levels.py --device cuda,
 #   the zoo ViSpec drafter's tree levels through block_sparse_attention against SDPA (section
-#   tree_levels; on a CPU the layer is 1.3-1.6x slower there, so mmspec/vision/tree_attention.py's
+#   tree_levels; on a CPU the layer is 1.3-1.6x slower there, so mmspec/eagle/tree_attention.py's
 #   SDPA_DEVICES keeps CPUs, and CUDA until this runs, on SDPA: take "cuda" out of it if this shows
 #   the layer faster on a GPU)
 # Issue 34.13 (STEPS="train", about 1 minute): mmspec.vision.train on the GPU through the training

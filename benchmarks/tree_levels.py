@@ -28,7 +28,8 @@ from benchmarks.report import markdown_table, write_section
 from benchmarks.vlm import heldout_inputs
 from mmspec import zoo
 from mmspec.decoding import generate
-from mmspec.vision import ViSpecDrafter, tree_attention
+from mmspec.eagle import tree_attention
+from mmspec.vision import ViSpecDrafter
 from mmspec.zoo.paths import ZOO_DIR
 
 SHARED, DENSE = "block_sparse_attention", "SDPA"

@@ -27,10 +27,14 @@ def __getattr__(name):
         from .decoding import drafters
 
         return getattr(drafters, name)
-    if name in ("ViSpecDrafter", "EagleDrafter"):  # issues 6 and 30, in vision/
+    if name == "ViSpecDrafter":
         from . import vision
 
-        return getattr(vision, name)
+        return vision.ViSpecDrafter
+    if name == "EagleDrafter":
+        from . import eagle
+
+        return eagle.EagleDrafter
     if name in __all__:
         from . import decoding
 

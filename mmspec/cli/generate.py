@@ -279,7 +279,8 @@ def _path_drafter(args, target, target_tokenizer=None):
                              f"model:PATH, self and builtin drafters")
         return PromptLookupDrafter(num_tokens=num_tokens)
     if kind.startswith(("vispec:", "eagle:")):
-        from mmspec.vision import EagleDrafter, ViSpecDrafter
+        from mmspec.eagle import EagleDrafter
+        from mmspec.vision import ViSpecDrafter
 
         name, path = kind.split(":", 1)
         loader = ViSpecDrafter if name == "vispec" else EagleDrafter

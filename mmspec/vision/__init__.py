@@ -13,17 +13,19 @@ ablation baseline (no adaptor, no global vector). Training: `python -m mmspec.vi
 
 Files: `config.py` (ViSpecConfig), `targets.py` (per-class adapters), `adaptor.py` (learnable-query
 image compression), `sequence.py` (the draft sequence: pairs, compressed images, global vectors),
-`head.py` (EAGLE draft head), `rope.py` (1-D / M-RoPE), `drafter.py` (the drafter contract),
-`losses.py` + `train.py` (online training). The EAGLE-2 dynamic tree is
-`mmspec.decoding.dynamic_tree`, shared with `ModelDrafter`.
-`eagle.py`, `eagle_head.py`, `eagle_checkpoint.py`: SafeAILab EAGLE-1/2 and EAGLE-3 checkpoints
-as drafters for any causal LM target (`EagleDrafter.from_pretrained(path, target)`).
+`head.py` (EAGLE draft head), `drafter.py` (the drafter contract), `losses.py` + `train.py`
+(online training, of ViSpec drafters and, with `--arch eagle3`, of EAGLE-3 drafters). The EAGLE-2
+dynamic tree is `mmspec.decoding.dynamic_tree`, shared with `ModelDrafter`.
+ViSpec builds on `mmspec.eagle` (its RoPE, tree attention and EAGLE's checkpoints; never the
+reverse), whose `EagleDrafter` (SafeAILab EAGLE-1/2 and EAGLE-3 checkpoints as drafters for any
+causal LM target) is also importable from here.
 `vispec_official.py`: the ViSpec authors' checkpoints, in their semantics (`ViSpecDrafter.
 from_pretrained` returns an `OfficialViSpecDrafter` for their layout).
 """
 
+from mmspec.eagle import EagleDrafter
+
 from .config import ViSpecConfig
 from .drafter import ViSpecDrafter
-from .eagle import EagleDrafter
 
 __all__ = ["EagleDrafter", "ViSpecConfig", "ViSpecDrafter"]

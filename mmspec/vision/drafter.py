@@ -11,7 +11,7 @@ builds its KV cache over text tokens plus Q - 1 compressed tokens per image: its
 grow with the number of image tokens. Later rounds append the pairs committed in the previous round.
 Tree nodes only live in a temporary KV list that is dropped after the round; each tree level
 attends through the shared block-sparse layer where that is not slower (off a CPU;
-`tree_attention.py`).
+`mmspec/eagle/tree_attention.py`).
 
 Deliberate differences from the reference code: batch size > 1 (ragged rows, holes in the slot
 layout are masked), M-RoPE positions in the drafter for Qwen2.5-VL, per-image spans for several
@@ -32,14 +32,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
+from mmspec.decoding.dynamic_tree import dynamic_tree
+from mmspec.eagle.tree_attention import level_mask
 
 from .adaptor import VisionAdaptor
 from .config import ViSpecConfig
 from .head import DraftHead
 from .sequence import Entries, decode_entries, prompt_entries
 from .targets import adapter_for, signature_mismatch, target_signature
-from .tree_attention import level_mask
-from mmspec.decoding.dynamic_tree import dynamic_tree
 from .vispec_official import OfficialViSpecDrafter
 
 CONFIG_NAME = "vispec_config.json"

@@ -12,7 +12,8 @@ Compressed image tokens from the vision adaptor skip `fc` and enter the layers d
 
 The first layer has no input RMSNorm (EAGLE). Attention over the drafter's own short sequence
 (text tokens plus one entry per image) is dense SDPA, except over a tree level off a CPU, which
-goes through the shared block-sparse layer (`tree_attention.py` says where each runs and why).
+goes through the shared block-sparse layer (`mmspec/eagle/tree_attention.py` says where each runs
+and why).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmspec.eagle.rope import apply_rope, rope_cos_sin
+from mmspec.eagle.tree_attention import attend
+
 from .config import ViSpecConfig
-from .rope import apply_rope, rope_cos_sin
-from .tree_attention import attend
 
 KV = tuple  # (k, v), each `[B, H, P, Dh]`
 
@@ -109,7 +111,8 @@ class DraftHead(nn.Module):
 
     def forward(self, x, positions, past: list | None, mask):
         """x `[B, N, d]`, positions long `[A, B, N]`, past: per layer (k, v) `[B, H, P, Dh]` or None,
-        mask bool `[B, N, P + N]` or a `BlockSparseMask` (a tree level, `tree_attention.py`) ->
+        mask bool `[B, N, P + N]` or a `BlockSparseMask` (a tree level,
+        `mmspec.eagle.tree_attention`) ->
         (hidden `[B, N, d]`, per-layer new (k, v) `[B, H, N, Dh]`)."""
         cfg = self.cfg
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)

@@ -17,8 +17,8 @@ target layers' hidden states, fused by the head's `fuse` (`ViSpecConfig.feature_
 `--training-time-test` makes the rollouts EAGLE-3's training-time test (`tree_passes`: pass i is
 the draft tree's level at depth i along the gold tokens, its terms weighted 0.8 ** i).
 
-`--arch eagle3` trains an EAGLE-3 drafter instead (`eagle3_train.py`), for a VLM or a text-only
-causal LM target: three target layers' features fused by `fc`, a draft vocabulary of the
+`--arch eagle3` trains an EAGLE-3 drafter instead (`mmspec/eagle/eagle3_train.py`), for a VLM or a
+text-only causal LM target: three target layers' features fused by `fc`, a draft vocabulary of the
 answers' most frequent tokens (`--draft-vocab-size`), and the training-time test (`--rollout-steps`
 passes that feed the drafter its own outputs, EAGLE-3's default 6), with EAGLE-3's loss (the
 feature, tv, rank and ce weights and the noise are ViSpec's and do not apply). It saves in the
@@ -68,13 +68,14 @@ from mmspec.interrupt import Interrupted, run_command
 from mmspec.train_scaffold import (META, RunExists, RunRefused, checkpoint_dirs, linear_schedule,
                                    rates_at_resume, save_swapped, settle)
 
+from mmspec.eagle.checkpoint import check_state, read_config, read_weights
+from mmspec.eagle.drafter import EagleDrafter
+from mmspec.eagle.eagle3_train import (DRAFT_VOCAB_SIZE, PASS_DECAY, ROLLOUT_STEPS, eagle3_loss,
+                                       feature_layers, fit_draft_vocabulary, new_eagle3_drafter,
+                                       target_argmax)
+from mmspec.eagle.speculators import read_speculators
+
 from .drafter import ViSpecDrafter
-from .eagle import EagleDrafter
-from .eagle3_train import (DRAFT_VOCAB_SIZE, PASS_DECAY, ROLLOUT_STEPS, eagle3_loss,
-                           feature_layers, fit_draft_vocabulary, new_eagle3_drafter,
-                           target_argmax)
-from .eagle_checkpoint import check_state, read_config, read_weights
-from .eagle_speculators import read_speculators
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
 
 # a sample is one unpadded row: its attention mask (if a processor returned one) is all ones and is

@@ -14,7 +14,7 @@ what this drafter does, where it differs from mmspec's own `ViSpecDrafter`:
 - positions: 1-D RoPE on slot indices (pair i at position i; a compressed token at the index of
   the pair it replaces), also for Qwen2.5-VL, whose target uses M-RoPE;
 - attention: grouped-query heads when the config's `num_key_value_heads` says so; the
-  layers are EAGLE-1/2 layers (`eagle_head.py`: layer 0 without input norm);
+  layers are EAGLE-1/2 layers (`mmspec/eagle/head.py`: layer 0 without input norm);
 - images: maximal runs of image tokens (back-to-back images are one run, one adaptor call, one
   compressed block and one global vector); a run's pairs are dropped, Q - 1 compressed tokens
   take the positions of its last Q - 1 pairs, and the pairs after a run (up to the next one) get
@@ -23,10 +23,10 @@ what this drafter does, where it differs from mmspec's own `ViSpecDrafter`:
   `inputs_embeds` shifted by one), the root and every later token with the checkpoint's
   `embed_tokens` (the target's when the checkpoint has none; the authors' code would leave it
   random);
-- the input shift, KV cache and tree are EAGLE's (`eagle.py`): entry i pairs the target's last
-  hidden state at slot i with the token at slot i + 1, later rounds feed the previous root and
-  the accepted tokens with their target hidden states, tree nodes their parent's draft output,
-  with the row's last global vector everywhere after the prompt.
+- the input shift, KV cache and tree are EAGLE's (`mmspec/eagle/drafter.py`): entry i pairs the
+  target's last hidden state at slot i with the token at slot i + 1, later rounds feed the
+  previous root and the accepted tokens with their target hidden states, tree nodes their
+  parent's draft output, with the row's last global vector everywhere after the prompt.
 The authors' `specgenerate` builds the image mask only for LLaVA-NeXT and Qwen2.5-VL, so a
 LLaVA-1.5 prompt there runs the text path; their data generation (`ge_data_all_llava_*`) trains
 every LLaVA drafter on the image path, which is what this drafter runs for LLaVA-1.5 too.
@@ -42,12 +42,12 @@ import torch
 from torch import nn
 
 from mmspec.decoding.draft import DraftState
+from mmspec.eagle.checkpoint import check_state, eagle_config, read_config, read_weights
+from mmspec.eagle.drafter import EagleDrafter
+from mmspec.eagle.head import EagleConfig
 
 from .adaptor import VisionAdaptor
 from .config import ViSpecConfig
-from .eagle import EagleDrafter
-from .eagle_checkpoint import check_state, eagle_config, read_config, read_weights
-from .eagle_head import EagleConfig
 from .sequence import prompt_entries
 from .targets import adapter_for
 

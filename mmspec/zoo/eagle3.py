@@ -61,7 +61,7 @@ def export(run: Path, name: str, target_name: str, train_command: str, data: str
            zoo_dir: Path = ZOO_DIR, budget: str | None = None) -> Path:
     """Write `zoo_dir/name` from the training run in `run`; `budget`: why the entry fits the
     zoo's size budget, recorded on the card where given."""
-    from mmspec.vision import EagleDrafter
+    from mmspec.eagle import EagleDrafter
     from mmspec.vision.train import held_out_tau
     from mmspec.zoo.registry import ZOO_TREE, load
     from mmspec.zoo.train_text import staged_export

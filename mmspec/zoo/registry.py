@@ -208,7 +208,7 @@ def _load_eagle3(name: str, directory: Path, card: dict,
                  target: Optional[torch.nn.Module] = None) -> ZooModel:
     """An `EagleDrafter` (EAGLE-3, speculators format without the embedding: the target's) bound
     to `target`, drafting the zoo's CPU tree."""
-    from mmspec.vision import EagleDrafter  # the text zoo loads without the vision stack
+    from mmspec.eagle import EagleDrafter  # lazy: the text zoo loads without the drafter stack
 
     target_dir = directory.parent / card["target"]
     if target is None:

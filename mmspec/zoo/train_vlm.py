@@ -44,7 +44,7 @@ from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedul
                                    refuse_old_format, refuse_other_run, refuse_past_steps,
                                    run_refusals_as_exit, saved_model_state)
 from mmspec.vision import ViSpecDrafter
-from mmspec.vision.eagle3_train import feature_layers
+from mmspec.eagle.eagle3_train import feature_layers
 from mmspec.vision.train import (
     TrainConfig,
     _checkpoint_dirs,

@@ -337,8 +337,8 @@ def test_the_drafter_is_built_once_for_the_warm_up_and_the_timed_run(capsys):
 def test_eagle_and_official_vispec_checkpoints_run_lossless(tmp_path, capsys):
     """eagle:PATH (SafeAILab layout) on the zoo text target, vispec:PATH in the ViSpec authors'
     layout on the zoo VLM: random weights, so only losslessness is asserted."""
-    from tests.vision.test_eagle import _config, eagle1_state
-    from tests.vision.test_eagle import write as write_eagle
+    from tests.eagle.test_drafter import _config, eagle1_state
+    from tests.eagle.test_drafter import write as write_eagle
     from tests.vision.test_vispec_official import official_config, official_state
     from tests.vision.test_vispec_official import write as write_vispec
 

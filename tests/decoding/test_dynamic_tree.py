@@ -1,6 +1,7 @@
 """EAGLE-2 dynamic tree: the kept nodes are the best by cumulative log-probability, as a tree.
 
-One builder serves every tree drafter: `ModelDrafter` here, ViSpec and EAGLE in tests/vision."""
+One builder serves every tree drafter: `ModelDrafter` here, ViSpec and EAGLE in
+tests/vision and tests/eagle."""
 
 import torch
 from spec_helpers import tiny_llama

@@ -8,7 +8,7 @@ from tiny_vlms import no_eos, tiny_llava, tiny_qwen2_5_vl  # noqa: E402
 
 
 # the tiny targets most tests decode with (EOS never sampled); a module's own fixture of the same
-# name replaces them there (test_errors' keeps EOS, test_eagle3_train's is a 4-layer LLaVA)
+# name replaces them there (test_errors' keeps EOS)
 @pytest.fixture(scope="module")
 def llava():
     return no_eos(tiny_llava())

@@ -8,7 +8,7 @@ round's greedy chain equals a re-implementation of the authors' forward written 
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.vision.test_eagle import _rms, _rope, write  # the authors' Llama pieces, shared
+from tests.eagle.test_drafter import _rms, _rope, write  # the authors' Llama pieces, shared
 from tests.vision.tiny_vlms import (
     IMAGE,
     llava_prompt,

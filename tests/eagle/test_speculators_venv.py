@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from mmspec import EagleDrafter
 
-from .test_eagle import _config, eagle3_state, target, write  # noqa: F401
+from .test_drafter import _config, eagle3_state, target, write  # noqa: F401
 
 SPECULATORS = "speculators==0.9.0"  # the release eagle_speculators.py follows
 VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mmspec" / \

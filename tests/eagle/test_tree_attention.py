@@ -4,8 +4,7 @@ authors' layout, in a ragged batch where the target takes one; chains and CPUs s
 
 import pytest
 import torch
-from tests.kernels.test_mask import DeviceReads
-from tests.vision.test_eagle import (
+from tests.eagle.test_drafter import (
     D,
     FFN,
     HEADS,
@@ -18,15 +17,17 @@ from tests.vision.test_eagle import (
     eagle3_state,
     write,
 )
+from tests.kernels.test_mask import DeviceReads
 from tests.vision.test_vispec_official import official_config, official_state
 from tests.vision.tiny_vlms import llava_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec import EagleDrafter, generate
+from mmspec.eagle import drafter as eagle_module
+from mmspec.eagle import tree_attention
 from mmspec.kernels import BlockSparseMask
-from mmspec.vision import ViSpecDrafter, tree_attention
+from mmspec.vision import ViSpecDrafter
 from mmspec.vision import drafter as vispec_module
-from mmspec.vision import eagle as eagle_module
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def llama():
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=FFN,
                       num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                       num_key_value_heads=KV_HEADS, pad_token_id=PAD, bos_token_id=1,
-                      eos_token_id=2)  # test_eagle.py's target: EAGLE-3 reads layers 2, 4, 5
+                      eos_token_id=2)  # test_drafter.py's target: EAGLE-3 reads layers 2, 4, 5
     return LlamaForCausalLM(cfg).eval()
 
 

@@ -3,7 +3,7 @@
     drafter = EagleDrafter.from_pretrained("EAGLE3-LLaMA3.1-Instruct-8B", target, top_k=8)
     out = mmspec.generate(target, drafter, input_ids, max_new_tokens=256)
 
-The head (`eagle_head.py`) follows the reference forward (SafeAILab/EAGLE `cnets1.py`,
+The head (`head.py`) follows the reference forward (SafeAILab/EAGLE `cnets1.py`,
 `cnets.py`, `ea_model.py`, `utils.py`):
 - input shift: draft entry i pairs the target's feature at slot i with the token at slot i + 1 and
   sits at position i (the reference's `input_ids[:, 1:]` against `hidden_states`); its output
@@ -14,7 +14,7 @@ The head (`eagle_head.py`) follows the reference forward (SafeAILab/EAGLE `cnets
 - a tree node feeds its parent's draft output `h` (not the target's feature) with its own token,
   at position root + depth: EAGLE-1/2 through `fc` with the embedding, EAGLE-3 straight into
   `midlayer` (no `fc`);
-- EAGLE-3 features: the target's `hidden_states` entries 2, L // 2, L - 3 (`eagle_checkpoint.py`),
+- EAGLE-3 features: the target's `hidden_states` entries 2, L // 2, L - 3 (`checkpoint.py`),
   the draft vocabulary mapped back with `d2t`.
 The tree is EAGLE-2's dynamic tree (`mmspec.decoding.dynamic_tree`, shared with ViSpec and
 `ModelDrafter`), verified by `mmspec.generate`; each tree level attends through the shared
@@ -23,7 +23,7 @@ block-sparse layer where that is not slower (off a CPU; `tree_attention.py`).
 Deliberate differences from the reference: any batch size (ragged rows, holes of rejected tokens
 masked, positions counted over each row's valid slots), ties in the final node pick broken toward
 the parent (`dynamic_tree.py`), `depth` counts draft levels (the reference's `depth` + 1, as
-everywhere in mmspec), and the checks of `eagle_checkpoint.py`.
+everywhere in mmspec), and the checks of `checkpoint.py`.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ import torch
 from torch import nn
 
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
-
-from .eagle_checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
-from .eagle_head import EagleConfig, EagleHead
-from .eagle_speculators import is_speculators, read_speculators, write_speculators
-from .tree_attention import level_mask
 from mmspec.decoding.dynamic_tree import dynamic_tree
+
+from .checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
+from .head import EagleConfig, EagleHead
+from .speculators import is_speculators, read_speculators, write_speculators
+from .tree_attention import level_mask
 
 
 @dataclass
@@ -75,7 +75,7 @@ class EagleDrafter(nn.Module):
                         total_tokens: int = 60) -> EagleDrafter:
         """Load a SafeAILab EAGLE-1/2 or EAGLE-3 folder (config.json + model.safetensors or
         pytorch_model.bin), or an EAGLE-3 folder in the speculators format (its config.json has
-        `speculators_model_type`; `eagle_speculators.py`), for `target`, in the target's dtype
+        `speculators_model_type`; `speculators.py`), for `target`, in the target's dtype
         and device.
 
         depth: draft levels (the reference's `depth` + 1); top_k: children per frontier node and

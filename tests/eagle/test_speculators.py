@@ -1,5 +1,5 @@
 """EAGLE-3 drafters written in the speculators format and loaded back: the folder's layout, the
-same drafted chain as the authors' forward (`test_eagle.ref_chain`) and greedy output equal to
+same drafted chain as the authors' forward (`test_drafter.ref_chain`) and greedy output equal to
 `target.generate`. The check against the speculators package itself is
 `test_speculators_venv.py` (a separate venv)."""
 
@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from mmspec import EagleDrafter, generate
 
-from .test_eagle import _config, eagle1_state, eagle3_state, ref_chain, target, write  # noqa: F401
+from .test_drafter import (_config, eagle1_state, eagle3_state, ref_chain, target,  # noqa: F401
+                           write)
 
 IDS = torch.tensor([[1, 17, 33, 5, 90, 64, 12, 7]])
 

@@ -1,5 +1,6 @@
-"""Attention of the EAGLE-style draft heads (`head.py`, `eagle_head.py`): tree levels through the
-shared block-sparse layer where it is not slower, everything else through dense SDPA.
+"""Attention of the EAGLE-style draft heads (EAGLE's `head.py`, ViSpec's `mmspec/vision/head.py`):
+tree levels through the shared block-sparse layer where it is not slower, everything else through
+dense SDPA.
 
 A tree level is one `step` of `mmspec.decoding.dynamic_tree`: K frontier nodes per row against the
 draft cache, the nodes of earlier levels and themselves. Each node sees the row's valid cached
@@ -16,7 +17,7 @@ has nothing to skip or costs more than it saves:
 - a frontier of one node per row (`top_k=1`, a chain): one query row per row;
 - every tree level on a CPU or CUDA device for now (`SDPA_DEVICES`, below: measured slower on
   the CPU, unmeasured on a GPU);
-- training (`train.py`, `eagle3_train.py`): it needs gradients, and the shared layer is
+- training (`mmspec.vision.train`, `eagle3_train.py`): it needs gradients, and the shared layer is
   forward-only.
 """
 

@@ -20,11 +20,11 @@ EAGLE-3 (Li et al. 2025; SafeAILab/EAGLE `eagle/model/cnets.py`), for entry i:
 Module and parameter names are the checkpoints' own (`fc`, `layers.N.self_attn.q_proj`,
 `midlayer.hidden_norm`, `d2t`, ...), so a SafeAILab state dict loads without renaming.
 
-Attention is over the drafter's short sequence with an explicit KV prefix, as in `head.py`: dense
-SDPA with a boolean mask, tree levels off a CPU through the shared block-sparse layer
-(`tree_attention.py`). Deliberate differences from the reference code: batched rows with per-row
-masks and positions, and the attention softmax in the input dtype (the reference upcasts
-to fp32; fp32 drafters are identical).
+Attention is over the drafter's short sequence with an explicit KV prefix, as in ViSpec's head
+(`mmspec/vision/head.py`): dense SDPA with a boolean mask, tree levels off a CPU through the shared
+block-sparse layer (`tree_attention.py`). Deliberate differences from the reference code: batched
+rows with per-row masks and positions, and the attention softmax in the input dtype (the reference
+upcasts to fp32; fp32 drafters are identical).
 """
 
 from __future__ import annotations

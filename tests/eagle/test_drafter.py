@@ -308,7 +308,7 @@ def test_batch_with_accepted_tokens_drafts_the_authors_chains(near_bigram_target
 
 @pytest.mark.parametrize("vlm", ["llava", "qwen2_5_vl"])
 def test_vlm_target_greedy_is_the_targets_output(tmp_path, vlm):
-    import tiny_vlms
+    from tests.vision import tiny_vlms
 
     build, prompt = {"llava": (tiny_vlms.tiny_llava, tiny_vlms.llava_prompt),
                      "qwen2_5_vl": (tiny_vlms.tiny_qwen2_5_vl, tiny_vlms.qwen_prompt)}[vlm]

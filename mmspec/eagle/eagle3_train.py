@@ -1,11 +1,11 @@
 """EAGLE-3 training (Li et al. 2025, "EAGLE-3"): the drafter, its draft vocabulary and its loss.
 
-`python -m mmspec.vision.train --arch eagle3` trains an `EagleDrafter` (`eagle_head.py`) online
-against its target with these pieces; the loop, optimiser and checkpoints are `train.py`'s.
+`python -m mmspec.vision.train --arch eagle3` trains an `EagleDrafter` (`head.py`) online
+against its target with these pieces; the loop, optimiser and checkpoints are that trainer's.
 Semantics of SafeAILab/EAGLE `eagle/traineagle3/cnets.py` (`Model.forward`, `scandata`):
 
 - features: the target's hidden states at three layers (`hidden_states` entries 2, L // 2,
-  L - 3, as the reference's patched target hands them over; `eagle_checkpoint.py`) side by side,
+  L - 3, as the reference's patched target hands them over; `checkpoint.py`) side by side,
   fused by `fc` (3d -> d). Entry j pairs the feature of slot j with the token of slot j + 1 at
   position j, and its output predicts the token of slot j + 2 (the drafter's input shift).
 - draft vocabulary: the `draft_vocab_size` most frequent tokens of the supervised tokens (the
@@ -34,9 +34,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .eagle import EagleDrafter
-from .eagle_checkpoint import eagle3_feature_layers
-from .eagle_head import EagleConfig
+from .drafter import EagleDrafter
+from .checkpoint import eagle3_feature_layers
+from .head import EagleConfig
 
 DRAFT_VOCAB_SIZE = 32000  # EAGLE-3 LLaMA-3.1-8B config.json: draft_vocab_size
 ROLLOUT_STEPS = 6  # cnets.py: self.length = 7 passes

@@ -1,19 +1,21 @@
-"""EAGLE-3 training (`eagle3_train.py`, `train.py --arch eagle3`): the draft vocabulary, the
-training-time test equal to the drafter's own tree forward, and a tiny run that trains, saves,
-loads back with `EagleDrafter.from_pretrained` and decodes exactly as `target.generate`."""
+"""EAGLE-3 training (`mmspec/eagle/eagle3_train.py`, `mmspec.vision.train --arch eagle3`): the
+draft vocabulary, the training-time test equal to the drafter's own tree forward, and a tiny run
+that trains, saves, loads back with `EagleDrafter.from_pretrained` and decodes exactly as
+`target.generate`."""
 
 import json
 
 import torch
 import torch.nn.functional as F
-from tiny_vlms import IMAGE, _seeded, _text_config, _vision_config, llava_prompt, no_eos
+from tests.vision.tiny_vlms import (IMAGE, _seeded, _text_config, _vision_config, llava_prompt,
+                                     no_eos)
 from transformers import LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
 import pytest
 from mmspec import EagleDrafter, ViSpecDrafter, generate
 from mmspec.decoding.draft import DraftState
-from mmspec.vision import eagle as eagle_module
-from mmspec.vision.eagle3_train import (
+from mmspec.eagle import drafter as eagle_module
+from mmspec.eagle.eagle3_train import (
     draft_vocabulary,
     feature_layers,
     fit_draft_vocabulary,

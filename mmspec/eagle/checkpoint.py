@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers.activations import ACT2FN
 
-from .eagle_head import EagleConfig
+from .head import EagleConfig
 
 CONFIG_NAME = "config.json"
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
