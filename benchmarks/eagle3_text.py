@@ -47,9 +47,9 @@ from mmspec.zoo.paths import ZOO_DIR
 
 def make_data(path: Path, samples: int, length: int = 64, seed: int = 0) -> None:
     """Training prompts for the EAGLE-3 drafter: `samples` random `length`-token windows of
-    the train split's token stream (`mmspec.zoo.data`), as `.pt` samples for
+    the train split's token stream (`mmspec.zoo.training.data`), as `.pt` samples for
     `python -m mmspec.vision.train --data`."""
-    from mmspec.zoo.data import token_stream
+    from mmspec.zoo.training.data import token_stream
 
     stream = token_stream(zoo.load("text-target").tokenizer, "train")
     starts = torch.randint(0, len(stream) - length, (samples,),

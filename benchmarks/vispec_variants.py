@@ -2,8 +2,9 @@
 ViSpec variant with EAGLE-3's multi-layer features and training-time test, "if it helps τ").
 
 Each `--drafters` entry is a ViSpec drafter for the same `--target`, e.g. the recipes
-`python -m mmspec.zoo.train_vlm vlm-vispec|vlm-vispec-ml|vlm-vispec-ttt|vlm-vispec-e3 --zoo DIR`
-(same prompts, answers, steps, seed and learning rate; `mmspec/zoo/vlm_specs.py`). On the held-out
+`python -m mmspec.zoo.training.train_vlm vlm-vispec|vlm-vispec-shifted|vlm-vispec-ml|vlm-vispec-e3
+--zoo DIR` (same prompts, answers, steps, seed and learning rate;
+`mmspec/zoo/training/vlm_specs.py` and `experiments.py`). On the held-out
 scenes of `benchmarks/vlm.py` (greedy, `--new-tokens`), every drafter drafts in two trees: the
 zoo's chain (`ZOO_TREE`, what the CPU rows use) and ViSpec's own tree (30 tokens, top-8, 4
 levels). τ = tokens per target forward, bonus included, counted with a forward hook; wall time

@@ -20,7 +20,7 @@ convention). Speedup = target-only wall time / the method's, summed over prompts
                              [--zoo DIR --target NAME --vispec NAME --text-drafter NAME
                               --eagle3 NAME --section NAME --title TEXT]   # another entry set
 
-The entry options compare models trained elsewhere (e.g. `python -m mmspec.zoo.train_vlm
+The entry options compare models trained elsewhere (e.g. `python -m mmspec.zoo.training.train_vlm
 vlm-target-p4 --zoo DIR`) without touching the shipped ones; `--section` names the BENCHMARKS.md
 section (and the chart files) so that the shipped models' section stays as it is. Every entry is
 read from `--zoo`: link the shipped `vlm-assistant` into that folder to keep HF's baseline.

@@ -117,7 +117,7 @@ def test_the_command_to_resume_adds_resume_once():
 def test_the_trainers_share_one_scaffold():
     from mmspec.train_scaffold import RunExists
     from mmspec.vision import train as vision_train
-    from mmspec.zoo import train_text, train_video, train_vlm
+    from mmspec.zoo.training import train_text, train_video, train_vlm
 
     assert vision_train.RunExists is RunExists and issubclass(vision_train.ResumeError, RunRefused)
     for module in (train_text, train_video, train_vlm, vision_train):

@@ -224,7 +224,8 @@ class AnswerCache:
     """The answer cache file, `{_key: long [A]}`, the answers of every target it served. New
     answers are saved every `save_every_s` seconds (and by `save`) through `save_atomic`, so an
     interrupted run keeps the answers made so far and a rerun makes only the missing ones (as
-    `mmspec.zoo.distill.target_continuations`). With `path` None it is a plain dict in memory."""
+    `mmspec.zoo.training.distill.target_continuations`). With `path` None it is a plain dict in
+    memory."""
 
     def __init__(self, path: Path | None, save_every_s: float = 120.0, also=()):
         self.path = Path(path) if path is not None else None

@@ -14,8 +14,8 @@ shipped in `assets/zoo/` and loaded with no network.
     inputs = mmspec.zoo.vlm_inputs(vlm.tokenizer, mmspec.zoo.render(seed), "Describe the image.")
     mmspec.generate(vlm.model, vispec.model, **inputs, max_new_tokens=128)
 
-Training recipes: `python -m mmspec.zoo.train_text --help`, `python -m mmspec.zoo.train_vlm --help`,
-`python -m mmspec.zoo.train_video --help`.
+Training lives apart from the loading above, in `mmspec.zoo.training`:
+`python -m mmspec.zoo.training.train_text --help` (and `train_vlm`, `train_video`).
 """
 
 from mmspec.zoo.registry import ZooModel, available, load

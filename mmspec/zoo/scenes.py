@@ -149,7 +149,7 @@ def _draw(draw, kind: str, cx: float, cy: float, r: float, fill) -> None:
         draw.polygon(_polygon(kind, cx, cy, r), fill=fill)
 
 
-# what each vision patch shows (mmspec.zoo.train_vlm's vision pre-training labels)
+# what each vision patch shows (mmspec.zoo.training.train_vlm's vision pre-training labels)
 PATCH_COLOURS = tuple(dict.fromkeys((*COLOURS, *BACKGROUNDS)))  # 8 shape + 2 background-only
 NO_SHAPE = len(SHAPES)  # the kind label of a patch that shows no shape
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from mmspec.zoo.data import eval_windows, token_stream
 from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.tokenizer import load_tokenizer
+from mmspec.zoo.training.data import eval_windows, token_stream
 
 
 @pytest.fixture(scope="session")

@@ -25,9 +25,9 @@ def test_heldout_texts_are_python():
 
 def test_token_stream_cache_follows_the_texts(tmp_path, monkeypatch):
     # keyed by the tokenizer only, another Python's stdlib reused the old stream (and card counts)
-    from mmspec.zoo import data
     from mmspec.zoo.paths import ZOO_DIR
     from mmspec.zoo.tokenizer import load_tokenizer
+    from mmspec.zoo.training import data
 
     tokenizer = load_tokenizer(ZOO_DIR / "text-tokenizer")
     monkeypatch.setattr(data, "read_texts", lambda split: ["def f():\n    return 1\n"])

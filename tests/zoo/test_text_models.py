@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import mmspec.zoo
-from mmspec.zoo.objectives import causal_lm_loss, masked_prediction_loss
+from mmspec.zoo.training.objectives import causal_lm_loss, masked_prediction_loss
 from tests.zoo.eagle3_entry import load_bound_eagle3
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 import mmspec.zoo
 from mmspec.interrupt import run_command
 from mmspec.video_dit import DraftAttentionConfig, apply_draft_attention, remove_draft_attention
-from mmspec.zoo import train_video
 from mmspec.zoo.clips import COLOURS, clip_batch, make_clip
+from mmspec.zoo.training import train_video
 from mmspec.zoo.video_pipeline import PixelWanPipeline
 
 SIZE = dict(num_frames=4, height=32, width=32)
@@ -194,7 +194,7 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, in
     ckpt = tmp_path / "b" / "video-dit" / "ckpt"
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"interrupted: video-dit saved at step 2 of 3 in {ckpt}; resume: python -m "
-        f"mmspec.zoo.train_video {shlex.join(argv)} --resume")
+        f"mmspec.zoo.training.train_video {shlex.join(argv)} --resume")
     assert torch.load(ckpt / "trainer.pt", weights_only=True)["step"] == 2
     monkeypatch.setattr(train_video, "flow_matching_loss", real_loss)
     with pytest.raises(SystemExit, match="--resume"):
@@ -215,7 +215,7 @@ def test_training_runs_and_resumes_to_the_same_weights(tmp_path, monkeypatch, in
 
 
 def test_init_from_fine_tunes_the_committed_weights(tmp_path, monkeypatch):
-    from mmspec.zoo import committed
+    from mmspec.zoo.training import committed
 
     def run(out, *extra):
         train_video.main(["--micro", "--save-every-s", "0", "--out",

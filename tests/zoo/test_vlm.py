@@ -15,8 +15,8 @@ import mmspec
 import mmspec.zoo
 from mmspec.interrupt import run_command
 from mmspec.vision import ViSpecDrafter
-from mmspec.zoo import train_vlm
 from mmspec.zoo.paths import ZOO_DIR
+from mmspec.zoo.training import train_vlm
 from tests.zoo.eagle3_entry import load_bound_eagle3
 from mmspec.zoo.scenes import (
     HELDOUT_START,
@@ -30,9 +30,9 @@ from mmspec.zoo.scenes import (
     question_answer,
     render,
 )
-from mmspec.zoo.vlm_data import image_word_loss, scene_batch, train_seeds, word_ids
+from mmspec.zoo.training.vlm_data import image_word_loss, scene_batch, train_seeds, word_ids
+from mmspec.zoo.training.vlm_specs import SPECS, DrafterSpec, VLMSpec
 from mmspec.zoo.vlm_processor import load_processor
-from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
 
 VLM = ("vlm-assistant", "vlm-eagle3", "vlm-target", "vlm-text-drafter", "vlm-vispec")
 FRESH = range(HELDOUT_START + 20_000, HELDOUT_START + 20_006)  # in no card's slice
@@ -140,7 +140,7 @@ def test_held_out_tau_matches_the_card(target, name):
     # as export_drafter measures it: the saved tree, the card's held-out slice
     from mmspec.vision.train import held_out_tau
     from mmspec.zoo.cards import read_card
-    from mmspec.zoo.vlm_data import heldout_seeds
+    from mmspec.zoo.training.vlm_data import heldout_seeds
 
     card = read_card(ZOO_DIR / name)
     drafter = ViSpecDrafter.from_pretrained(ZOO_DIR / name, target.model).eval()
@@ -223,7 +223,7 @@ def test_the_training_script_resumes_to_the_same_weights(tmp_path, monkeypatch,
     ckpt = tmp_path / "b" / "vlm-micro" / "ckpt"
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"interrupted: vlm-micro saved at step 2 of 4 in {ckpt}; resume: python -m "
-        f"mmspec.zoo.train_vlm {shlex.join(argv)} --resume")
+        f"mmspec.zoo.training.train_vlm {shlex.join(argv)} --resume")
     assert torch.load(ckpt / "trainer.pt", weights_only=True)["step"] == 2
     monkeypatch.setattr(train_vlm, "answer_loss", real_loss)
     resumed = _run(tmp_path, "b", "--resume")
@@ -515,7 +515,7 @@ def test_a_cut_short_vision_pretraining_stage_resumes_to_the_same_weights(tmp_pa
     stage = tmp_path / "b" / "vlm-micro"
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"interrupted: vlm-micro vision tower saved at step 2 of 4 in {stage / 'vision-ckpt'}; "
-        f"resume: python -m mmspec.zoo.train_vlm {shlex.join(argv)} --resume")
+        f"resume: python -m mmspec.zoo.training.train_vlm {shlex.join(argv)} --resume")
     assert not (stage / "vision.pt").exists()
     assert torch.load(stage / "vision-ckpt" / "trainer.pt", weights_only=True)["step"] == 2
     with pytest.raises(SystemExit, match="vision-ckpt exists: pass --resume to continue it"):
@@ -651,7 +651,7 @@ def test_precomputed_answers_are_the_ones_training_reads(target, tmp_path, monke
     # train_vlm fills mmspec.vision.train's answer cache in batches; a key that differs from
     # the trainer's would make it recompute every answer one by one
     from mmspec.vision.train import target_answers
-    from mmspec.zoo.train_vlm import drafter_samples, precompute_answers
+    from mmspec.zoo.training.train_vlm import drafter_samples, precompute_answers
 
     samples = drafter_samples(target.tokenizer, [7, 8])
     cache = tmp_path / "answers.pt"
@@ -671,7 +671,7 @@ def test_precomputed_answers_stop_where_the_target_alone_stops(target, tmp_path,
     # `row == eos` with a list of EOS ids (as many real checkpoints have), or none, is a Python
     # bool: `.nonzero()` raised AttributeError
     from mmspec.vision.train import target_answers
-    from mmspec.zoo.train_vlm import drafter_samples, precompute_answers
+    from mmspec.zoo.training.train_vlm import drafter_samples, precompute_answers
 
     monkeypatch.setattr(target.model.generation_config, "eos_token_id", eos)
     samples = drafter_samples(target.tokenizer, range(7, 15))  # 2 prompt lengths: 2 batches
@@ -685,7 +685,7 @@ def test_precomputed_answers_stop_where_the_target_alone_stops(target, tmp_path,
 
 
 def test_interrupted_precomputed_answers_are_kept_and_resumed(target, tmp_path, monkeypatch):
-    from mmspec.zoo.train_vlm import drafter_samples, precompute_answers
+    from mmspec.zoo.training.train_vlm import drafter_samples, precompute_answers
 
     samples = drafter_samples(target.tokenizer, range(7, 15))  # batches of 6 and 2 prompts
     precompute_answers(target.model, samples, 8, tmp_path / "straight.pt")

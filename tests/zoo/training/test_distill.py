@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mmspec.zoo import distill
-from mmspec.zoo.objectives import diffusion_noise
+from mmspec.zoo.training import distill
+from mmspec.zoo.training.objectives import diffusion_noise
 
 
 @pytest.fixture(scope="module")

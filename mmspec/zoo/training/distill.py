@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.atomic import save_atomic
-from mmspec.zoo.data import random_windows
-from mmspec.zoo.objectives import masked_diffusion_loss
+from mmspec.zoo.training.data import random_windows
+from mmspec.zoo.training.objectives import masked_diffusion_loss
 
 
 @torch.no_grad()

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mmspec.zoo.bidirectional import make_bidirectional
-from mmspec.zoo.objectives import causal_lm_loss, diffusion_noise, masked_diffusion_loss
-from mmspec.zoo.specs import TextModelSpec
-from mmspec.zoo.train_text import build_model
+from mmspec.zoo.training.objectives import causal_lm_loss, diffusion_noise, masked_diffusion_loss
+from mmspec.zoo.training.specs import TextModelSpec
+from mmspec.zoo.training.train_text import build_model
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
             steps=20, seq_len=64)
@@ -81,7 +81,7 @@ def test_init_from_a_missing_checkpoint_fails_loudly(tokenizer, tmp_path):
 
 
 def test_masked_prediction_block_must_leave_a_clean_token():
-    from mmspec.zoo.objectives import masked_prediction_loss
+    from mmspec.zoo.training.objectives import masked_prediction_loss
 
     with pytest.raises(ValueError, match=r"block must be in \[1, 8\) for windows of 8 tokens, "
                                          r"got 8"):

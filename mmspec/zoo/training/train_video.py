@@ -1,19 +1,19 @@
 """Train the video zoo entry `video-dit`: a tiny Wan DiT on synthetic moving-shape clips.
 
-    python -m mmspec.zoo.train_video                  # about 40 min on one CPU thread
-    python -m mmspec.zoo.train_video --steps 2 --micro --out /tmp/x --assets /tmp/zoo   # smoke
+    python -m mmspec.zoo.training.train_video       # about 40 min on one CPU thread
+    python -m mmspec.zoo.training.train_video --steps 2 --micro --out /tmp/x --assets /tmp/z
 
-Rectified flow matching in pixel space (see `video_model.py` for the choices), on several grids:
-step s trains on grid s mod len(--grids), each with its own batch (`GRIDS`: about as many
-tokens a step on each), so the model works at every size its card lists (RoPE alone does not
+Rectified flow matching in pixel space (see `mmspec/zoo/video_model.py` for the choices), on
+several grids: step s trains on grid s mod len(--grids), each with its own batch (`GRIDS`: about as
+many tokens a step on each), so the model works at every size its card lists (RoPE alone does not
 carry a DiT trained on one grid to another: 9 frames of 64x64 gave dark noise). Seeded and
 resumable (`mmspec.train_scaffold`): transformer, optimizer, scheduler, step and losses go to the
 folder `out/zoo/video-dit/ckpt/` every `--save-every-s` seconds and at the end; `--resume`
 continues from there (the batch of step s is drawn from a generator seeded by s, so a resumed run
-sees the same data). At the end the weights
-are written as one fp16 `model.safetensors` (keys `transformer.*`, `text_encoder.*`) with the
-configs, the tokenizer and a card whose held-out loss is measured on the shipped fp16 weights,
-staged beside the entry folder and swapped in whole (`train_text.staged_export`).
+sees the same data). At the end the weights are written as one fp16 `model.safetensors` (keys
+`transformer.*`, `text_encoder.*`) with the configs, the tokenizer and a card whose held-out loss
+is measured on the shipped fp16 weights, staged beside the entry folder and swapped in whole
+(`train_text.staged_export`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from mmspec.interrupt import run_command
 from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_old_format, refuse_other_run, run_refusals_as_exit)
 from mmspec.zoo.cards import write_card
-from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.clips import HELDOUT_SEED, clip_batch
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.registry import video_parts
-from mmspec.zoo.train_text import staged_export
+from mmspec.zoo.training.committed import committed_card, committed_state, load_committed
+from mmspec.zoo.training.train_text import staged_export
 from mmspec.zoo.video_model import (
     VideoModelSpec,
     build_text_encoder,
@@ -45,7 +45,7 @@ from mmspec.zoo.video_model import (
     encode_prompts,
 )
 
-MODULE = "mmspec.zoo.train_video"  # the `python -m` name a card records
+MODULE = "mmspec.zoo.training.train_video"  # the `python -m` name a card records
 
 NAME = "video-dit"
 EVAL_CLIPS = 16  # held-out clips HELDOUT_SEED + i the card reports and tests/zoo re-measures
@@ -268,8 +268,8 @@ def _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args, hel
             "heldout_loss_by_grid": {k: round(v, 4) for k, v in held.items()},
             "heldout_note": f"flow-matching loss on {EVAL_CLIPS} held-out clips, noise and t from "
                             f"Generator(1234), fp16 weights as shipped "
-                            f"(mmspec.zoo.train_video.heldout_loss); heldout_loss is the first "
-                            f"grid's",
+                            f"(mmspec.zoo.training.train_video.heldout_loss); heldout_loss is "
+                            f"the first grid's",
             "wall_time_s": round(elapsed, 3),
             "threads": args.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
@@ -282,7 +282,7 @@ def _card(spec, grids, text_encoder, losses, elapsed, steps, n_params, args, hel
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_video", description=__doc__,
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=positive_int, default=600)
     parser.add_argument("--grids", type=parse_grid, nargs="+", default=None,

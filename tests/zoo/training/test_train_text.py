@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 import mmspec.zoo
 from mmspec.interrupt import run_command
-from mmspec.zoo import train_text
-from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import load_tokenizer
+from mmspec.zoo.training import train_text
+from mmspec.zoo.training.specs import SPECS, TextModelSpec
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
             steps=6, seq_len=32, batch_size=2, warmup=2)
@@ -83,7 +83,7 @@ def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_
     assert card["kind"] == "diffusion-lm" and card["conventions"]["shift"] is True
     assert results["wall_time_s"] > 0 and results["final_train_loss"] > 0
     assert results["heldout_masked_block16_loss"] > 0
-    assert card["command"] == "python -m mmspec.zoo.train_text tiny-dlm --out " \
+    assert card["command"] == "python -m mmspec.zoo.training.train_text tiny-dlm --out " \
         f"{tiny_zoo / 'a'} --save-every-s 0"
     ar_card = json.loads((tiny_zoo / "zoo" / "tiny-ar" / "card.json").read_text())
     assert ar_card["results"]["heldout_loss"] > 0 and ar_card["dtype"] == "float16"
@@ -98,7 +98,7 @@ def test_cards_carry_measured_figures_and_the_dlm_starts_from_the_ar_model(tiny_
 
 def _committed(monkeypatch, directory):
     """`--init-from REV:DIR` reads `git show REV:DIR/<file>`; here DIR's files on disk."""
-    from mmspec.zoo import committed
+    from mmspec.zoo.training import committed
 
     monkeypatch.setattr(committed, "git_show", lambda ref, name: (directory / name).read_bytes())
 
@@ -149,7 +149,7 @@ def test_distill_trains_on_the_targets_continuations(tiny_zoo, monkeypatch):
 
 
 def test_a_bad_init_from_ref_names_itself(capsys):
-    from mmspec.zoo.committed import git_show
+    from mmspec.zoo.training.committed import git_show
 
     with pytest.raises(ValueError, match="init_from 'HEAD:assets/zoo/no-such-entry': git cannot"):
         git_show("HEAD:assets/zoo/no-such-entry", "card.json")

@@ -5,11 +5,10 @@ from, and the new card records the ref and that entry's own card."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from mmspec.zoo.paths import REPO_ROOT
 
 
 def git_show(ref: str, name: str) -> bytes:
@@ -18,7 +17,8 @@ def git_show(ref: str, name: str) -> bytes:
         raise ValueError(f"init_from must be '<git rev>:<entry dir>', e.g. "
                          f"'HEAD:assets/zoo/text-dlm', got {ref!r}")
     rev, entry = ref.split(":", 1)
-    done = subprocess.run(["git", "show", f"{rev}:{entry}/{name}"], capture_output=True, cwd=REPO)
+    done = subprocess.run(["git", "show", f"{rev}:{entry}/{name}"], capture_output=True,
+                          cwd=REPO_ROOT)
     if done.returncode:
         raise ValueError(f"init_from {ref!r}: git cannot show {rev}:{entry}/{name}: "
                          f"{done.stderr.decode().strip()}")

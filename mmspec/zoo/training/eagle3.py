@@ -2,7 +2,7 @@
 entry (kind `eagle3`): fp16, without the embedding (the target's, as SafeAILab's EAGLE-3
 checkpoints leave it out), with a model card measured here.
 
-    python -m mmspec.zoo.eagle3 out/e3/vlm-eagle3 --name vlm-eagle3 --target vlm-target \\
+    python -m mmspec.zoo.training.eagle3 out/e3/vlm-eagle3 --name vlm-eagle3 --target vlm-target \\
         --train-command "python -m mmspec.vision.train --arch eagle3 ..." \\
         --data "1200 training scenes ..."
 
@@ -10,7 +10,7 @@ The card's figures: the final training loss (mean of the run's last 100 steps, i
 the training wall time (first to last logged step), the held-out τ the run measured, and a
 held-out τ of the shipped fp16 weights in the zoo's CPU tree (`registry.ZOO_TREE`) on prompts
 never trained on: for a VLM target the held-out scenes (`vlm_data.heldout_seeds`), for a text
-target 256-token windows of the held-out split's token stream (`mmspec.zoo.data`).
+target 256-token windows of the held-out split's token stream (`mmspec.zoo.training.data`).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def run_log(run: Path) -> tuple[list, list]:
 def held_out_prompts(target_entry, n: int) -> list:
     """`n` samples never trained on, for the card's tau."""
     if target_entry.card["kind"] == "vlm":
-        from mmspec.zoo.train_vlm import drafter_samples
-        from mmspec.zoo.vlm_data import heldout_seeds
+        from mmspec.zoo.training.train_vlm import drafter_samples
+        from mmspec.zoo.training.vlm_data import heldout_seeds
 
         return drafter_samples(target_entry.tokenizer, heldout_seeds(n))
-    from mmspec.zoo.data import token_stream
+    from mmspec.zoo.training.data import token_stream
 
     stream = token_stream(target_entry.tokenizer, "heldout")
     step = (len(stream) - 256) // n
@@ -64,7 +64,7 @@ def export(run: Path, name: str, target_name: str, train_command: str, data: str
     from mmspec.eagle import EagleDrafter
     from mmspec.vision.train import held_out_tau
     from mmspec.zoo.registry import ZOO_TREE, load
-    from mmspec.zoo.train_text import staged_export
+    from mmspec.zoo.training.train_text import staged_export
 
     target_entry = load(target_name, zoo_dir)
     target = target_entry.model
@@ -125,7 +125,8 @@ def export(run: Path, name: str, target_name: str, train_command: str, data: str
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m mmspec.zoo.eagle3", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m mmspec.zoo.training.eagle3",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="the --out folder of the training run")
     p.add_argument("--name", required=True, help="the zoo entry to write (e.g. vlm-eagle3)")

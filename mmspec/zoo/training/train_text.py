@@ -1,8 +1,8 @@
 """Train the text zoo: the shared tokenizer, the AR target, the AR drafter and the Dream-style
 diffusion drafter, on the Python standard library's source.
 
-    python -m mmspec.zoo.train_text tokenizer
-    python -m mmspec.zoo.train_text text-target      # then text-drafter, then text-dlm
+    python -m mmspec.zoo.training.train_text tokenizer
+    python -m mmspec.zoo.training.train_text text-target  # then text-drafter, then text-dlm
 
 Seeded and resumable (`mmspec.train_scaffold`): model, optimizer, scheduler and step go to the
 folder `out/zoo/<name>/ckpt/` every `--save-every-s` seconds, and a rerun of the same command
@@ -36,16 +36,17 @@ from mmspec.train_scaffold import (TrainLoop, command, cosine_schedule, read_met
                                    run_refusals_as_exit)
 from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
-from mmspec.zoo.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.corpus import read_texts, source_files
-from mmspec.zoo.data import eval_windows, random_windows, token_stream
-from mmspec.zoo.distill import continuation_loss
-from mmspec.zoo.objectives import causal_lm_loss, masked_diffusion_loss, masked_prediction_loss
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
-from mmspec.zoo.specs import SPECS, TextModelSpec
 from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
+from mmspec.zoo.training.committed import committed_card, committed_state, load_committed
+from mmspec.zoo.training.data import eval_windows, random_windows, token_stream
+from mmspec.zoo.training.distill import continuation_loss
+from mmspec.zoo.training.objectives import (causal_lm_loss, masked_diffusion_loss,
+                                            masked_prediction_loss)
+from mmspec.zoo.training.specs import SPECS, TextModelSpec
 
-MODULE = "mmspec.zoo.train_text"  # the `python -m` name a card records
+MODULE = "mmspec.zoo.training.train_text"  # the `python -m` name a card records
 
 TOKENIZER_DIR = ZOO_DIR / "text-tokenizer"
 EVAL_WINDOWS = 16  # the fixed held-out slice the card reports and tests/zoo re-measures
@@ -120,8 +121,8 @@ def make_optimizer(model, spec: TextModelSpec) -> torch.optim.AdamW:
 def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: int,
              continuations: torch.Tensor | None = None, prefix_len: int = 0) -> dict:
     """Held-out figures (nats/token) on `windows` `[N, L]`, in batches of 8; with
-    `continuations` `[M, P + n]` (`mmspec.zoo.distill`), also how well the model predicts the
-    target's greedy tokens after the first P: next-token CE (causal), or the CE of the first
+    `continuations` `[M, P + n]` (`mmspec.zoo.training.distill`), also how well the model predicts
+    the target's greedy tokens after the first P: next-token CE (causal), or the CE of the first
     DRAFT_BLOCK (at most n) of them masked at once after the clean prefix (diffusion, the
     drafting use)."""
     model.eval()
@@ -157,7 +158,7 @@ def evaluate(spec: TextModelSpec, model, windows: torch.Tensor, mask_token_id: i
 def distill_data(args, tok, stream: torch.Tensor, split: str) -> torch.Tensor:
     """`--distill N`: N train windows (held out: DISTILL_HELDOUT) of `--distill-prefix` corpus
     tokens, each followed by `--distill-new` greedy tokens of the shipped DISTILL_TARGET."""
-    from mmspec.zoo.distill import target_continuations
+    from mmspec.zoo.training.distill import target_continuations
 
     target = Qwen2ForCausalLM.from_pretrained(str(ZOO_DIR / DISTILL_TARGET), dtype=torch.float32)
     n = args.distill if split == "train" else DISTILL_HELDOUT
@@ -359,8 +360,8 @@ def _card(spec, tok, losses, elapsed, args, n_params, mask_id, results, size_mb)
             "final_train_loss": round(sum(tail) / len(tail), 4),
             "final_train_loss_note": "mean of the last 50 steps (nats/token)",
             **{k: round(v, 4) for k, v in results.items()},
-            "heldout_slice": f"mmspec.zoo.data.eval_windows(heldout stream, {spec.seq_len}, "
-                             f"{EVAL_WINDOWS}); fp16 weights as shipped",
+            "heldout_slice": f"mmspec.zoo.training.data.eval_windows(heldout stream, "
+                             f"{spec.seq_len}, {EVAL_WINDOWS}); fp16 weights as shipped",
             "wall_time_s": round(elapsed, 3),
             "threads": args.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs (shared)",
@@ -377,7 +378,7 @@ def _fine_tune_card(args) -> dict:
         card["distill"] = {
             "data": f"{args.distill} windows of {args.distill_prefix} train-split tokens, each "
                     f"followed by {args.distill_new} greedy tokens of the shipped text-target "
-                    f"(mmspec.zoo.distill.target_continuations, seed {args.seed})",
+                    f"(mmspec.zoo.training.distill.target_continuations, seed {args.seed})",
             "loss": "on the target's tokens only (the corpus prefix is clean context); see "
                     "objective",
             "block_share": args.distill_block_share,
@@ -389,7 +390,7 @@ def _fine_tune_card(args) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_text", description=__doc__,
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=["tokenizer", *SPECS])
     parser.add_argument("--steps", type=positive_int, default=None,
@@ -407,7 +408,7 @@ def main(argv=None) -> None:
                         help="fine-tune from a committed entry, e.g. HEAD:assets/zoo/text-dlm")
     parser.add_argument("--distill", type=int, default=0, metavar="N",
                         help="train on N greedy continuations of the shipped text-target "
-                             "(mmspec.zoo.distill), scoring the continuation only")
+                             "(mmspec.zoo.training.distill), scoring the continuation only")
     parser.add_argument("--distill-prefix", type=int, default=224)
     parser.add_argument("--distill-new", type=int, default=32)
     parser.add_argument("--distill-block-share", type=float, default=0.0,

@@ -2,10 +2,10 @@
 target, a text-only assistant (HF assisted generation's baseline), and the ViSpec drafter with its
 text-only ablation.
 
-    python -m mmspec.zoo.train_vlm tokenizer
-    python -m mmspec.zoo.train_vlm vlm-target          # a 1000-step fine-tune: ~35 min, 1 thread
-    python -m mmspec.zoo.train_vlm vlm-assistant       # ~5 min
-    python -m mmspec.zoo.train_vlm vlm-vispec          # then vlm-text-drafter; need vlm-target
+    python -m mmspec.zoo.training.train_vlm tokenizer
+    python -m mmspec.zoo.training.train_vlm vlm-target     # a 1000-step fine-tune: ~35 min
+    python -m mmspec.zoo.training.train_vlm vlm-assistant  # ~5 min
+    python -m mmspec.zoo.training.train_vlm vlm-vispec     # then vlm-text-drafter; need vlm-target
 
 Seeded and resumable: the state goes to `out/zoo/<name>/` every `--save-every-s` seconds (the
 drafters: every 100 steps, by `mmspec.vision.train`) and `--resume` continues from there (batches
@@ -39,12 +39,12 @@ import torch
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
 from mmspec.atomic import save_atomic, write_text_atomic
+from mmspec.eagle.eagle3_train import feature_layers
 from mmspec.interrupt import run_command
 from mmspec.train_scaffold import (RunExists, TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_old_format, refuse_other_run, refuse_past_steps,
                                    run_refusals_as_exit, saved_model_state)
 from mmspec.vision import ViSpecDrafter
-from mmspec.eagle.eagle3_train import feature_layers
 from mmspec.vision.train import (
     TrainConfig,
     _checkpoint_dirs,
@@ -54,7 +54,6 @@ from mmspec.vision.train import (
     train,
 )
 from mmspec.zoo.cards import write_card
-from mmspec.zoo.committed import committed_card, git_show
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
 from mmspec.zoo.scenes import (
     HELDOUT_START,
@@ -68,8 +67,9 @@ from mmspec.zoo.scenes import (
     question_answer,
     render_scene,
 )
-from mmspec.zoo.train_text import staged_export
-from mmspec.zoo.vlm_data import (
+from mmspec.zoo.training.committed import committed_card, git_show
+from mmspec.zoo.training.train_text import staged_export
+from mmspec.zoo.training.vlm_data import (
     answer_loss,
     heldout_seeds,
     image_word_loss,
@@ -77,10 +77,10 @@ from mmspec.zoo.vlm_data import (
     train_seeds,
     word_ids,
 )
+from mmspec.zoo.training.vlm_specs import SPECS, DrafterSpec, VLMSpec
 from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
-from mmspec.zoo.vlm_specs import SPECS, DrafterSpec, VLMSpec
 
-MODULE = "mmspec.zoo.train_vlm"  # the `python -m` name a card records
+MODULE = "mmspec.zoo.training.train_vlm"  # the `python -m` name a card records
 
 PROCESSOR_DIR = ZOO_DIR / "vlm-processor"
 TOKENIZER_SEEDS = range(20_000)
@@ -452,7 +452,7 @@ def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, 
                         "eos_token_id": processor.tokenizer.eos_token_id,
                         "pad_token_id": processor.tokenizer.pad_token_id},
         "objective": OBJECTIVE + (f" + {spec.image_word_loss} x image-word loss "
-                                  f"(mmspec.zoo.objectives.image_word_loss)"
+                                  f"(mmspec.zoo.training.objectives.image_word_loss)"
                                   if spec.image_word_loss else ""),
         "data": DATA_CARD,
         "results": {
@@ -462,7 +462,7 @@ def _model_card(spec: VLMSpec, cls, processor, losses, elapsed, args, n_params, 
                                                 "with the held-out answer loss"
                                                 if spec.image_word_loss else "") + ")",
             **results,
-            "heldout_slice": f"mmspec.zoo.vlm_data.heldout_seeds({HELDOUT_SCENES}); fp16 "
+            "heldout_slice": f"mmspec.zoo.training.vlm_data.heldout_seeds({HELDOUT_SCENES}); fp16 "
                              "weights as shipped",
             "colour_accuracy_slice": f"seeds {HELDOUT_START + 10_000}-"
                                      f"{HELDOUT_START + 10_000 + COLOUR_SCENES - 1}, exact match",
@@ -606,7 +606,7 @@ def _drafter_card(spec: DrafterSpec, shipped, losses, cfg, elapsed, answers_s, a
                  "prompts": f"{spec.samples} training scenes (seeds {DRAFTER_SEEDS}-"
                             f"{DRAFTER_SEEDS + spec.samples - 1}), 80% description questions; "
                             f"answers: {spec.target}'s own greedy answers",
-                 "held_out": f"mmspec.zoo.vlm_data.heldout_seeds({spec.held_out})"},
+                 "held_out": f"mmspec.zoo.training.vlm_data.heldout_seeds({spec.held_out})"},
         "results": {
             "final_train_loss": round(sum(tail) / len(tail), 4),
             "final_train_loss_note": "mean of the last 100 steps (mmspec.vision.train's loss)",
@@ -626,7 +626,7 @@ def _drafter_card(spec: DrafterSpec, shipped, losses, cfg, elapsed, answers_s, a
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.train_vlm", description=__doc__,
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=["tokenizer", *SPECS])
     parser.add_argument("--steps", type=positive_int, default=None,
