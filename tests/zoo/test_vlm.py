@@ -30,6 +30,7 @@ from mmspec.zoo.scenes import (
     question_answer,
     render,
 )
+from mmspec.zoo.training.experiments import EXPERIMENTS
 from mmspec.zoo.training.vlm_data import image_word_loss, scene_batch, train_seeds, word_ids
 from mmspec.zoo.training.vlm_specs import SPECS, DrafterSpec, VLMSpec
 from mmspec.zoo.vlm_processor import load_processor
@@ -715,7 +716,17 @@ def test_interrupted_precomputed_answers_are_kept_and_resumed(target, tmp_path, 
 
 def test_a_drafter_spec_names_its_features():
     # any other word fed the target's three layers in silently (only "last" was checked)
-    assert SPECS["vlm-vispec-e3"].features == "eagle3" and SPECS["vlm-vispec"].features == "last"
+    assert EXPERIMENTS["vlm-vispec-e3"].features == "eagle3"
+    assert SPECS["vlm-vispec"].features == "last"
     with pytest.raises(ValueError, match=r"DrafterSpec x: features must be 'last' or 'eagle3', "
                                          r"got 'eagle-3'"):
         DrafterSpec("x", text_only=False, steps=1, features="eagle-3")
+
+
+def test_the_registry_ships_the_recipes_with_weights_and_the_trainer_takes_the_experiments_too():
+    shipped = set(mmspec.zoo.available())
+    assert set(SPECS) <= shipped and not set(EXPERIMENTS) & shipped
+    assert train_vlm.recipes() == {**SPECS, **EXPERIMENTS} and not set(SPECS) & set(EXPERIMENTS)
+    with pytest.raises(SystemExit) as done:  # an experiment is a name the command line takes
+        train_vlm.main(["vlm-vispec-e3", "--help"])
+    assert done.value.code == 0  # argparse's exit for an unknown name is 2

@@ -77,6 +77,7 @@ from mmspec.zoo.training.vlm_data import (
     train_seeds,
     word_ids,
 )
+from mmspec.zoo.training.experiments import EXPERIMENTS
 from mmspec.zoo.training.vlm_specs import SPECS, DrafterSpec, VLMSpec
 from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
 
@@ -323,8 +324,14 @@ def colour_accuracy(model, processor, n: int, seeds=None) -> float:
     return right / n
 
 
+def recipes() -> dict:
+    """Every recipe `main` trains, by name: the shipped entries' (`vlm_specs.SPECS`) and the
+    experiments without shipped weights (`experiments.EXPERIMENTS`)."""
+    return {**SPECS, **EXPERIMENTS}
+
+
 def cmd_train(args) -> None:
-    spec = SPECS[args.model]
+    spec = recipes()[args.model]
     if args.steps is not None:
         spec = VLMSpec(**{**spec.__dict__, "steps": args.steps})
     torch.set_num_threads(args.threads)
@@ -526,7 +533,7 @@ def refuse_other_drafter_run(out_dir: Path, run: dict, steps: int) -> None:
 def cmd_drafter(args) -> None:
     from mmspec.zoo.registry import load
 
-    spec: DrafterSpec = SPECS[args.model]
+    spec: DrafterSpec = recipes()[args.model]
     steps = args.steps if args.steps is not None else spec.steps
     torch.set_num_threads(args.threads)
     target_entry = load(spec.target, Path(args.zoo))
@@ -628,7 +635,7 @@ def _drafter_card(spec: DrafterSpec, shipped, losses, cfg, elapsed, answers_s, a
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", choices=["tokenizer", *SPECS])
+    parser.add_argument("model", choices=["tokenizer", *recipes()])
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="override the spec's step count")
     parser.add_argument("--seed", type=int, default=0)
@@ -645,14 +652,14 @@ def main(argv=None) -> None:
                         help="drafters: training scenes, whose answers the target computes "
                              "first (default: the spec's, 2400 for the shipped drafters)")
     args = parser.parse_args(argv)
-    if args.samples is not None and not isinstance(SPECS.get(args.model), DrafterSpec):
+    if args.samples is not None and not isinstance(recipes().get(args.model), DrafterSpec):
         parser.error(f"--samples: only drafters take it (their training scenes); {args.model} "
                      f"is not a drafter")
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.model == "tokenizer":
         cmd_tokenizer(args)
     else:  # mmspec.vision.train's refusals (ResumeError) are the scaffold's too
-        run_refusals_as_exit(cmd_drafter if isinstance(SPECS[args.model], DrafterSpec)
+        run_refusals_as_exit(cmd_drafter if isinstance(recipes()[args.model], DrafterSpec)
                              else cmd_train, args)
 
 

@@ -149,29 +149,5 @@ SPECS = {
                     training_time_test=True),
         DrafterSpec("vlm-text-drafter", text_only=True, steps=5000, samples=2400,
                     rollout_steps=6, training_time_test=True),
-        # experiment (23 Nov), not shipped: ViSpec's premise needs many image tokens per image,
-        # so the same LLaVA at patch 4 (256 image tokens instead of 64), trained in one stage
-        # (tower pre-trained then frozen, colour questions and the image-word loss from the
-        # start), and both drafters on it with the shipped drafters' recipe
-        VLMSpec("vlm-target-p4", hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
-                intermediate_size=576, steps=1000, patch_size=4, lr=1.5e-3, warmup=50,
-                vision_pretrain_steps=2000, freeze_vision=True, colour_share=0.5,
-                image_word_loss=0.3,
-                drafters=("vlm-vispec-p4", "vlm-text-drafter-p4", "vlm-assistant")),
-        DrafterSpec("vlm-vispec-p4", text_only=False, steps=5000, samples=2400,
-                    target="vlm-target-p4"),
-        DrafterSpec("vlm-text-drafter-p4", text_only=True, steps=5000, samples=2400,
-                    target="vlm-target-p4"),
-        # experiment (26 Nov, issue 30): vlm-vispec's recipe with ViSpec's own shifted rollout
-        # (shipped until then), with EAGLE-3's multi-layer features, or with both of EAGLE-3's
-        # pieces; only the training-time test helped tau (BENCHMARKS.md `vispec_variants`)
-        DrafterSpec("vlm-vispec-shifted", text_only=False, steps=5000, samples=2400),
-        DrafterSpec("vlm-vispec-ml", text_only=False, steps=5000, samples=2400,
-                    features="eagle3"),
-        DrafterSpec("vlm-vispec-e3", text_only=False, steps=5000, samples=2400,
-                    features="eagle3", rollout_steps=6, training_time_test=True),
-        # ViSpec's own ablation point 17q (16 compressed tokens per image instead of 1)
-        DrafterSpec("vlm-vispec-p4-17q", text_only=False, steps=5000, samples=2400,
-                    target="vlm-target-p4", num_queries=17),
     )
 }
