@@ -1,7 +1,7 @@
 """The VLM zoo's processor: a small byte-level BPE trained on the scene texts, an `<image>` token and
 a LLaVA-1.5 chat template, wrapped with a 64x64 CLIP image processor as a `LlavaProcessor`.
 
-    processor = train_processor(texts)           # tokenizer training + the wrapper
+    processor = train_processor(texts)           # mmspec.zoo.training.tokenizer
     processor.save_pretrained(path); LlavaProcessor.from_pretrained(path)   # offline round trip
     inputs = vlm_inputs(processor, image, "Describe the image.")   # input_ids, attention_mask,
                                                                     # pixel_values, chat-templated
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
 
 from mmspec.zoo.scenes import IMAGE_SIZE
@@ -39,29 +38,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(texts + ["USER: ASSISTANT:"], trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS,
-                                   eos_token=EOS, extra_special_tokens={"image_token": IMAGE})
-
-
 def make_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
     images = CLIPImageProcessorPil(size={"shortest_edge": IMAGE_SIZE},
                                    crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=PATCH_SIZE,
                           vision_feature_select_strategy="default", image_token=IMAGE,
                           num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
-
-
-def train_processor(texts: list[str]) -> LlavaProcessor:
-    return make_processor(train_tokenizer(texts))
 
 
 def load_processor(path) -> LlavaProcessor:

@@ -62,7 +62,7 @@ def test_greedy_settings_equal_target_generate(target, plain, name):
 
 
 def test_stop_strings_stop_where_target_generate_stops():
-    from mmspec.zoo.tokenizer import train_tokenizer
+    from mmspec.zoo.training.tokenizer import train_tokenizer
 
     tok = train_tokenizer(["the cat sat on the mat. the dog ate the hat; a cat, a dog."] * 4,
                           vocab_size=280)

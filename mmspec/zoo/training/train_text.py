@@ -38,13 +38,14 @@ from mmspec.zoo.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.corpus import read_texts, source_files
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int
-from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer, train_tokenizer
+from mmspec.zoo.tokenizer import MASK_TOKEN, load_tokenizer
 from mmspec.zoo.training.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.training.data import eval_windows, random_windows, token_stream
 from mmspec.zoo.training.distill import continuation_loss
 from mmspec.zoo.training.objectives import (causal_lm_loss, masked_diffusion_loss,
                                             masked_prediction_loss)
 from mmspec.zoo.training.specs import SPECS, TextModelSpec
+from mmspec.zoo.training.tokenizer import train_tokenizer
 
 MODULE = "mmspec.zoo.training.train_text"  # the `python -m` name a card records
 

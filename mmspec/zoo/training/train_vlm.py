@@ -68,6 +68,8 @@ from mmspec.zoo.scenes import (
     render_scene,
 )
 from mmspec.zoo.training.committed import committed_card, git_show
+from mmspec.zoo.training.experiments import EXPERIMENTS
+from mmspec.zoo.training.tokenizer import train_processor
 from mmspec.zoo.training.train_text import staged_export
 from mmspec.zoo.training.vlm_data import (
     answer_loss,
@@ -77,9 +79,8 @@ from mmspec.zoo.training.vlm_data import (
     train_seeds,
     word_ids,
 )
-from mmspec.zoo.training.experiments import EXPERIMENTS
 from mmspec.zoo.training.vlm_specs import SPECS, DrafterSpec, VLMSpec
-from mmspec.zoo.vlm_processor import load_processor, train_processor, vlm_inputs
+from mmspec.zoo.vlm_processor import load_processor, vlm_inputs
 
 MODULE = "mmspec.zoo.training.train_vlm"  # the `python -m` name a card records
 
