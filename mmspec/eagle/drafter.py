@@ -38,6 +38,7 @@ from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from mmspec.decoding.dynamic_tree import dynamic_tree
 
 from .checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
+from .draft_kv import TreeKV, append_kv
 from .head import EagleConfig, EagleHead
 from .speculators import is_speculators, read_speculators, write_speculators
 from .tree_attention import level_mask
@@ -159,9 +160,7 @@ class EagleDrafter(nn.Module):
             if cache.kv:
                 mask = torch.cat([cache.valid[:, None, :].expand(b, n, -1), mask], 2)
             hidden, new_kv = self.head(x, embeds, positions, cache.kv or None, mask)
-            cache.kv = new_kv if not cache.kv else [
-                (torch.cat([ok, nk], 2), torch.cat([ov, nv], 2))
-                for (ok, ov), (nk, nv) in zip(cache.kv, new_kv)]
+            cache.kv = append_kv(cache.kv, new_kv)
             cache.valid = torch.cat([cache.valid, entry_valid], 1)
             cache.num_slots = state.input_ids.shape[1]
             root_feature = hidden[torch.arange(b, device=x.device), last]  # [B, d]
@@ -218,25 +217,17 @@ class EagleDrafter(nn.Module):
     def _tree_step(self, root_pos: torch.Tensor):
         """The `step` of `dynamic_tree`: frontier nodes over the draft cache + tree nodes."""
         cache = self._cache
-        tree_kv: list = []
+        tree_kv = TreeKV(cache.kv)
 
         def step(tokens, features, depth, ancestors):
             b, k = tokens.shape
             x, embeds = self._node_inputs(tokens, features)
-            past = [(torch.cat([ck] + ([tree_kv[i][0]] if tree_kv else []), 2),
-                     torch.cat([cv] + ([tree_kv[i][1]] if tree_kv else []), 2))
-                    for i, (ck, cv) in enumerate(cache.kv)]
             eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
             attends = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
             mask = level_mask(attends)  # the shared block-sparse layer where not slower
             positions = (root_pos[:, None] + depth).expand(b, k)
-            hidden, new_kv = self.head(x, embeds, positions, past, mask)
-            for i, (nk, nv) in enumerate(new_kv):
-                if len(tree_kv) <= i:
-                    tree_kv.append((nk, nv))
-                else:
-                    tree_kv[i] = (torch.cat([tree_kv[i][0], nk], 2),
-                                  torch.cat([tree_kv[i][1], nv], 2))
+            hidden, new_kv = self.head(x, embeds, positions, tree_kv.past(), mask)
+            tree_kv.add(new_kv)
             return self.head.draft_logits(hidden, self.lm_head_weight), hidden
 
         return step

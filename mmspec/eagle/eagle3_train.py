@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from .drafter import EagleDrafter
 from .checkpoint import eagle3_feature_layers
+from .draft_kv import append_kv
 from .head import EagleConfig
 
 DRAFT_VOCAB_SIZE = 32000  # EAGLE-3 LLaMA-3.1-8B config.json: draft_vocab_size
@@ -164,9 +165,8 @@ def training_passes(drafter: EagleDrafter, features: torch.Tensor, tokens: torch
         embeds = drafter.embed_weight[tokens[:, i: i + n]].to(x.dtype)  # [B, n, d]
         # keys: pass 0's entries up to j, then entry j of each later pass (its ancestors)
         mask = torch.cat([causal] + [eye] * i, 1).expand(b, n, (i + 1) * n)
-        x, ((k, v),) = head(x, embeds, (entry + i).expand(b, n), past, mask)
-        past = [(k, v) if past is None else (torch.cat([past[0][0], k], 2),
-                                             torch.cat([past[0][1], v], 2))]
+        x, new_kv = head(x, embeds, (entry + i).expand(b, n), past, mask)
+        past = append_kv(past, new_kv)
         outputs.append(x)  # the next pass feeds each entry its own output (a node's input)
     return outputs
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
+from .draft_kv import extend
 from .rope import apply_rope, rope_cos_sin
 from .tree_attention import attend
 
@@ -98,9 +99,7 @@ class EagleAttention(nn.Module):
         k, v = (p(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
                 for p in (self.k_proj, self.v_proj))  # [B, Hkv, N, Dh]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2),
-                                                    torch.cat([past[1], v], 2))
-        out = attend(q, keys, values, mask)  # [B, H, N, Dh]
+        out = attend(q, *extend(past, k, v), mask)  # [B, H, N, Dh]
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), (k, v)
 
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from mmspec.decoding.dynamic_tree import dynamic_tree
+from mmspec.eagle.draft_kv import TreeKV, append_kv
 from mmspec.eagle.tree_attention import level_mask
 
 from .adaptor import VisionAdaptor
@@ -283,9 +284,7 @@ class ViSpecDrafter(nn.Module):
             entries = self._new_entries(state)
             cache = self._cache
             hidden, new_kv = self.run(entries, cache.kv or None, cache.valid if cache.kv else None)
-            cache.kv = new_kv if not cache.kv else [
-                (torch.cat([ok, nk], 2), torch.cat([ov, nv], 2))
-                for (ok, ov), (nk, nv) in zip(cache.kv, new_kv)]
+            cache.kv = append_kv(cache.kv, new_kv)
             cache.valid = torch.cat([cache.valid, entries.valid], 1)
             cache.num_slots = state.input_ids.shape[1]
             cache.root_positions = self.adapter.root_positions(state.position_ids)
@@ -329,7 +328,7 @@ class ViSpecDrafter(nn.Module):
     def _tree_step(self):
         """The `step` of `dynamic_tree`: frontier entries over the draft cache + tree entries."""
         cache = self._cache
-        tree_kv: list = []
+        tree_kv = TreeKV(cache.kv)
 
         def step(tokens, features, depth, ancestors):
             b, k = tokens.shape
@@ -337,19 +336,12 @@ class ViSpecDrafter(nn.Module):
                                  cache.global_vecs[:, None].expand(b, k, -1),
                                  torch.zeros_like(features),
                                  torch.zeros(b, k, dtype=torch.bool, device=tokens.device))
-            past = [(torch.cat([ck] + ([tree_kv[i][0]] if tree_kv else []), 2),
-                     torch.cat([cv] + ([tree_kv[i][1]] if tree_kv else []), 2))
-                    for i, (ck, cv) in enumerate(cache.kv)]
             eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
             attends = torch.cat([cache.valid[:, None, :].expand(b, k, -1), ancestors, eye], 2)
             mask = level_mask(attends)  # the shared block-sparse layer where not slower
             positions = (cache.root_positions + depth).expand(-1, -1, k)
-            hidden, new_kv = self.head(x, positions, past, mask)
-            for i, (nk, nv) in enumerate(new_kv):
-                if len(tree_kv) <= i:
-                    tree_kv.append((nk, nv))
-                else:
-                    tree_kv[i] = (torch.cat([tree_kv[i][0], nk], 2), torch.cat([tree_kv[i][1], nv], 2))
+            hidden, new_kv = self.head(x, positions, tree_kv.past(), mask)
+            tree_kv.add(new_kv)
             return self.logits(hidden), hidden
 
         return step

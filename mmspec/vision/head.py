@@ -22,12 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmspec.eagle.draft_kv import KV, extend
 from mmspec.eagle.rope import apply_rope, rope_cos_sin
 from mmspec.eagle.tree_attention import attend
 
 from .config import ViSpecConfig
-
-KV = tuple  # (k, v), each `[B, H, P, Dh]`
 
 
 class HeadAttention(nn.Module):
@@ -49,8 +48,7 @@ class HeadAttention(nn.Module):
         q, k, v = (p(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
                    for p in (self.q_proj, self.k_proj, self.v_proj))  # [B, H, N, Dh]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        out = attend(q, keys, values, mask)  # [B, H, N, Dh]
+        out = attend(q, *extend(past, k, v), mask)  # [B, H, N, Dh]
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), (k, v)
 
 
