@@ -1,5 +1,5 @@
 """Fine-tunes start from a committed zoo entry, `<git rev>:<entry dir>` (e.g.
-`3744183:assets/zoo/text-dlm`), read with `git show`: the run may overwrite the entry it started
+`HEAD~1:assets/zoo/text-dlm`), read with `git show`: the run may overwrite the entry it started
 from, and the new card records the ref and that entry's own card."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The text zoo's model specs: one frozen dataclass per shipped model.
 
 Sizes were picked so each recipe fits its share of the CPU budget of the project's 2-core
-machines (on 2 threads: target 59 min, AR drafter 17 min, DLM 12 min) and the three fit in ~21 MB
-as fp16, which with the VLM (~12 MB) and video (~2 MB) models keeps the zoo under its 40 MB.
+machines (each card records its run's wall time) and the three fit in ~21 MB as fp16, which with
+the VLM (~12 MB) and video (~2 MB) models keeps the zoo under its 40 MB.
 """
 
 from __future__ import annotations
@@ -59,17 +59,15 @@ SPECS = {
     s.name: s
     for s in (
         # 8.3M parameters (16.6 MB as fp16), the largest round size the 40 MB zoo leaves room for
-        # beside the VLM and video models; ~1.2 s per step on 2 threads: 3000 steps x 8 x 256 =
-        # 6.1M tokens in 59 min. (Sessions 1-6 shipped a 192x4 target of 2.5M parameters.)
+        # beside the VLM and video models: 3000 steps x 8 x 256 = 6.1M tokens
         TextModelSpec("text-target", "causal", hidden_size=320, num_layers=6, num_heads=5,
                       num_kv_heads=1, intermediate_size=960, steps=3000, lr=1.5e-3, warmup=100,
                       drafters=("text-drafter", "text-dlm", "text-eagle3")),
-        # 5000 steps = 10.2M tokens (1.1 epochs) in ~17 min on 2 threads. (Sessions 1-6 shipped
-        # 450 steps, 0.9M tokens: enough next to the 2.5M target, 1.8 nats behind the 8.3M one.)
+        # 5000 steps = 10.2M tokens (1.1 epochs): a drafter trained for a tenth of that falls far
+        # behind a target of this size (the card's `attempts`)
         TextModelSpec("text-drafter", "causal", hidden_size=128, num_layers=2, num_heads=2,
                       num_kv_heads=1, intermediate_size=384, steps=5000),
         # Dream recipe: start from the AR drafter's weights, then adapt to masked diffusion
-        # (~12 min on 2 threads)
         TextModelSpec("text-dlm", "diffusion", hidden_size=128, num_layers=2, num_heads=2,
                       num_kv_heads=1, intermediate_size=384, steps=3000, lr=1e-3,
                       init_from="text-drafter"),

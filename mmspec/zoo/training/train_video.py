@@ -1,6 +1,6 @@
 """Train the video zoo entry `video-dit`: a tiny Wan DiT on synthetic moving-shape clips.
 
-    python -m mmspec.zoo.training.train_video       # about 40 min on one CPU thread
+    python -m mmspec.zoo.training.train_video       # under an hour on one CPU thread
     python -m mmspec.zoo.training.train_video --steps 2 --micro --out /tmp/x --assets /tmp/z
 
 Rectified flow matching in pixel space (see `mmspec/zoo/video_model.py` for the choices), on

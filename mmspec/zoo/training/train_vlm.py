@@ -3,8 +3,8 @@ target, a text-only assistant (HF assisted generation's baseline), and the ViSpe
 text-only ablation.
 
     python -m mmspec.zoo.training.train_vlm tokenizer
-    python -m mmspec.zoo.training.train_vlm vlm-target     # a 1000-step fine-tune: ~35 min
-    python -m mmspec.zoo.training.train_vlm vlm-assistant  # ~5 min
+    python -m mmspec.zoo.training.train_vlm vlm-target     # a 1000-step fine-tune
+    python -m mmspec.zoo.training.train_vlm vlm-assistant
     python -m mmspec.zoo.training.train_vlm vlm-vispec     # then vlm-text-drafter; need vlm-target
 
 Seeded and resumable: the state goes to `out/zoo/<name>/` every `--save-every-s` seconds (the
@@ -196,18 +196,15 @@ def pretrain_vision(model, spec: VLMSpec, processor, ckpt_dir: Path, resume: boo
     `ckpt_dir/vision.pt` (a resumed run reuses it).
 
     The loop is the scaffold's (`TrainLoop`, as every trainer's): batches of 32 scenes drawn by
-    the step, warm-up of 50 steps, then the zoo's cosine down to 10% (`cosine_schedule`; the
-    figures below were measured with a linear decay to 10% before the stage moved onto it), a
+    the step, warm-up of 50 steps, then the zoo's cosine down to 10% (`cosine_schedule`), a
     checkpoint `ckpt_dir/vision-ckpt/` every `save_every_s` seconds and on Ctrl-C, which
     `resume` continues (`resume_command` is printed to do so).
 
-    Measured (22 Nov, 2 threads, 1500 steps of 32 scenes, 6 min): patch colour 0.997, shape kind
-    on shape patches 0.805 (rising from 0.26 at step 400: shape kinds are what the end-to-end
-    tower fails to learn). Trained on further with the LM it helped nothing (300-step pilot); kept
-    frozen (`VLMSpec.freeze_vision`) it did: 1500 colour-question steps reached 0.93 colour
-    accuracy on one-shape scenes, against 0.33 end to end; multi-shape scenes stayed at 0.2
-    (vlm-target card `attempts`). The shipped vlm-target: 4000 steps (15 min on 2 threads, shape
-    kind 0.984), then frozen under the LM's 500 steps."""
+    Why: shape kinds are what an end-to-end tower fails to learn, and this stage teaches them.
+    Trained on further with the LM the pre-trained tower helped nothing; kept frozen
+    (`VLMSpec.freeze_vision`) it lifted the colour accuracy on one-shape scenes well above the
+    end-to-end tower's, while multi-shape scenes stayed weak (the figures: vlm-target card
+    `attempts`)."""
     tower = model.model.vision_tower
     path = ckpt_dir / "vision.pt"
     patch = tower.config.patch_size

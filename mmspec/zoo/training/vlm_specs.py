@@ -1,12 +1,10 @@
 """The VLM zoo's model specs: one frozen dataclass per shipped model.
 
-Sizes were measured on the project's shared 2-core machines: the target (~4.3M params) took
-~2.5-5 s per step of 16 scenes trained end to end on one thread (500 steps, 29 min); with its
-tower frozen, 1.3 s per step on two threads (500 steps, 11 min, after a 15-min tower stage); the
-shipped fine-tune of that model with the image-word loss, ~2.1 s per step on one thread of a
-loaded machine (1000 steps, 35 min). It is
-deep rather than wide because a tiny model's decode step is dominated by per-layer overhead, and
-the ViSpec head is one layer: depth buys the drafter its speed-up ratio.
+Sizes were picked so that each recipe trains in well under an hour on one or two threads of the
+project's shared 2-core machines (each card records its run's wall time). The target is deep
+rather than wide because a tiny model's decode step is dominated by per-layer overhead, and the
+ViSpec head is one layer: depth buys the drafter its speed-up ratio. The recipes tried and not
+shipped are `experiments.py`'s.
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ class VLMSpec:
     vision_hidden: int = 128
     vision_layers: int = 3
     # image tokens per image: (IMAGE_SIZE / patch_size)^2, 64 at 8. Patch 4 gives 256, nearer
-    # LLaVA's 576 (ViSpec's case); measured on 2 threads (22 Nov): a tower step of 32 scenes
-    # 0.6 s, an LM step of 16 scenes ~3 s (prompt 266 tokens): ~3x the patch-8 cost
+    # LLaVA's 576 (ViSpec's case), at about three times the training cost
     patch_size: int = PATCH_SIZE
     batch_size: int = 16
     lr: float = 1e-3  # small models tolerate a high peak LR; cosine decay to 10%
@@ -123,12 +120,12 @@ class DrafterSpec:
 SPECS = {
     s.name: s
     for s in (
-        # shipped (23 Nov): a fine-tune of the 50c0e3b target (CLIP tower pre-trained alone 4000
-        # steps on patch colour / shape-kind labels, then frozen under 500 LM steps: held-out loss
-        # 0.296; its card is kept in this card's `init_from`). Half the scenes ask a colour
-        # question and every image token learns to read as its patch's words: held-out loss
-        # 0.113, the colour of a lone shape 30/30, colours in scenes of several kinds still weak.
-        # Everything tried on colour binding, and why it was not shipped, is in `attempts`.
+        # a fine-tune of the committed target named in `init_from` (CLIP tower pre-trained alone
+        # on patch colour / shape-kind labels, then frozen under the LM's steps; its card is kept
+        # in this card's `init_from`). Half the scenes ask a colour question and every image
+        # token learns to read as its patch's words, so the target names the colour of a lone
+        # shape; colours in scenes of several kinds stay weak. Everything tried on colour
+        # binding, and why it was not shipped, is in the card's `attempts`.
         VLMSpec("vlm-target", hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
                 intermediate_size=576, steps=1000, lr=1e-3, warmup=20,
                 init_from="50c0e3b:assets/zoo/vlm-target", freeze_vision=True,
@@ -137,14 +134,11 @@ SPECS = {
         # HF assisted-generation baseline: same tokenizer, sees the prompt's <image> tokens as text
         VLMSpec("vlm-assistant", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                 intermediate_size=384, steps=500, vision_layers=0),
-        # one thread: the target's answers to the 2400 prompts take ~8 min (cached, shared by
-        # both), then 5000 steps of one scene each ~8 min (8-12 steps/s), ~16 min with the
-        # training-time test (~5 steps/s). 600 prompts x 1000 steps (22 Nov) left both
-        # undertrained, the text-only one more so: benchmark tau 6.19 / 5.89 vs 8.23 / 8.23
-        # here (vlm-vispec card `attempts`)
-        # both with EAGLE-3's training-time test since 26 Nov (issue 30): on the zoo chain it
-        # drafted tau 7.99 against 7.04 for ViSpec's shifted rollout, the same recipe otherwise
-        # (two seeds each, BENCHMARKS.md `vispec_variants`; the old recipe is vlm-vispec-shifted)
+        # the target's answers to the 2400 prompts are computed once (cached, shared by both);
+        # fewer prompts and steps left both undertrained, the text-only one more so (vlm-vispec
+        # card `attempts`). Both train with EAGLE-3's training-time test, which raised tau on
+        # the zoo chain over ViSpec's shifted rollout, the same recipe otherwise (two seeds each,
+        # BENCHMARKS.md `vispec_variants`; the old recipe is experiments.py's vlm-vispec-shifted)
         DrafterSpec("vlm-vispec", text_only=False, steps=5000, samples=2400, rollout_steps=6,
                     training_time_test=True),
         DrafterSpec("vlm-text-drafter", text_only=True, steps=5000, samples=2400,
