@@ -12,8 +12,8 @@ folder), `speculators.py` (vLLM's `speculators` format, read and written), `eagl
 (EAGLE-3's drafter, draft vocabulary and loss for `python -m mmspec.vision.train --arch eagle3`).
 Shared with ViSpec's head (`mmspec.vision`, which builds on this room; this room imports nothing
 from it): `rope.py` (1-D / M-RoPE), `tree_attention.py` (draft-tree levels through the shared
-block-sparse layer), `draft_kv.py` (the draft KV cache and a round's tree nodes). The EAGLE-2 dynamic tree is
-`mmspec.decoding.dynamic_tree`, shared with `ModelDrafter`.
+block-sparse layer), `draft_kv.py` (the draft KV cache and a round's tree nodes). The EAGLE-2
+dynamic tree is `mmspec.decoding.dynamic_tree`, shared with `ModelDrafter`.
 """
 
 from .drafter import EagleDrafter
