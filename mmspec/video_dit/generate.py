@@ -415,7 +415,9 @@ def check_images(pipe, jobs: list[dict], indices) -> None:
             raise SystemExit(problem)
 
 
-def generate_one(pipe, prompt: str, index: int, args, state, device, image=None) -> dict:
+def _pipeline_call(pipe, prompt: str, index: int, args, image=None) -> dict:
+    """The pipeline's keyword arguments for prompt `index`: the seed, this script's options where
+    the pipeline takes them, `--pipeline-kwargs`; SystemExit naming an option it cannot take."""
     call = {"prompt": prompt, "output_type": "np",
             "generator": torch.Generator(device="cpu").manual_seed(args.seed + index)}
     takes = inspect.signature(type(pipe).__call__).parameters
@@ -454,6 +456,13 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
         if key not in takes:
             raise SystemExit(f"--pipeline-kwargs: {type(pipe).__name__} takes no {key!r}")
         call[key] = value
+    _check_true_cfg(pipe, args, call, takes)
+    return call
+
+
+def _check_true_cfg(pipe, args, call: dict, takes) -> None:
+    """--true-cfg-scale and --negative-prompt only where the pipeline uses them (HunyuanVideo
+    would ignore a negative prompt without true CFG, and true CFG without a negative prompt)."""
     if args.true_cfg_scale is not None and "true_cfg_scale" not in takes:
         raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} has no true CFG; use "
                          f"--guidance")
@@ -465,14 +474,20 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
     if (args.true_cfg_scale or 1.0) > 1.0 and "true_cfg_scale" in takes and not negative:
         raise SystemExit(f"--true-cfg-scale: {type(pipe).__name__} uses it only with "
                          f"--negative-prompt (true CFG against the negative prompt)")
-    step_ends = []
+
+
+@contextmanager
+def _step_marks(pipe, call: dict, device):
+    """Within: the time of the transformer's first forward (the denoising loop's start) and of
+    each step's end, appended to the two lists it yields. A step ends at the pipeline's step
+    callback, set in `call`, or where it takes none at `scheduler.step`."""
+    takes = inspect.signature(type(pipe).__call__).parameters
+    step_ends, first_call = [], []
 
     def on_step_end(pipeline, step, timestep, kwargs):
         _sync(device)
         step_ends.append(time.perf_counter())
         return {}
-
-    first_call = []  # the denoising loop starts at the transformer's first forward
 
     def on_first_forward(module, args):
         if not first_call:
@@ -495,17 +510,26 @@ def generate_one(pipe, prompt: str, index: int, args, state, device, image=None)
 
         scheduler.step = step
         wrapped = True
-    if state is not None:
-        state.reset()
-    _sync(device)
-    start = time.perf_counter()
     try:
-        frames = pipe(**call).frames[0]  # [F, H, W, 3] in [0, 1]
+        yield first_call, step_ends
     finally:
         if hook is not None:
             hook.remove()
         if wrapped:
             del scheduler.step
+
+
+def generate_one(pipe, prompt: str, index: int, args, state, device, image=None) -> dict:
+    """Prompt `index` through `pipe`: its frames `[F, H, W, 3]` in [0, 1], the call's seconds
+    (setup: prompt encoding and latents; each step's; decode: the VAE) and DraftAttention's
+    density (None for dense attention)."""
+    call = _pipeline_call(pipe, prompt, index, args, image)
+    with _step_marks(pipe, call, device) as (first_call, step_ends):
+        if state is not None:
+            state.reset()
+        _sync(device)
+        start = time.perf_counter()
+        frames = pipe(**call).frames[0]  # [F, H, W, 3] in [0, 1]
     _sync(device)
     seconds = time.perf_counter() - start
     # step 0 from the first forward: prompt encoding and latent set-up are not a step's time
@@ -553,26 +577,11 @@ def run_settings(args, config) -> dict:
             "config": _config_settings(config)}
 
 
-def main(argv=None) -> int:
-    from accelerate import PartialState
-    from PIL import Image
-    from tqdm.auto import tqdm
-
-    args = parse_args(argv)
-    try:
-        jobs = read_jobs(args.prompts)
-    except (FileNotFoundError, ValueError) as err:  # each names --prompts
-        raise SystemExit(str(err)) from None
-    prompts = [job["prompt"] for job in jobs]
-    config = config_from_args(args)
-    # cpu=True on a machine without CUDA: accelerate then sees torchrun's processes (else one)
-    dist = PartialState(cpu=not torch.cuda.is_available())
-    if args.out.exists() and not args.out.is_dir():
-        raise SystemExit(f"--out {args.out} is a file; give a folder")
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(json.dumps(run_settings(args, config)))  # as the JSONs hold them
+def plan_jobs(args, jobs: list[dict], settings: dict) -> list[int]:
+    """The indices of the prompts left to make: a prompt whose JSON is in `--out` is done, if the
+    same prompt and settings made it (SystemExit otherwise: a resume never mixes runs)."""
     todo = []
-    for i, prompt in enumerate(prompts):
+    for i, job in enumerate(jobs):
         done = args.out / f"{i:04d}.json"
         if not done.exists():
             todo.append(i)
@@ -584,29 +593,24 @@ def main(argv=None) -> int:
                              f"({err}); delete it to redo that prompt") from None
         # JSONs of older versions lack some settings (all of them, or fps): those pass
         differ = ", ".join(settings_differ(
-            {"prompt": prompt, "image": jobs[i]["image"], **settings},
+            {"prompt": job["prompt"], "image": job["image"], **settings},
             {"prompt": old.get("prompt"), "image": old.get("image"), **old.get("settings", {})}))
         if differ:  # resuming must never mix runs or label one as the other
             raise SystemExit(f"--out {args.out}: {done.name} was made by another prompt or "
                              f"settings ({differ}); use a new --out, or delete it to redo it")
-    degree = args.context_parallel
-    mesh = context_parallel_mesh(dist, degree) if degree > 1 else None
-    # a group of `degree` processes makes each of its videos together; its first one writes
-    group, writer = dist.process_index // degree, dist.process_index % degree == 0
-    mine = _share(todo, dist.num_processes // degree, group)
-    skipped = len(prompts) - len(todo)
-    if dist.is_main_process and skipped:
-        print(f"resuming: {skipped} of {len(prompts)} prompts already done in {args.out}")
-    if not mine:
-        return 0
+    return todo
 
+
+def prepare_pipeline(args, config, device, mesh):
+    """(the pipeline of `--model` placed on `device`, split over `mesh` when given, with
+    DraftAttention applied for `config` and compiled as asked; DraftAttention's state or None)."""
     try:
         pipe = load_pipeline(args.model, _DTYPES[args.dtype])
     except (OSError, ValueError) as err:  # no such folder or hub id, or not a pipeline
         where = "" if Path(args.model).is_dir() else " (no such folder; tried as a hub id)"
         raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
                          f"{str(err).strip().splitlines()[0]}") from None
-    place_pipeline(pipe, dist.device, args.cpu_offload, args.vae_tiling)
+    place_pipeline(pipe, device, args.cpu_offload, args.vae_tiling)
     if mesh is not None:
         enable_context_parallel(pipe, mesh)
     # one bar per job, the prompts': the pipeline's own bar of steps nested under it wrote a line
@@ -619,59 +623,107 @@ def main(argv=None) -> int:
         raise SystemExit(f"--model {args.model}: {message}") from None
     if args.compile is not None:
         compile_blocks(pipe, args.compile)
+    return pipe, state
+
+
+def _generate_or_exit(pipe, index: int, job: dict, args, state, device) -> dict:
+    """`generate_one`, with a tile too large for the grid or the pipeline's refusal as one line."""
+    try:
+        return generate_one(pipe, job["prompt"], index, args, state, device, job["image"])
+    except TileTooLarge as err:  # the grid is checked at the first forward
+        flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
+            "query_tile") else ("--tile", args.tile)
+        raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
+                         f"tokens of --height, --width and --frames)") from None
+    except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
+        raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
+                         f"{str(err).strip().splitlines()[0]}") from None
+
+
+def write_video(pipe, index: int, job: dict, result: dict, run: dict, dist) -> None:
+    """`NNNN.mp4`, its first frame `NNNN.png`, then atomically `NNNN.json` (settings, timings,
+    density), which marks the prompt finished. `run`: args, settings and config."""
+    from PIL import Image
+
+    args, settings, config = run["args"], run["settings"], run["config"]
+    stem = args.out / f"{index:04d}"
+    frames = to_uint8(result["frames"])
+    write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
+    Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
+    record = {
+        "index": index, "prompt": job["prompt"], "image": job["image"],
+        "settings": settings,
+        "seed": args.seed + index,
+        "model": settings["model"], "attention": "dense" if config is None else "draft",
+        "config": _config_settings(config),
+        # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
+        "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
+        "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
+        "density": result["density"], "frames": int(frames.shape[0]),
+        "height": int(frames.shape[1]), "width": int(frames.shape[2]),
+        "device": str(dist.device), "process": dist.process_index,
+        "processes": dist.num_processes, "context_parallel": ulysses_degree(pipe),
+        "dtype": args.dtype, "torch": torch.__version__,
+        "compile": args.compile,  # the first prompt compiled in its first steps
+        "cpu_offload": args.cpu_offload,
+    }
+    # last, and atomically: a JSON marks the prompt finished
+    write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+
+
+def _finished(out: Path, count: int) -> int:
+    return sum((out / f"{i:04d}.json").exists() for i in range(count))
+
+
+def main(argv=None) -> int:
+    from accelerate import PartialState
+    from tqdm.auto import tqdm
+
+    args = parse_args(argv)
+    try:
+        jobs = read_jobs(args.prompts)
+    except (FileNotFoundError, ValueError) as err:  # each names --prompts
+        raise SystemExit(str(err)) from None
+    config = config_from_args(args)
+    # cpu=True on a machine without CUDA: accelerate then sees torchrun's processes (else one)
+    dist = PartialState(cpu=not torch.cuda.is_available())
+    if args.out.exists() and not args.out.is_dir():
+        raise SystemExit(f"--out {args.out} is a file; give a folder")
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = json.loads(json.dumps(run_settings(args, config)))  # as the JSONs hold them
+    todo = plan_jobs(args, jobs, settings)
+    degree = args.context_parallel
+    mesh = context_parallel_mesh(dist, degree) if degree > 1 else None
+    # a group of `degree` processes makes each of its videos together; its first one writes
+    group, writer = dist.process_index // degree, dist.process_index % degree == 0
+    mine = _share(todo, dist.num_processes // degree, group)
+    skipped = len(jobs) - len(todo)
+    if dist.is_main_process and skipped:
+        print(f"resuming: {skipped} of {len(jobs)} prompts already done in {args.out}")
+    if not mine:
+        return 0
+
+    pipe, state = prepare_pipeline(args, config, dist.device, mesh)
     check_images(pipe, jobs, mine)  # every prompt of this run, before the first one runs
+    run = {"args": args, "settings": settings, "config": config}
     try:
         # disable=None: no bar where stderr is not a terminal (a log, a pipe)
         for index in tqdm(mine, desc=f"prompts (rank {dist.process_index})",
                           disable=None if writer else True):
-            try:
-                result = generate_one(pipe, prompts[index], index, args, state, dist.device,
-                                      jobs[index]["image"])
-            except TileTooLarge as err:  # the grid is checked at the first forward
-                flag, size = ("--query-tile", args.query_tile) if str(err).startswith(
-                    "query_tile") else ("--tile", args.tile)
-                raise SystemExit(f"{flag} {size[0]} {size[1]}: {err} (the grid is the latent "
-                                 f"tokens of --height, --width and --frames)") from None
-            except ValueError as err:  # the pipeline's own checks (e.g. a size it cannot take)
-                raise SystemExit(f"prompt {index}: the {type(pipe).__name__} call failed: "
-                                 f"{str(err).strip().splitlines()[0]}") from None
+            result = _generate_or_exit(pipe, index, jobs[index], args, state, dist.device)
             if not writer:  # the same video as its group's first process
                 continue
             if args.frames is not None and len(result["frames"]) != args.frames:
                 tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
                            f"frames for --frames {args.frames} (its own frame count rule; the "
                            f"JSON records the frames written)")
-            stem = args.out / f"{index:04d}"
-            frames = to_uint8(result["frames"])
-            write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
-            Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
-            record = {
-                "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
-                "settings": settings,
-                "seed": args.seed + index,
-                "model": settings["model"], "attention": "dense" if config is None else "draft",
-                "config": _config_settings(config),
-                # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
-                "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
-                "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
-                "density": result["density"], "frames": int(frames.shape[0]),
-                "height": int(frames.shape[1]), "width": int(frames.shape[2]),
-                "device": str(dist.device), "process": dist.process_index,
-                "processes": dist.num_processes, "context_parallel": ulysses_degree(pipe),
-                "dtype": args.dtype, "torch": torch.__version__,
-                "compile": args.compile,  # the first prompt compiled in its first steps
-                "cpu_offload": args.cpu_offload,
-            }
-            # last, and atomically: a JSON marks the prompt finished
-            write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+            write_video(pipe, index, jobs[index], result, run, dist)
     except KeyboardInterrupt:  # a prompt's JSON is written last: the finished ones are whole
-        done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
-        raise Interrupted(f"{done} of {len(prompts)} videos in {args.out}; rerun the same "
-                          f"command to resume") from None
+        raise Interrupted(f"{_finished(args.out, len(jobs))} of {len(jobs)} videos in "
+                          f"{args.out}; rerun the same command to resume") from None
     if dist.is_main_process:  # the last line says where the videos went
-        done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
-        print(f"{done} of {len(prompts)} videos in {args.out} (NNNN.mp4, first frame NNNN.png, "
-              f"settings and timings NNNN.json)", flush=True)
+        print(f"{_finished(args.out, len(jobs))} of {len(jobs)} videos in {args.out} (NNNN.mp4, "
+              f"first frame NNNN.png, settings and timings NNNN.json)", flush=True)
     return 0
 
 
