@@ -519,8 +519,6 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
     split the target's answers, each step draws `cfg.batch_size` samples per process from one
     shared stream and the gradients are averaged: N processes train exactly as one with N times
     the batch. Process 0 writes the checkpoints and the drafter; the held-out tau is shared out."""
-    from accelerate.utils import broadcast, gather_object
-
     check_samples(samples, "samples")
     if cfg.supervise == "all" and not isinstance(drafter, EagleDrafter):
         raise ValueError("cfg.supervise 'all' trains EAGLE-3 drafters; a ViSpec drafter's loss "
@@ -528,13 +526,68 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
     if held_out:
         check_samples(held_out, "held_out")
     accelerator = _accelerator(drafter.embed_weight.device)
-    world, rank = accelerator.num_processes, accelerator.process_index
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and not resume:
         refuse_to_overwrite(out_dir)
     target.eval().requires_grad_(False)
     if held_out:  # `held_out_tau` runs mmspec.generate: refuse its settings now, not at the eval
         sampling_config(target, False, None, None, None)
+    answers = _all_answers(drafter, target, samples, cfg, out_dir, accelerator)
+    if fit_vocabulary:  # every process has every answer: the same vocabulary everywhere
+        supervised = answers if cfg.supervise == "answers" else target_argmax(target, samples,
+                                                                              answers)
+        fit_draft_vocabulary(drafter, supervised)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
+    sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
+    rng = random.Random(cfg.seed)  # the same stream in every process
+    opt, prepared_sched = accelerator.prepare(opt, sched)
+    accelerator.register_for_checkpointing(_SampleStream(rng))
+    start = _resumed_step(drafter, accelerator, sched, cfg, out_dir) if resume and out_dir else 0
+    run = _Run(drafter, target, samples, answers, cfg, accelerator, params, opt, prepared_sched)
+    log = _step_log(out_dir, start) if out_dir is not None and run.rank == 0 else None
+    bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps,
+               disable=run.rank != 0)
+    drafter.train()
+    losses = []
+    try:
+        for step in bar:
+            losses.append(run.step(step, [rng.randrange(len(samples)) for _ in range(run.batch)]))
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            done = step + 1
+            if log is not None:
+                log.write(json.dumps({"step": done, "loss": losses[-1], "time": time.time()})
+                          + "\n")
+                log.flush()
+            if held_out and cfg.eval_every and done % cfg.eval_every == 0:
+                run.evaluate(held_out, done, bar, log)
+            if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
+                    and run.rank == 0:
+                _save_checkpoint(drafter, accelerator, done, out_dir)
+    except KeyboardInterrupt:
+        if out_dir is None:
+            raise
+        raise Interrupted(f"{_last_checkpoint(out_dir)} of {cfg.steps} (every "
+                          f"{cfg.checkpoint_every} steps); rerun with --resume to continue from "
+                          f"it") from None
+    finally:
+        if log is not None:
+            log.close()
+    drafter.eval()
+    if out_dir and run.rank == 0:
+        _save_checkpoint(drafter, accelerator, cfg.steps, out_dir)
+        drafter.save_pretrained(out_dir)
+    accelerator.wait_for_everyone()  # the drafter is on disk before any process returns
+    return losses
+
+
+def _all_answers(drafter, target, samples: list, cfg: TrainConfig, out_dir: Path | None,
+                 accelerator) -> list:
+    """The target's answer to every sample, in every process (each makes its share, cached in
+    `out_dir`), and one start for the drafter in every process."""
+    from accelerate.utils import broadcast, gather_object
+
+    world, rank = accelerator.num_processes, accelerator.process_index
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         own, others = answer_cache_paths(out_dir, rank, world)
@@ -551,102 +604,101 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
                 answers[i] = a
         for p in drafter.state_dict().values():  # one start, whatever each process built
             broadcast(p, from_process=0)
-    if fit_vocabulary:  # every process has every answer: the same vocabulary everywhere
-        supervised = answers if cfg.supervise == "answers" else target_argmax(target, samples,
-                                                                              answers)
-        fit_draft_vocabulary(drafter, supervised)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
-    sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
-    rng = random.Random(cfg.seed)  # the same stream in every process
-    opt, prepared_sched = accelerator.prepare(opt, sched)
-    accelerator.register_for_checkpointing(_SampleStream(rng))
-    if resume and out_dir:
-        if rank == 0:
-            settle(_checkpoint_dirs(out_dir)[0])
-        accelerator.wait_for_everyone()
-        start = _load_checkpoint(drafter, accelerator, out_dir)
-        saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
-        if start and not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
-            raise ResumeError(f"resume: the checkpoint in {out_dir} was trained with --lr "
-                             f"{saved_lr:g}, this run's is {cfg.lr:g}: resume it with the "
-                             f"settings it was started with")
-        if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
-            raise ResumeError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
-                             f"--steps {cfg.steps}; give --steps >= {start} to continue it")
-        if start:
-            rates_at_resume(sched)  # this run's --steps may differ from the saving run's
-    else:
-        start = 0
-    losses = []
-    # one JSON line a step (and one per held-out eval): what a model card reports (the final
-    # loss, tau, wall time) without parsing the progress bar. A resumed run keeps the lines up
-    # to its checkpoint and drops those of the steps it makes again
-    log = None
-    if out_dir is not None and rank == 0:
-        path = out_dir / "log.jsonl"
-        kept = [line for line in (path.read_text().splitlines() if path.is_file() else ())
-                if json.loads(line)["step"] <= start]
-        path.write_text("".join(line + "\n" for line in kept))
-        log = path.open("a")
-    bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps,
-               disable=rank != 0)
-    drafter.train()
-    per_step = cfg.batch_size * world
-    try:
-        for step in bar:
-            picks = [rng.randrange(len(samples)) for _ in range(per_step)]
-            opt.zero_grad()
-            total = torch.zeros((), dtype=torch.float64, device=params[0].device)  # NCCL: on GPU
-            for slot in range(rank * cfg.batch_size, (rank + 1) * cfg.batch_size):
-                i = picks[slot]
-                loss, _ = sample_loss(drafter, target, samples[i], answers[i], cfg,
-                                      _noise_generator(cfg.seed, step, slot))
-                accelerator.backward(loss / per_step)  # the mean over the step's global batch
-                total += float(loss.detach())
-            _zero_missing_grads(params)
-            if world > 1:
-                _sum_grads(accelerator, params)
-                total = accelerator.reduce(total, "sum")
-            torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
-            opt.step()
-            prepared_sched.step()
-            losses.append(float(total) / per_step)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            done = step + 1
+    return answers
+
+
+def _resumed_step(drafter, accelerator, sched, cfg: TrainConfig, out_dir: Path) -> int:
+    """Load the checkpoint in `out_dir` (if any) into the drafter, optimizer, scheduler and sample
+    stream; its step, refused (ResumeError) when this run's --lr or --steps cannot continue it."""
+    if accelerator.process_index == 0:
+        settle(_checkpoint_dirs(out_dir)[0])
+    accelerator.wait_for_everyone()
+    start = _load_checkpoint(drafter, accelerator, out_dir)
+    saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
+    if start and not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
+        raise ResumeError(f"resume: the checkpoint in {out_dir} was trained with --lr "
+                         f"{saved_lr:g}, this run's is {cfg.lr:g}: resume it with the "
+                         f"settings it was started with")
+    if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
+        raise ResumeError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
+                         f"--steps {cfg.steps}; give --steps >= {start} to continue it")
+    if start:
+        rates_at_resume(sched)  # this run's --steps may differ from the saving run's
+    return start
+
+
+def _step_log(out_dir: Path, start: int):
+    """`out_dir/log.jsonl` open for appending: one JSON line a step (and one per held-out eval),
+    what a model card reports (the final loss, tau, wall time) without parsing the progress bar.
+    A resumed run keeps the lines up to its checkpoint and drops those of the steps it makes
+    again."""
+    path = out_dir / "log.jsonl"
+    kept = [line for line in (path.read_text().splitlines() if path.is_file() else ())
+            if json.loads(line)["step"] <= start]
+    path.write_text("".join(line + "\n" for line in kept))
+    return path.open("a")
+
+
+@dataclass
+class _Run:
+    """What every step of one `train` call shares: the models, the data and answers, the settings
+    and the accelerator's optimizer and scheduler."""
+
+    drafter: ViSpecDrafter | EagleDrafter
+    target: object
+    samples: list
+    answers: list
+    cfg: TrainConfig
+    accelerator: object
+    params: list
+    opt: object
+    sched: object
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def batch(self) -> int:
+        """Samples per step over every process (the global batch)."""
+        return self.cfg.batch_size * self.accelerator.num_processes
+
+    def step(self, step: int, picks: list) -> float:
+        """One update on the step's global batch `picks` (sample indices; this process takes its
+        slots): the mean loss over the global batch."""
+        cfg, accelerator = self.cfg, self.accelerator
+        self.opt.zero_grad()
+        total = torch.zeros((), dtype=torch.float64, device=self.params[0].device)  # NCCL: GPU
+        for slot in range(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size):
+            i = picks[slot]
+            loss, _ = sample_loss(self.drafter, self.target, self.samples[i], self.answers[i],
+                                  cfg, _noise_generator(cfg.seed, step, slot))
+            accelerator.backward(loss / self.batch)  # the mean over the step's global batch
+            total += float(loss.detach())
+        _zero_missing_grads(self.params)
+        if accelerator.num_processes > 1:
+            _sum_grads(accelerator, self.params)
+            total = accelerator.reduce(total, "sum")
+        torch.nn.utils.clip_grad_value_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        return float(total) / self.batch
+
+    def evaluate(self, held_out: list, done: int, bar, log) -> None:
+        """Held-out tau after `done` steps, each process its share (none waits on another's
+        eval: NCCL timeout), written to the bar and the log by process 0."""
+        share = held_out[self.rank::self.accelerator.num_processes]
+        self.drafter.eval()
+        counts = torch.tensor(_held_out_counts(self.drafter, self.target, share,
+                                               self.cfg.eval_new_tokens),
+                              device=self.params[0].device)
+        counts = self.accelerator.reduce(counts, "sum")
+        self.drafter.train()
+        if self.rank == 0:
+            tau = int(counts[0]) / max(int(counts[1]), 1)
+            bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
             if log is not None:
-                log.write(json.dumps({"step": done, "loss": losses[-1], "time": time.time()})
-                          + "\n")
-                log.flush()
-            if held_out and cfg.eval_every and done % cfg.eval_every == 0:
-                # each process its share: none waits on another's eval (NCCL timeout)
-                drafter.eval()
-                counts = torch.tensor(_held_out_counts(drafter, target, held_out[rank::world],
-                                                       cfg.eval_new_tokens), device=total.device)
-                counts = accelerator.reduce(counts, "sum")
-                drafter.train()
-                if rank == 0:
-                    tau = int(counts[0]) / max(int(counts[1]), 1)
-                    bar.write(f"step {done}: held-out tau {tau:.3f} (with bonus)")
-                    if log is not None:
-                        log.write(json.dumps({"step": done, "held_out_tau": tau}) + "\n")
-            if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and rank == 0:
-                _save_checkpoint(drafter, accelerator, done, out_dir)
-    except KeyboardInterrupt:
-        if out_dir is None:
-            raise
-        raise Interrupted(f"{_last_checkpoint(out_dir)} of {cfg.steps} (every "
-                          f"{cfg.checkpoint_every} steps); rerun with --resume to continue from "
-                          f"it") from None
-    finally:
-        if log is not None:
-            log.close()
-    drafter.eval()
-    if out_dir and rank == 0:
-        _save_checkpoint(drafter, accelerator, cfg.steps, out_dir)
-        drafter.save_pretrained(out_dir)
-    accelerator.wait_for_everyone()  # the drafter is on disk before any process returns
-    return losses
+                log.write(json.dumps({"step": done, "held_out_tau": tau}) + "\n")
 
 
 def refuse_to_overwrite(out_dir: Path) -> None:
