@@ -888,7 +888,8 @@ def _load_target(path: str, dtype: torch.dtype, causal_lm: bool):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
-def main(argv=None) -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: the run's own options, then one per `TrainConfig` field."""
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="path or hub id of the target VLM")
@@ -955,7 +956,12 @@ def main(argv=None) -> None:
         elif f.name != "betas":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
                            default=f.default, help="default: %(default)s")
-    args = p.parse_args(argv)
+    return p
+
+
+def _train_config(p: argparse.ArgumentParser, args) -> TrainConfig:
+    """The run's `TrainConfig` from parsed `args`, after the checks across options (each
+    refusal names its options, through `p.error`)."""
     eagle3 = args.arch == "eagle3"
     if args.rollout_steps is None:
         args.rollout_steps = ROLLOUT_STEPS if eagle3 else TrainConfig.rollout_steps
@@ -992,6 +998,12 @@ def main(argv=None) -> None:
         message = re.sub(r"\b(feature|tv|rank|ce)_weight\b", r"--\1-weight",
                          message.replace("TrainConfig: ", ""))
         p.error(message)
+    return cfg
+
+
+def _check_paths(p: argparse.ArgumentParser, args) -> None:
+    """`--device` (resolved into `args.device`), `--out` and `--data` before a big target
+    loads."""
     from accelerate import PartialState
 
     # under `accelerate launch` / torchrun this joins the process group that `train` uses
@@ -1007,6 +1019,10 @@ def main(argv=None) -> None:
         p.error(f"--out {args.out} is a file; give a folder")
     if not args.data.is_file():
         p.error(f"--data {args.data}: no such file")  # before a big target loads
+
+
+def _target_and_samples(p: argparse.ArgumentParser, args, eagle3: bool) -> tuple:
+    """(the target on `args.device`, the held-out samples, the training samples)."""
     try:
         target = _load_target(args.target, getattr(torch, args.dtype), eagle3).to(args.device)
     except (OSError, ValueError) as err:  # no such folder or hub id, no weights, not a VLM
@@ -1021,7 +1037,12 @@ def main(argv=None) -> None:
         p.error(str(err))
     n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0
     held, train_set = samples[:n_held], samples[n_held:]
-    torch.manual_seed(cfg.seed)  # the initial weights: all, or those a --drafter lacks
+    return target, held, train_set
+
+
+def _start_drafter(p: argparse.ArgumentParser, args, target, eagle3: bool):
+    """The drafter to train: `--drafter`'s, a new EAGLE-3 one or a new ViSpec one, fp32."""
+    shape = (args.intermediate_size, args.heads, args.kv_heads)
     if args.drafter:
         try:
             drafter = start_from_saved(args.drafter, target, args.text_only)
@@ -1048,7 +1069,18 @@ def main(argv=None) -> None:
         except ValueError as err:  # "feature_layers: ..." / "target: ... has too few"
             p.error(re.sub(r"^(ViSpecConfig\.)?feature_layers\b", "--feature-layers",
                            str(err)))
-    drafter.float()  # fp32 master weights whatever the target's dtype (its features are cast)
+    return drafter.float()  # fp32 master weights whatever the target's dtype (features cast)
+
+
+def main(argv=None) -> None:
+    p = _parser()
+    args = p.parse_args(argv)
+    cfg = _train_config(p, args)
+    eagle3 = args.arch == "eagle3"
+    _check_paths(p, args)
+    target, held, train_set = _target_and_samples(p, args, eagle3)
+    torch.manual_seed(cfg.seed)  # the initial weights: all, or those a --drafter lacks
+    drafter = _start_drafter(p, args, target, eagle3)
     if args.batched_answers and cfg.answer_tokens:  # into the cache `train` reads (answers.pt)
         args.out.mkdir(parents=True, exist_ok=True)
         precompute_answers(target, train_set, cfg.answer_tokens, args.out / "answers.pt")
