@@ -278,9 +278,9 @@ class DraftAttentionState(_DensityReport):
         # built here, outside any compiled block: its count is a host int, the budget's base
         self.allowed = None if family.allowed is None else family.allowed(module, self.layout)
         # frames that are not whole tiles reorder in each sparse layer instead: padding slots
-        # carried through the blocks cost every FFN and projection (Wan's 480x832 frames pad by
-        # about a third with 8x16 tiles, and reordering once was then the slower of the two: the
-        # note below BENCHMARKS.md `draft_attention_gpu`).
+        # carried through the blocks cost every FFN and projection (Wan at 480x832: 31% more
+        # tokens; on an H100 at 90%, 1.10x reordering once against 1.40x per layer: one run at
+        # e7164d5, the note below BENCHMARKS.md `draft_attention_gpu`).
         # Dense warm-up steps run in tile order too (their attention goes to the model's own
         # processor, which does not mind the order): step caches (diffusers' FirstBlockCache,
         # PyramidAttentionBroadcast, ...) keep block residuals or attention outputs from one
