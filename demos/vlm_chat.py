@@ -81,7 +81,7 @@ def load_checkpoints(target_path: str, drafter_path: str, text_drafter_path: str
     from mmspec.cli.generate import load_errors, model_folder
     from mmspec.vision import ViSpecDrafter
 
-    model_folder("--target", target_path)
+    target_path = model_folder("--target", target_path)  # a folder, zoo name or hub id
     with load_errors("--target", target_path, "a vision-language model"):
         target = AutoModelForImageTextToText.from_pretrained(target_path,
                                                              dtype=torch.float32).eval()

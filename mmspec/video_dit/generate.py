@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from mmspec.atomic import write_text_atomic
+from mmspec.hub import ModelNotFound, resolve_model
 from mmspec.interrupt import Interrupted, run_command
 from mmspec.zoo.paths import model_path, positive_int, zoo_kind
 
@@ -70,8 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=model_path,
-                   help="diffusers pipeline directory, or a zoo video entry: its name "
-                        "(video-dit) or folder (assets/zoo/video-dit)")
+                   help="diffusers pipeline folder or Hugging Face hub id (found in the local "
+                        "cache first), or a zoo video entry: its name (video-dit) or folder "
+                        "(assets/zoo/video-dit)")
     p.add_argument("--prompts", required=True, type=Path,
                    help="text file, one prompt per line; or .jsonl, one {\"prompt\": ..., "
                         "\"image\": path} per line for image-to-video pipelines")
@@ -600,11 +602,14 @@ def main(argv=None) -> int:
     if not mine:
         return 0
 
+    try:  # a hub id from the local cache first, as in from_pretrained
+        folder = str(resolve_model(args.model))
+    except ModelNotFound as err:
+        raise SystemExit(f"--model: {err}") from None
     try:
-        pipe = load_pipeline(args.model, _DTYPES[args.dtype])
-    except (OSError, ValueError) as err:  # no such folder or hub id, or not a pipeline
-        where = "" if Path(args.model).is_dir() else " (no such folder; tried as a hub id)"
-        raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
+        pipe = load_pipeline(folder, _DTYPES[args.dtype])
+    except (OSError, ValueError) as err:  # not a pipeline
+        raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline: "
                          f"{str(err).strip().splitlines()[0]}") from None
     place_pipeline(pipe, dist.device, args.cpu_offload, args.vae_tiling)
     if mesh is not None:

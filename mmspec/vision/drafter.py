@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
+from mmspec.hub import resolve_model
 
 from .adaptor import VisionAdaptor
 from .config import ViSpecConfig
@@ -134,7 +135,7 @@ class ViSpecDrafter(nn.Module):
         on a CPU, verifying many nodes is compute-bound, so smaller trees than ViSpec's GPU
         default (30 tokens) can be faster overall.
         """
-        path = Path(path)
+        path = resolve_model(path, "path")
         unknown = set(tree) - {"depth", "top_k", "total_tokens"}
         if unknown:
             raise TypeError(f"tree overrides are depth, top_k and total_tokens, got {sorted(unknown)}")
