@@ -430,7 +430,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
     device = input_ids.device
     stats = SpecStats()
     clock = Clock(device, profile)
-    start = time.perf_counter()
+    start, compiled_before = time.perf_counter(), static_cache.compile_seconds()
     layers = tuple(getattr(drafter, "target_hidden_layers", (-1,))) if getattr(
         drafter, "needs_target_hidden", False) else ()
     need_hidden = bool(layers)
@@ -571,6 +571,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
         streamer.end()
     sequences = rows.sequences
     stats.total_time = clock.finish() - start
+    stats.compile_time = static_cache.compile_seconds() - compiled_before
     fill_times(stats, clock)
     return SpecOutput(sequences, stats)
 

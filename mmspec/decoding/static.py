@@ -65,6 +65,9 @@ tensors: they run as they are.
 
 from __future__ import annotations
 
+import logging
+import time
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -111,10 +114,29 @@ def check_compile(compile) -> CompileConfig | None:
     raise ValueError(f"compile must be a bool or a transformers CompileConfig, got {compile!r}")
 
 
+_announced = weakref.WeakSet()  # compiled calls whose first call was announced
+_compiling = {"seconds": 0.0}  # wall time of the compiled calls that compiled a graph
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent in compiled calls that compiled a new graph (the first
+    call of each shape): `generate` reports the difference over a call as `stats.compile_time`,
+    apart from its tokens/s."""
+    return _compiling["seconds"]
+
+
+def _graphs_compiled() -> int:
+    """dynamo's count of graphs compiled in this process (read each time: tests clear it)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def compiled_forward(target, config: CompileConfig):
     """The target's compiled `__call__` (transformers caches it on the model), each call a new
     step of the CUDA graphs: the engine and `ModelDrafter` keep no output of a compiled call past
-    the next one (what they keep, they gather or copy), so a replay may reuse its buffers."""
+    the next one (what they keep, they gather or copy), so a replay may reuse its buffers.
+
+    Its first call says on the `mmspec` logger that compiling starts (silent, it took minutes);
+    calls that compile a graph add their time to `compile_seconds()`."""
     if config.mode is None and config.backend == "inductor":  # CUDA graphs where they exist
         device = next(target.parameters()).device
         config = CompileConfig(**{**config.to_dict(),
@@ -122,8 +144,18 @@ def compiled_forward(target, config: CompileConfig):
     compiled = target.get_compiled_call(config)
 
     def call(**kwargs):
+        if compiled not in _announced:
+            _announced.add(compiled)
+            logging.getLogger("mmspec").warning(
+                "compile=True: compiling %s's forward (torch.compile, backend %s, mode %s); the "
+                "first call of each shape compiles, reported as stats.compile_time",
+                type(target).__name__, config.backend, config.mode)
+        before, start = _graphs_compiled(), time.perf_counter()
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled(**kwargs)
+        out = compiled(**kwargs)
+        if _graphs_compiled() != before:
+            _compiling["seconds"] += time.perf_counter() - start
+        return out
 
     return call
 
