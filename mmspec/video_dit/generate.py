@@ -555,9 +555,42 @@ def run_settings(args, config) -> dict:
             "config": _config_settings(config)}
 
 
+def _write_video(args, index, jobs, settings, config, dist, pipe, result) -> None:
+    """Prompt `index`'s video (NNNN.mp4), first frame (NNNN.png) and, last, its JSON."""
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    if args.frames is not None and len(result["frames"]) != args.frames:
+        tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
+                   f"frames for --frames {args.frames} (its own frame count rule; the "
+                   f"JSON records the frames written)")
+    stem = args.out / f"{index:04d}"
+    frames = to_uint8(result["frames"])
+    write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
+    Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
+    record = {
+        "index": index, "prompt": jobs[index]["prompt"], "image": jobs[index]["image"],
+        "settings": settings,
+        "seed": args.seed + index,
+        "model": settings["model"], "attention": "dense" if config is None else "draft",
+        "config": _config_settings(config),
+        # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
+        "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
+        "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
+        "density": result["density"], "frames": int(frames.shape[0]),
+        "height": int(frames.shape[1]), "width": int(frames.shape[2]),
+        "device": str(dist.device), "process": dist.process_index,
+        "processes": dist.num_processes, "context_parallel": ulysses_degree(pipe),
+        "dtype": args.dtype, "torch": torch.__version__,
+        "compile": args.compile,  # the first prompt compiled in its first steps
+        "cpu_offload": args.cpu_offload,
+    }
+    # last, and atomically: a JSON marks the prompt finished
+    write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+
+
 def main(argv=None) -> int:
     from accelerate import PartialState
-    from PIL import Image
     from tqdm.auto import tqdm
 
     args = parse_args(argv)
@@ -642,33 +675,10 @@ def main(argv=None) -> int:
                                  f"{str(err).strip().splitlines()[0]}") from None
             if not writer:  # the same video as its group's first process
                 continue
-            if args.frames is not None and len(result["frames"]) != args.frames:
-                tqdm.write(f"prompt {index}: {type(pipe).__name__} made {len(result['frames'])} "
-                           f"frames for --frames {args.frames} (its own frame count rule; the "
-                           f"JSON records the frames written)")
-            stem = args.out / f"{index:04d}"
-            frames = to_uint8(result["frames"])
-            write_mp4(stem.with_suffix(".mp4"), frames, fps=args.fps)
-            Image.fromarray(frames[0]).save(stem.with_suffix(".png"))
-            record = {
-                "index": index, "prompt": prompts[index], "image": jobs[index]["image"],
-                "settings": settings,
-                "seed": args.seed + index,
-                "model": settings["model"], "attention": "dense" if config is None else "draft",
-                "config": _config_settings(config),
-                # seconds: the whole call; setup (prompt encoding, latents) + steps + decode (VAE)
-                "seconds": result["seconds"], "setup_seconds": result["setup_seconds"],
-                "step_seconds": result["step_seconds"], "decode_seconds": result["decode_seconds"],
-                "density": result["density"], "frames": int(frames.shape[0]),
-                "height": int(frames.shape[1]), "width": int(frames.shape[2]),
-                "device": str(dist.device), "process": dist.process_index,
-                "processes": dist.num_processes, "context_parallel": ulysses_degree(pipe),
-                "dtype": args.dtype, "torch": torch.__version__,
-                "compile": args.compile,  # the first prompt compiled in its first steps
-                "cpu_offload": args.cpu_offload,
-            }
-            # last, and atomically: a JSON marks the prompt finished
-            write_text_atomic(stem.with_suffix(".json"), json.dumps(record, indent=2))
+            _write_video(args, index, jobs, settings, config, dist, pipe, result)
+            if not sys.stderr.isatty():  # no bar there (tqdm's disable=None): a line a video
+                print(f"video {index:04d}.mp4 done ({mine.index(index) + 1} of {len(mine)}, "
+                      f"{result['seconds']:.1f} s)", flush=True)
     except KeyboardInterrupt:  # a prompt's JSON is written last: the finished ones are whole
         done = sum((args.out / f"{i:04d}.json").exists() for i in range(len(prompts)))
         raise Interrupted(f"{done} of {len(prompts)} videos in {args.out}; rerun the same "
