@@ -24,6 +24,10 @@ from typing import Any
 if __package__ in (None, ""):  # `python demos/vlm_chat.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from demos.extras import require_demo_extras
+
+require_demo_extras("demos/vlm_chat.py")  # one line naming `.[demo]`, not a ModuleNotFoundError
+
 import gradio as gr
 import torch
 from PIL import Image, UnidentifiedImageError

@@ -14,16 +14,19 @@
     mmspec generate --target PATH --drafter eagle:PATH --prompt "..."
     mmspec generate ... --sample --temperature 0.7 --top-p 0.9
 
-Drafters: zoo targets name theirs (`vlm`: vispec, text-only, eagle3; `text`: diffusion, model,
-prompt-lookup, eagle3). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
-vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a ViSpec
-drafter for this VLM, saved by mmspec or in the ViSpec authors' layout), `eagle:PATH` (a
-SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target), `diffusion:PATH` (a diffusion LM
-with the same vocabulary, e.g. Dream, loaded without its remote code; CPS + ADL with the prefix
-KV cache), `self` (the target drafts for itself: every token is accepted, a check of the
-engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text preset's `model`)
-sample as the target does (its temperature, top-k and top-p; `self` then has every token accepted
-too); tree nodes are chosen, not sampled.
+Drafters of `--target vlm` and `--target text`: the zoo's, by name (below; the zoo target as a
+path, `--target vlm-target` or `text-target`, takes the drafters of a path). Drafters of
+`--target PATH_OR_ID` and `builtin`: `prompt-lookup`, `model:PATH_OR_ID` (a small causal LM with
+the same vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH_OR_ID` (a
+ViSpec drafter for this VLM, saved by mmspec or in the ViSpec authors' layout),
+`eagle:PATH_OR_ID` (a SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target),
+`diffusion:PATH_OR_ID` (a diffusion LM with the same vocabulary, e.g. Dream, loaded without its
+remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts for itself: every
+token is accepted, a check of the engine). A PATH_OR_ID is a folder, a zoo entry name or a
+Hugging Face hub id (ORG/NAME), found as transformers' from_pretrained finds it: the local
+cache first (offline with HF_HUB_OFFLINE=1). Under --sample, chain drafters (`model:`, `self`,
+`builtin`, the text preset's `model`) sample as the target does (its temperature, top-k and
+top-p; `self` then has every token accepted too); tree nodes are chosen, not sampled.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from mmspec.zoo.cards import read_card
 from mmspec.zoo.paths import zoo_kind
 
 ZOO_TARGETS = ("vlm", "text")
+# the drafters of each zoo target's preset (`mmspec.zoo.presets`), as --help lists them
+ZOO_DRAFTERS = {"vlm": ("vispec", "text-only", "eagle3"),
+                "text": ("diffusion", "model", "prompt-lookup", "eagle3")}
 
 
 def _number(kind, low, high=None, low_open=False, what=None):
@@ -78,11 +84,13 @@ def _device(text: str) -> torch.device:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmspec generate", description=__doc__,
+    zoo = "; ".join(f"--target {t}: {', '.join(names)}" for t, names in ZOO_DRAFTERS.items())
+    p = argparse.ArgumentParser(prog="mmspec generate",
+                                description=f"{__doc__}\nZoo drafters: {zoo}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="vlm",
-                   help="vlm | text (zoo models, default vlm) | builtin | a Hugging Face path "
-                        "or zoo entry name (text-target)")
+                   help="vlm | text (zoo presets, default vlm) | builtin | PATH_OR_ID: a model "
+                        "folder, a zoo entry name (text-target) or a Hugging Face hub id")
     p.add_argument("--drafter", default=None, help="see above (default: the target's own)")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", default=None,
                    help="where the tokenizer (with --image: the processor) of a --target PATH "
@@ -381,6 +389,10 @@ def _setup(args):
     if args.target in ZOO_TARGETS:
         preset = _zoo_preset(args)
         name = args.drafter or preset.default_drafter
+        if name not in preset.drafters and (":" in name or name == "self"):
+            raise SystemExit(f"--drafter {name}: --target {args.target} takes the zoo's drafters "
+                             f"({', '.join(preset.drafters)}); pass the zoo target as a path, "
+                             f"--target {args.target}-target, for this one")
         if name not in preset.drafters:
             raise SystemExit(f"--drafter for --target {args.target} must be one of "
                              f"{sorted(preset.drafters)}, got {name!r}")

@@ -50,6 +50,41 @@ def test_zoo_target_drafter_names_are_checked():
         main(["generate", "--target", "text", "--drafter", "vispec", "--device", "cpu"])
 
 
+def test_help_and_behaviour_agree_on_the_drafters_of_each_target(capsys):
+    """--help said `model:PATH` went with any target; `--target text` refused it."""
+    from mmspec.cli.generate import ZOO_DRAFTERS
+    from mmspec.zoo.presets import text_preset, vlm_preset
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Drafters of `--target PATH_OR_ID` and `builtin`: `prompt-lookup`, `model:PATH" in shown
+    for target, preset in (("text", text_preset()), ("vlm", vlm_preset())):
+        assert tuple(preset.drafters) == ZOO_DRAFTERS[target]
+        assert f"--target {target}: {', '.join(ZOO_DRAFTERS[target])}" in shown
+        with pytest.raises(SystemExit, match=rf"^--drafter model:.*text-drafter: --target "
+                                             rf"{target} takes the zoo's drafters \("
+                                             rf"{', '.join(ZOO_DRAFTERS[target])}\); pass the zoo "
+                                             rf"target as a path, --target {target}-target"):
+            main(["generate", "--target", target, "--drafter", "model:text-drafter",
+                  "--device", "cpu"])
+    # as the message says: the zoo target as a path takes a path drafter
+    assert main(["generate", "--target", "text-target", "--drafter", "model:text-drafter",
+                 "--max-new-tokens", "4", "--no-baseline", "--device", "cpu"]) == 0
+
+
+def test_version(capsys):
+    import tomllib
+    from pathlib import Path
+
+    import mmspec
+
+    project = tomllib.loads((Path(mmspec.__file__).parents[1] / "pyproject.toml").read_text())
+    assert main(["--version"]) == 0
+    assert re.fullmatch(r"mmspec (\S+) \(torch \S+, transformers \S+, diffusers \S+\)\n",
+                        capsys.readouterr().out).group(1) == project["project"]["version"]
+
+
 def test_bench_names_are_checked():
     with pytest.raises(SystemExit, match="expected benchmark names"):
         main(["bench", "nope", "--plot"])
@@ -207,6 +242,11 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path, monkeypatch, cap
         main(["generate", "--target", "Qwen/Qwen2.5-0.5B-Instruct"])
     with pytest.raises(SystemExit, match=r"--drafter vispec:org/none: no model folder org/none"):
         main(["generate", "--target", "mmspec/text-target", "--drafter", "vispec:org/none"])
+    # a mistyped zoo name: the names are listed
+    with pytest.raises(SystemExit, match=r"--target: no model folder text-targte, .*; zoo "
+                                         r"entries: text-dlm, text-drafter, text-eagle3, "
+                                         r"text-target, video-dit"):
+        main(["generate", "--target", "text-targte"])
 
 
 def test_a_drafter_of_another_tokenizer_is_refused(tmp_path, capsys):
