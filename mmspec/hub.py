@@ -96,17 +96,18 @@ def _download(repo_id: str, cache: Path, zoo_names: str) -> Path:
     """Fetch the files our loaders read (`_WANTED`; `.bin` weights where there are no
     safetensors) into `cache`."""
     from huggingface_hub import list_repo_files, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HTTPError
 
     try:
         files = list_repo_files(repo_id)
         wanted = _WANTED + ([] if any(f.endswith(".safetensors") for f in files) else ["*.bin"])
         return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=wanted))
-    except (HfHubHTTPError, OSError) as err:  # no such repo, gated, no network
+    except (HTTPError, OSError) as err:  # no such repo, gated, no network (the transport's base)
         first = " ".join(str(err).split())[:200]
         raise ModelNotFound(f"no model folder {repo_id}, and the hub id {repo_id} is neither in "
-                            f"the Hugging Face cache {cache} nor could be downloaded ({first})"
-                            f"{zoo_names}") from None
+                            f"the Hugging Face cache {cache} nor could be downloaded ({first}; "
+                            f"without network, HF_HUB_OFFLINE=1 skips the download){zoo_names}"
+                            ) from None
 
 
 def _zoo_hint() -> str:

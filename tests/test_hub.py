@@ -78,6 +78,16 @@ def test_online_a_download_fetches_only_what_the_loaders_read(hub, monkeypatch):
     assert "*.safetensors" in asked[0] and "*.bin" not in asked[0]  # never both weights
     assert "*.bin" in asked[1]  # EAGLE's published drafters have only pytorch_model.bin
 
+    def no_network(repo_id):  # what the transport raises after its retries
+        raise huggingface_hub.errors.HTTPError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", no_network)
+    with pytest.raises(ModelNotFound, match=r"^no model folder org/remote, and the hub id "
+                                            r"org/remote is neither in the Hugging Face cache .* "
+                                            r"nor could be downloaded \(Name or service not "
+                                            r"known; without network, HF_HUB_OFFLINE=1"):
+        resolve_model("org/remote")
+
 
 def test_the_python_loaders_take_hub_ids(tmp_path, monkeypatch):
     import mmspec.zoo
