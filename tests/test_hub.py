@@ -32,7 +32,8 @@ def test_hf_home_names_the_cache_when_hf_hub_cache_is_unset(tmp_path, monkeypatc
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert resolve_model("mmspec/text-drafter").parent.parent.name == "models--mmspec--text-drafter"
+    folder = resolve_model("mmspec/text-drafter")
+    assert folder.parent.parent.name == "models--mmspec--text-drafter"
 
 
 def test_a_local_folder_and_a_zoo_name_come_before_the_cache(hub, tmp_path, monkeypatch):
