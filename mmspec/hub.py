@@ -81,15 +81,23 @@ def _resolve(text: str) -> Path:
 
     cache = hub_cache_dir()
     try:
-        return Path(snapshot_download(text, cache_dir=cache, local_files_only=True))
+        folder = Path(snapshot_download(text, cache_dir=cache, local_files_only=True))
     except LocalEntryNotFoundError:
-        pass
-    zoo_names = "" if "/" in text else _zoo_hint()
+        folder = None
+    # a snapshot that another tool cached in part (transformers' AutoConfig fetches config.json
+    # alone) is completed online, as from_pretrained completes it
+    if folder is not None and (hub_offline() or _has_weights(folder)):
+        return folder
+    zoo_names = "" if "/" in text or folder is not None else _zoo_hint()
     if hub_offline():
         raise ModelNotFound(f"no model folder {text}, and the hub id {text} is not in the "
                             f"Hugging Face cache {cache} (HF_HUB_OFFLINE is set, so nothing "
                             f"downloads){zoo_names}")
     return _download(text, cache, zoo_names)
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(folder.rglob("*.safetensors")) or any(folder.rglob("*.bin"))
 
 
 def _download(repo_id: str, cache: Path, zoo_names: str) -> Path:

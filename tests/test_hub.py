@@ -5,7 +5,7 @@ import pytest
 
 from mmspec.hub import ModelNotFound, resolve_model
 from mmspec.zoo.paths import ZOO_DIR
-from tests.hub_cache import REVISION, zoo_hub_cache
+from tests.hub_cache import REVISION, add_to_cache, zoo_hub_cache
 
 
 @pytest.fixture
@@ -60,14 +60,12 @@ def test_a_miss_names_the_folder_the_hub_id_and_the_cache(hub):
 
 def test_online_a_download_fetches_only_what_the_loaders_read(hub, monkeypatch):
     import huggingface_hub
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    asked = []
+    asked, cached = [], huggingface_hub.snapshot_download
 
     def snapshot_download(repo_id, *, cache_dir, local_files_only=False, allow_patterns=None):
-        if local_files_only:
-            raise LocalEntryNotFoundError("not cached")
+        if local_files_only:  # the real lookup in the cache
+            return cached(repo_id, cache_dir=cache_dir, local_files_only=True)
         asked.append(allow_patterns)
         return str(cache_dir / "fetched")
 
@@ -78,6 +76,14 @@ def test_online_a_download_fetches_only_what_the_loaders_read(hub, monkeypatch):
         assert resolve_model("org/remote") == hub / "fetched"
     assert "*.safetensors" in asked[0] and "*.bin" not in asked[0]  # never both weights
     assert "*.bin" in asked[1]  # EAGLE's published drafters have only pytorch_model.bin
+    # a snapshot cached without weights (AutoConfig fetched config.json) is completed online,
+    # and taken as it is offline
+    partial = add_to_cache(hub, "org/partial", ZOO_DIR / "text-target",
+                           skip=("model.safetensors",))
+    assert resolve_model("org/partial") == hub / "fetched" and len(asked) == 3
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model("org/partial") == partial
+    monkeypatch.delenv("HF_HUB_OFFLINE")
 
     def no_network(repo_id):  # what the transport raises after its retries
         raise huggingface_hub.errors.HTTPError("Name or service not known")
