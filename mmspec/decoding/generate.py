@@ -39,7 +39,7 @@ from mmspec.kernels.hf import (
 from . import admission, kv_cache
 from . import recurrent as rec
 from . import static as static_cache
-from .draft import Draft, DraftState, VerifyResult
+from .draft import Draft, Drafter, DraftState, VerifyResult, as_drafter
 from .clock import Clock, fill_times
 from .positions import engine_positions, prefill_position_ids
 from .settings import (
@@ -235,10 +235,9 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
         attention_mask = mask_from_padding(input_ids, pad_token_id, eos)
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # a numpy int (a tensor stays refused)
+    drafter = as_drafter(drafter)
     check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id)
-    check_model_inputs = getattr(drafter, "check_inputs", None)
-    if check_model_inputs is not None:  # a drafter that knows its target's inputs (ViSpec)
-        check_model_inputs(model_kwargs)
+    drafter.check_inputs(model_kwargs)  # a drafter that knows its target's inputs (ViSpec)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of 1 row, got {input_ids.shape[0]}")
     if attention_mask is None:
@@ -252,7 +251,7 @@ def generate(target, drafter, input_ids, attention_mask=None, max_new_tokens=32,
                on_round=on_round, profile=profile, compile_config=compile_config)
 
 
-def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
+def run(target, drafter: Drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
         compile_config=None, **loop) -> SpecOutput:
     """The checked call's admission, the target's attention switch and the drafter's `end()`
     around the loop (`_generate`'s keyword arguments in `loop`); shared by `generate` and
@@ -280,9 +279,7 @@ def run(target, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs
                 _refuse_past_positions(target, input_ids.shape[1], max_new_tokens, err)
                 raise
             finally:  # inside the target's switch: a drafter sharing the model restores it first
-                end = getattr(drafter, "end", None)
-                if end is not None:
-                    end()
+                drafter.end()
 
 
 def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens, static=False):
@@ -297,7 +294,7 @@ def _admit(target, drafter, input_ids, attention_mask, windows, max_new_tokens, 
     name = type(target).__name__
     if probe.tree_mode is None and windows:
         _refuse_trees(name, probe, windows)
-    if probe.tree_mode is None and getattr(drafter, "top_k", 1) > 1:
+    if probe.tree_mode is None and drafter.top_k > 1:
         warnings.warn(
             f"{name}: a draft tree verified in one forward does not give this model's own "
             f"logits ({probe.why}); each round verifies the tree's main path only (the first "
@@ -431,8 +428,7 @@ def _generate(target, drafter, input_ids, attention_mask, max_new_tokens, model_
     stats = SpecStats()
     clock = Clock(device, profile)
     start = time.perf_counter()
-    layers = tuple(getattr(drafter, "target_hidden_layers", (-1,))) if getattr(
-        drafter, "needs_target_hidden", False) else ()
+    layers = tuple(drafter.target_hidden_layers) if drafter.needs_target_hidden else ()
     need_hidden = bool(layers)
     vocab = vocab_size(target)
     b = input_ids.shape[0]

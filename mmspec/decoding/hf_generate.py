@@ -29,6 +29,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .draft import as_drafter
 from .generate import run
 from .static import check_compile
 from .settings import check_inputs
@@ -94,9 +95,7 @@ class Speculative:
     """The `custom_generate` callable (`speculative`). `stats`: the last call's `SpecStats`."""
 
     def __init__(self, drafter, on_round=None, profile: bool = False, compile=False):
-        if not callable(getattr(drafter, "propose", None)):
-            raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, ...), "
-                            f"got {type(drafter).__name__}")
+        as_drafter(drafter)  # a TypeError now rather than at the first call
         self.drafter, self.on_round, self.profile = drafter, on_round, profile
         self.compile_config = check_compile(compile)
         self.stats = None
@@ -133,13 +132,12 @@ class Speculative:
         pad = None if pad is None else int(pad)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        check_inputs(model, self.drafter, input_ids, attention_mask, max_new_tokens, pad)
-        check_model_inputs = getattr(self.drafter, "check_inputs", None)
-        if check_model_inputs is not None:
-            check_model_inputs(model_kwargs)
+        drafter = as_drafter(self.drafter)  # read per call: its attributes may have changed
+        check_inputs(model, drafter, input_ids, attention_mask, max_new_tokens, pad)
+        drafter.check_inputs(model_kwargs)
         if streamer is not None and batch != 1:
             raise ValueError(f"streamer needs a batch of 1 row, got {batch}")
-        out = run(model, self.drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
+        out = run(model, drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
                   rule=NodeProcessors(logits_processor, bool(gen.do_sample)), stop=stop,
                   eos=eos, asked_eos=tuple(eos.tolist()), sampling=_drafter_sampling(gen),
                   streamer=streamer, pad=0 if pad is None else pad, generator=generator,

@@ -21,6 +21,7 @@ from transformers.generation.logits_process import (
 from .drafters.vocab import VocabularyMismatch, padded_widths
 from .processors import NodeProcessors
 from .sampling import SamplingConfig
+from .draft import Drafter
 
 
 def vocab_size(model) -> int:
@@ -59,13 +60,9 @@ def eos_ids(target, eos_token_id) -> torch.Tensor:
     return torch.tensor([int(i) for i in ids], dtype=torch.long)
 
 
-def check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
-    if not callable(getattr(drafter, "propose", None)):
-        hint = (": wrap a small model as ModelDrafter(model)"
-                if isinstance(drafter, torch.nn.Module) else "")
-        raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, "
-                        f"DiffusionDrafter, ViSpecDrafter, ...), got {type(drafter).__name__}"
-                        f"{hint}")
+def check_inputs(target, drafter: Drafter, input_ids, attention_mask, max_new_tokens,
+                 pad_token_id):
+    """The call's inputs, and the drafter's fit to the target (`Drafter`'s checks, its vocabulary)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a long tensor [B, L], got "
                          f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
@@ -99,20 +96,21 @@ def check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad
         raise ValueError("target: its config says is_causal=False (a bidirectional diffusion "
                          "LM); the target must be an autoregressive causal LM (a diffusion LM "
                          "drafts: DiffusionDrafter)")
-    check_target = getattr(drafter, "check_target", None)
-    if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
-        check_target(target)
-    drafter_vocab = getattr(drafter, "vocab_size", None)
-    target_vocab = vocab_size(target)
-    match_width = getattr(drafter, "match_target_width", None)
-    padded = (drafter_vocab is not None and match_width is not None
-              and padded_widths(drafter_vocab, target_vocab))
-    if padded and getattr(drafter, "top_k", 1) > target_vocab:
+    drafter.check_target(target)  # a drafter bound to one model (ViSpec): is it this one?
+    _check_vocabulary(drafter, vocab_size(target))
+
+
+def _check_vocabulary(drafter: Drafter, target_vocab: int) -> None:
+    """The drafter's ids are the target's: equal widths, or widths padded differently within one
+    tokenizer (`padded_widths`) that the drafter takes on (`Drafter.match_target_width`)."""
+    drafter_vocab = drafter.vocab_size
+    padded = drafter_vocab is not None and padded_widths(drafter_vocab, target_vocab)
+    # every call tells the drafter, so a width set for one target does not outlive it
+    widened = drafter.match_target_width(target_vocab if padded else None) and padded
+    if widened and drafter.top_k > target_vocab:
         raise ValueError(f"top_k ({drafter.top_k}) must be at most the target's vocabulary "
                          f"({target_vocab} tokens)")
-    if match_width is not None:
-        match_width(target_vocab if padded else None)
-    if drafter_vocab is not None and drafter_vocab != target_vocab and not padded:
+    if drafter_vocab is not None and drafter_vocab != target_vocab and not widened:
         raise VocabularyMismatch(
             f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
             f"({target_vocab} tokens); target and drafter must share a tokenizer and an output "
