@@ -14,7 +14,7 @@ cumulative draft log-probability, keeps the best `top_k` as the next frontier, a
 block-sparse layer with a tree mask (so a tree drafter switches its model to the attention
 implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed, from its first
 `propose` of a call to `end()`, which `generate` calls when the call is over, also on error; the
-switch costs about 1 ms for a 24-layer model, so it is not done per round). Tree nodes are chosen,
+switch walks every module of the model, so it is not done per round). Tree nodes are chosen,
 not sampled: a point-mass proposal. The kept set is always closed under parents
 (`dynamic_tree.py`).
 
