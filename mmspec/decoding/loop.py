@@ -155,10 +155,9 @@ class Loop:
                                              [bool(h) for h in host[b: 2 * b]])
         rows.advance(num_h, hit_h)
         self.stats.new_tokens += b
-        if opts.streamer is not None:
-            if opts.put_prompt:
-                opts.streamer.put(input_ids.cpu())
-            opts.streamer.put(torch.tensor(host[2 * b:]))
+        if opts.streamer is not None and opts.put_prompt:
+            opts.streamer.put(input_ids.cpu())
+        self._stream(host[2 * b:])
         self.slots = Slots(input_ids, attention_mask, first, prompt_pos)
         clock.add("prefill", p0, clock.now())
 
@@ -263,9 +262,8 @@ class Loop:
                                  in_place=tree.is_chain)
         slots.append(acc.path_tokens[:, : k - 1], keep_valid[:, 1:], acc.bonus, acc.depth,
                      acc.live)
-        streamer = self.opts.streamer
-        if streamer is not None and acc.num_h[0] > 0:
-            streamer.put(torch.tensor(acc.new_h[0][: acc.num_h[0]]))
+        if acc.num_h[0] > 0:
+            self._stream(acc.new_h[0][: acc.num_h[0]])
         return VerifyResult(
             num_accepted=torch.where(acc.live, acc.depth, 0),
             new_tokens=[acc.new[r, : acc.num_h[r]] for r in range(b)],
@@ -273,6 +271,11 @@ class Loop:
                                          - 1, node_map, r) for r in range(b)],
             target_hidden=self.hidden if self.layers else None,
         )
+
+    def _stream(self, tokens: list[int]) -> None:
+        """Hand the streamer (batch 1) its row's newly committed tokens, from the host."""
+        if self.opts.streamer is not None:
+            self.opts.streamer.put(torch.tensor(tokens))
 
     def _roll_back(self, tree, k: int) -> None:
         """Recurrent state (`recurrent.py`): keep the verification's state where all `k` fed
