@@ -364,11 +364,12 @@ def _path_drafter(args, target, target_tokenizer=None):
                         depth=args.tree_depth, sample=top_k == 1)
 
 
-def _on_device(drafter, target, device):
-    """Move a drafter (the zoo presets build theirs on the CPU) to `device`; returns it."""
-    for module in (drafter, getattr(drafter, "model", None)):
-        if isinstance(module, torch.nn.Module) and module is not target:
-            module.to(device)
+def _on_device(drafter, device):
+    """Move a drafter (the zoo presets build theirs on the CPU) to `device` (`Drafter.to`; one
+    sharing the target's weights finds them there already); returns it."""
+    from mmspec.decoding.draft import as_drafter
+
+    as_drafter(drafter).to(device)
     return drafter
 
 
@@ -462,7 +463,7 @@ def main(argv=None) -> int:
 
     def speculative(n, streamer=None):
         if not drafters:  # a vispec:/diffusion: drafter was loaded from disk twice
-            drafters.append(_on_device(make_drafter(), target, args.device))
+            drafters.append(_on_device(make_drafter(), args.device))
         drafter = drafters[0]
         torch.manual_seed(args.seed)  # after building: both calls sample from one state
         try:

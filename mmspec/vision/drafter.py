@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mmspec.decoding.draft import Draft, DraftState, VerifyResult
+from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult
 from mmspec.hub import resolve_model
 
 from .adaptor import VisionAdaptor
@@ -59,7 +59,7 @@ class _DraftCache:
     global_vecs: torch.Tensor  # `[B, d]` each row's latest image vector (zeros: none)
 
 
-class ViSpecDrafter(nn.Module):
+class ViSpecDrafter(nn.Module, Drafter):
     needs_target_hidden = True
 
     def __init__(self, config: ViSpecConfig, target):

@@ -105,7 +105,7 @@ def test_zoo_drafters_follow_the_target_to_its_device():
 
     preset = text_preset()
     for name in ("diffusion", "model"):
-        drafter = _on_device(preset.drafters[name](), preset.target, "meta")
+        drafter = _on_device(preset.drafters[name](), "meta")
         assert next(drafter.model.parameters()).device.type == "meta"
     assert next(preset.target.parameters()).device.type == "cpu"
 

@@ -144,7 +144,15 @@ def test_the_static_identity_cases_notice_a_wrong_mask_or_commit(batch, eager, m
     assert not torch.equal(out.sequences, ref)
 
 
-def test_custom_generate_takes_compile(eager):
+def test_custom_generate_takes_compile(eager, monkeypatch):
+    # speculative(drafter, compile=True) dropped compile and ran the dynamic path
+    verified = []
+
+    def counted(self, *args, verify=static.StaticVerifier.verify, **kwargs):
+        verified.append(1)
+        return verify(self, *args, **kwargs)
+
+    monkeypatch.setattr(static.StaticVerifier, "verify", counted)
     target = tiny_llama(0, init_std=identity.SHARP)
     ids = torch.tensor([[PAD, PAD, 5, 9, 11, 4], [12, 7, 30, 5, 9, 8]])
     mask = (ids != PAD).long()
@@ -154,6 +162,7 @@ def test_custom_generate_takes_compile(eager):
     out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
                           repetition_penalty=1.3, custom_generate=spec)
     assert torch.equal(out, ref)
+    assert len(verified) == spec.stats.rounds  # every round through the static verifier
 
 
 # sliding-window targets (test_windows.py's, window 8): Gemma 2 (a sliding then a full layer,
