@@ -7,7 +7,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 # the venv's tools (ninja for the CPU kernel build) come first
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test test-browser bench clean
+.PHONY: install run test test-browser bench docs clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 ifeq ($(HAS_GPU),1)
@@ -37,5 +37,10 @@ bench: install
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) -m mmspec bench all --plot
 
+# the docs site into site/ from docs/ and the docstrings, offline, warnings as errors
+docs: install
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site

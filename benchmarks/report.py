@@ -118,5 +118,5 @@ def check_plot_deps(plot: bool) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:
-        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]' (or drop --plot)"
-                         ) from e
+        raise SystemExit("--plot needs matplotlib: install it into the venv with .venv/bin/pip "
+                         "install -c constraints.txt -e '.[bench]' (or drop --plot)") from e

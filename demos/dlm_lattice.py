@@ -20,6 +20,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python demos/dlm_lattice.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from demos.extras import require_demo_extras
+
+require_demo_extras("demos/dlm_lattice.py")  # one line naming `.[demo]`, not a ModuleNotFoundError
+
 import matplotlib
 
 matplotlib.use("Agg")

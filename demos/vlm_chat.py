@@ -24,6 +24,10 @@ from typing import Any
 if __package__ in (None, ""):  # `python demos/vlm_chat.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from demos.extras import require_demo_extras
+
+require_demo_extras("demos/vlm_chat.py")  # one line naming `.[demo]`, not a ModuleNotFoundError
+
 import gradio as gr
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -81,7 +85,7 @@ def load_checkpoints(target_path: str, drafter_path: str, text_drafter_path: str
     from mmspec.cli.generate import load_errors, model_folder
     from mmspec.vision import ViSpecDrafter
 
-    model_folder("--target", target_path)
+    target_path = model_folder("--target", target_path)  # a folder, zoo name or hub id
     with load_errors("--target", target_path, "a vision-language model"):
         target = AutoModelForImageTextToText.from_pretrained(target_path,
                                                              dtype=torch.float32).eval()

@@ -5,13 +5,35 @@
     mmspec demo        a self-contained tour of the block-sparse attention layer
     mmspec bench       the side-by-side benchmarks, `--plot` for the charts (`mmspec bench -h`)
     mmspec kernels tune  measure backend="auto"'s timing table on this machine
+    mmspec --version   mmspec's version, with torch's and the Hugging Face libraries'
 """
 
 import sys
 
 
+def version_line() -> str:
+    """`mmspec X (torch Y, transformers Z, diffusers W)`, the others from their installed
+    metadata, for bug reports."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import mmspec
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    others = ", ".join(f"{name} {installed(name)}" for name in ("torch", "transformers",
+                                                                "diffusers"))
+    return f"mmspec {mmspec.__version__} ({others})"
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        print(version_line())
+        return 0
     commands = {
         "demo": "mmspec.demo",
         "generate": "mmspec.cli.generate",

@@ -8,6 +8,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# nothing downloads in tests: a hub id resolves from the local cache or is a one-line miss
+# (`mmspec.hub` reads it at each call; set before huggingface_hub is imported, for transformers)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The tests run tiny models, where one thread beats two (no OpenMP barriers per small op).
 torch.set_num_threads(1)

@@ -1,5 +1,6 @@
-"""README.md's Python blocks run as pasted, on the zoo: each in a fresh namespace, from the
-repository root. A block preceded by `<!-- template -->` (placeholders such as PATH) is skipped."""
+"""README.md's and docs/'s Python blocks run as pasted, on the zoo: each in a fresh namespace, from
+the repository root. A block preceded by `<!-- template -->` (placeholders such as PATH, a GPU or
+a hub download) is skipped; keep those rare."""
 
 import re
 from pathlib import Path
@@ -24,8 +25,18 @@ def test_the_readme_starts_with_make_run_and_make_test():
     assert first[0].startswith("make run ") and first[1].startswith("make test ")
 
 
-@pytest.mark.parametrize("number", range(len(python_blocks((ROOT / "README.md").read_text()))))
-def test_readme_python_block_runs_as_pasted(number, monkeypatch, capsys):
-    code = python_blocks((ROOT / "README.md").read_text())[number]
+def test_the_readme_is_a_front_page():
+    """At most 250 lines: the reference text lives in docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+BLOCKS = [(page, number) for page in PAGES
+          for number in range(len(python_blocks((ROOT / page).read_text())))]
+
+
+@pytest.mark.parametrize("page,number", BLOCKS, ids=[f"{p}-{n}" for p, n in BLOCKS])
+def test_python_block_runs_as_pasted(page, number, monkeypatch, capsys):
+    code = python_blocks((ROOT / page).read_text())[number]
     monkeypatch.chdir(ROOT)
-    exec(compile(code, f"README.md python block {number}", "exec"), {"__name__": "__readme__"})
+    exec(compile(code, f"{page} python block {number}", "exec"), {"__name__": "__readme__"})

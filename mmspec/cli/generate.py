@@ -14,16 +14,19 @@
     mmspec generate --target PATH --drafter eagle:PATH --prompt "..."
     mmspec generate ... --sample --temperature 0.7 --top-p 0.9
 
-Drafters: zoo targets name theirs (`vlm`: vispec, text-only, eagle3; `text`: diffusion, model,
-prompt-lookup, eagle3). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
-vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a ViSpec
-drafter for this VLM, saved by mmspec or in the ViSpec authors' layout), `eagle:PATH` (a
-SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target), `diffusion:PATH` (a diffusion LM
-with the same vocabulary, e.g. Dream, loaded without its remote code; CPS + ADL with the prefix
-KV cache), `self` (the target drafts for itself: every token is accepted, a check of the
-engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text preset's `model`)
-sample as the target does (its temperature, top-k and top-p; `self` then has every token accepted
-too); tree nodes are chosen, not sampled.
+Drafters of `--target vlm` and `--target text`: the zoo's, by name (below; the zoo target as a
+path, `--target vlm-target` or `text-target`, takes the drafters of a path). Drafters of
+`--target PATH_OR_ID` and `builtin`: `prompt-lookup`, `model:PATH_OR_ID` (a small causal LM with
+the same vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH_OR_ID` (a
+ViSpec drafter for this VLM, saved by mmspec or in the ViSpec authors' layout),
+`eagle:PATH_OR_ID` (a SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target),
+`diffusion:PATH_OR_ID` (a diffusion LM with the same vocabulary, e.g. Dream, loaded without its
+remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts for itself: every
+token is accepted, a check of the engine). A PATH_OR_ID is a folder, a zoo entry name or a
+Hugging Face hub id (ORG/NAME), found as transformers' from_pretrained finds it: the local
+cache first (offline with HF_HUB_OFFLINE=1). Under --sample, chain drafters (`model:`, `self`,
+`builtin`, the text preset's `model`) sample as the target does (its temperature, top-k and
+top-p; `self` then has every token accepted too); tree nodes are chosen, not sampled.
 """
 
 from __future__ import annotations
@@ -36,10 +39,14 @@ from pathlib import Path
 
 import torch
 
+from mmspec.hub import ModelNotFound, resolve_model
 from mmspec.zoo.cards import read_card
-from mmspec.zoo.paths import model_path, zoo_kind
+from mmspec.zoo.paths import zoo_kind
 
 ZOO_TARGETS = ("vlm", "text")
+# the drafters of each zoo target's preset (`mmspec.zoo.presets`), as --help lists them
+ZOO_DRAFTERS = {"vlm": ("vispec", "text-only", "eagle3"),
+                "text": ("diffusion", "model", "prompt-lookup", "eagle3")}
 
 
 def _number(kind, low, high=None, low_open=False, what=None):
@@ -77,12 +84,17 @@ def _device(text: str) -> torch.device:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmspec generate", description=__doc__,
+    zoo = "; ".join(f"--target {t}: {', '.join(names)}" for t, names in ZOO_DRAFTERS.items())
+    p = argparse.ArgumentParser(prog="mmspec generate",
+                                description=f"{__doc__}\nZoo drafters: {zoo}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="vlm",
-                   help="vlm | text (zoo models, default vlm) | builtin | a Hugging Face path "
-                        "or zoo entry name (text-target)")
+                   help="vlm | text (zoo presets, default vlm) | builtin | PATH_OR_ID: a model "
+                        "folder, a zoo entry name (text-target) or a Hugging Face hub id")
     p.add_argument("--drafter", default=None, help="see above (default: the target's own)")
+    p.add_argument("--tokenizer", metavar="PATH_OR_ID", default=None,
+                   help="where the tokenizer (with --image: the processor) of a --target PATH "
+                        "is, when its folder has none (default: the --target folder)")
     p.add_argument("--image", help="an image file, for a vision-language target")
     p.add_argument("--prompt", default=None, help="default: the zoo target's sample input")
     positive = _number(int, 1)
@@ -155,25 +167,25 @@ def _load_path_target(args):
 
     default = "Hello" if args.image is None else "Describe the image."
     prompt = default if args.prompt is None else args.prompt
-    model_folder("--target", args.target)
     _refuse_zoo_drafter_as_target(args.target)
+    tok_flag, tok_path = _tokenizer_source(args)
     if args.image is not None:
         from mmspec.zoo.vlm_processor import vlm_inputs
 
         image = _open_image(args.image)
         with load_errors("--target", args.target, "a vision-language model (with --image)"):
-            processor = transformers.AutoProcessor.from_pretrained(args.target)
+            processor = transformers.AutoProcessor.from_pretrained(tok_path)
             model = transformers.AutoModelForImageTextToText.from_pretrained(args.target,
                                                                              dtype="auto")
         if getattr(processor, "chat_template", None) is None:  # failed with a traceback
             _log(f"--target {args.target}: its processor has no chat template; the prompt goes "
                  f"in as '<image token>\\n{prompt}'")
         return model, processor.tokenizer, vlm_inputs(processor, image, prompt)
-    with load_errors("--target", args.target, "a causal LM"):
-        tok = transformers.AutoTokenizer.from_pretrained(args.target)
+    with load_errors(tok_flag, tok_path, "a tokenizer"):
+        tok = transformers.AutoTokenizer.from_pretrained(tok_path)
     inputs = dict(tok(prompt, return_tensors="pt"))
     if inputs["input_ids"].numel() == 0:  # transformers 5 builds an empty tokenizer from nothing
-        raise SystemExit(f"--prompt: the tokenizer of --target {args.target} encodes {prompt!r} "
+        raise SystemExit(f"--prompt: the tokenizer of {tok_flag} {tok_path} encodes {prompt!r} "
                          f"to no tokens ({len(tok)} in its vocabulary: does the folder hold the "
                          f"tokenizer files?)")
     with load_errors("--target", args.target, "a causal LM"):
@@ -193,13 +205,33 @@ def _load_path_target(args):
     return model, tok, inputs
 
 
-def model_folder(flag: str, path: str) -> None:
-    """Checkpoints load by path (nothing downloads): a missing folder is named as such, not as
+# files of which a saved tokenizer has at least one (transformers' fast, slow and tiktoken ones)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
+
+
+def _tokenizer_source(args) -> tuple[str, str]:
+    """(flag, folder) of the target's tokenizer: --tokenizer, else the --target folder, which
+    must hold one (without, transformers' error blamed sentencepiece and tiktoken)."""
+    if args.tokenizer is not None:
+        return "--tokenizer", args.tokenizer
+    if not any((Path(args.target) / name).is_file() for name in TOKENIZER_FILES):
+        raise SystemExit(f"--target {args.target}: the folder has no tokenizer (none of "
+                         f"{', '.join(TOKENIZER_FILES[:3])}, ...): pass --tokenizer PATH_OR_ID, "
+                         f"the folder or hub id of the model's tokenizer")
+    return "--target", args.target
+
+
+def model_folder(flag: str, path: str) -> str:
+    """The local folder of a model flag's folder, zoo name or hub id (`mmspec.hub.resolve_model`:
+    local first, then the Hugging Face cache); a miss is one line naming the flag, not
     transformers' 'Repo id must use alphanumeric chars' of a hub lookup."""
     if not path:  # Path("") is the current folder, which is a folder
-        raise SystemExit(f"{flag}: give the model folder after the colon, e.g. model:PATH")
-    if not Path(path).is_dir():
-        raise SystemExit(f"{flag}: no such model folder {path}")
+        raise SystemExit(f"{flag}: expected a model folder, zoo entry name or hub id, got ''")
+    try:
+        return str(resolve_model(path))
+    except ModelNotFound as err:
+        raise SystemExit(f"{flag}: {err}") from None
 
 
 # zoo entries that are no target, and what to do with them instead
@@ -295,7 +327,6 @@ def _path_drafter(args, target, target_tokenizer=None):
         from mmspec.decoding.drafters import DiffusionDrafter
 
         path = kind[len("diffusion:"):]
-        model_folder(f"--drafter {kind}", path)  # a name is not looked up on the hub (~50 s)
         tok = _folder_tokenizer(path) if hasattr(target_tokenizer, "get_vocab") else None
         pair = {} if tok is None else {"tokenizer": tok, "target_tokenizer": target_tokenizer}
         try:  # with both tokenizers, ids are compared and DLM-only specials suppressed
@@ -317,7 +348,6 @@ def _path_drafter(args, target, target_tokenizer=None):
         import transformers
 
         path = kind[len("model:"):]
-        model_folder(f"--drafter {kind}", path)
         _same_vocabulary(kind, path, target_tokenizer)
         with load_errors("--drafter", kind, "a causal LM"):
             model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
@@ -335,11 +365,12 @@ def _path_drafter(args, target, target_tokenizer=None):
                         depth=args.tree_depth, sample=top_k == 1)
 
 
-def _on_device(drafter, target, device):
-    """Move a drafter (the zoo presets build theirs on the CPU) to `device`; returns it."""
-    for module in (drafter, getattr(drafter, "model", None)):
-        if isinstance(module, torch.nn.Module) and module is not target:
-            module.to(device)
+def _on_device(drafter, device):
+    """Move a drafter (the zoo presets build theirs on the CPU) to `device` (`Drafter.to`; one
+    sharing the target's weights finds them there already); returns it."""
+    from mmspec.decoding.draft import as_drafter
+
+    as_drafter(drafter).to(device)
     return drafter
 
 
@@ -360,6 +391,10 @@ def _setup(args):
     if args.target in ZOO_TARGETS:
         preset = _zoo_preset(args)
         name = args.drafter or preset.default_drafter
+        if name not in preset.drafters and (":" in name or name == "self"):
+            raise SystemExit(f"--drafter {name}: --target {args.target} takes the zoo's drafters "
+                             f"({', '.join(preset.drafters)}); pass the zoo target as a path, "
+                             f"--target {args.target}-target, for this one")
         if name not in preset.drafters:
             raise SystemExit(f"--drafter for --target {args.target} must be one of "
                              f"{sorted(preset.drafters)}, got {name!r}")
@@ -388,11 +423,17 @@ def _how_it_ended(answer: torch.Tensor, max_new_tokens: int, eos) -> str:
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.target not in (*ZOO_TARGETS, "builtin"):  # zoo entry names wherever a path goes
-        args.target = model_path(args.target)
+    # folders, zoo entry names and hub ids wherever a path goes, found before anything loads
+    if args.target not in (*ZOO_TARGETS, "builtin"):
+        args.target = model_folder("--target", args.target)
     if args.drafter and ":" in args.drafter:
         kind, _, path = args.drafter.partition(":")
-        args.drafter = f"{kind}:{model_path(path)}"
+        args.drafter = f"{kind}:{model_folder(f'--drafter {args.drafter}', path)}"
+    if args.tokenizer is not None:
+        if args.target in (*ZOO_TARGETS, "builtin"):
+            parser.error(f"--tokenizer applies to a --target PATH_OR_ID; --target "
+                         f"{args.target} brings its own")
+        args.tokenizer = model_folder("--tokenizer", args.tokenizer)
     given = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_k", "top_p")
              if getattr(args, n) is not None]
     if given and not args.sample:  # greedy would ignore them without a word
@@ -423,7 +464,7 @@ def main(argv=None) -> int:
 
     def speculative(n, streamer=None):
         if not drafters:  # a vispec:/diffusion: drafter was loaded from disk twice
-            drafters.append(_on_device(make_drafter(), target, args.device))
+            drafters.append(_on_device(make_drafter(), args.device))
         drafter = drafters[0]
         torch.manual_seed(args.seed)  # after building: both calls sample from one state
         try:

@@ -12,15 +12,18 @@
     spec = mmspec.speculative(drafter)
     ids = target.generate(**inputs, custom_generate=spec, max_new_tokens=256, streamer=streamer)
 
-Layout: `draft.py` (the drafter contract), `generate.py` (the loop), `settings.py` (arguments
-and generation-config resolution), `admission.py` (the probe and refusals before the first
-token), `recurrent.py` (hybrid targets' rollback), `clock.py` (timing), `hf_generate.py`
-(`custom_generate=mmspec.speculative(...)`), `processors.py` (transformers' processors per node), `tree.py` (tree and mask),
-`hf_generate.py` (`speculative`, the `custom_generate` callable), `processors.py` (transformers'
-logits processors and stopping criteria per tree node), `verify.py` (greedy and rejection
-sampling), `sampling.py` (temperature / top-k / top-p for drafters),
-`kv_cache.py` (path commit), `positions.py` (tree and M-RoPE positions), `stats.py`,
-`drafters/` (built-in drafters); the `mmspec generate` command is `mmspec/cli/generate.py`.
+Layout: `draft.py` (the drafter contract: `Drafter` and what it sees), `generate.py` (the entry
+point: arguments, the verifier choice, the call around the loop), `settings.py` (arguments and
+generation-config resolution), `loop.py` (the round loop: prefill, draft, verify, accept,
+commit), `rows.py` (the rows' and slots' bookkeeping, with a worked example), `verifier.py` (how
+the target runs: the `Verifier` interface and its eager implementation), `static.py` (its
+compiled one, `compile=True`), `admission.py` (the probe and refusals before the first token),
+`recurrent.py` (hybrid targets' rollback), `clock.py` (timing), `hf_generate.py` (`speculative`,
+the `custom_generate` callable), `processors.py` (transformers' logits processors and stopping
+criteria per tree node), `tree.py` (tree and mask), `verify.py` (greedy and rejection sampling),
+`sampling.py` (temperature / top-k / top-p for drafters), `kv_cache.py` (path commit),
+`positions.py` (tree and M-RoPE positions), `stats.py`, `drafters/` (built-in drafters); the
+`mmspec generate` command is `mmspec/cli/generate.py`. docs/drafters.md: write your own drafter.
 """
 
 from .admission import UnsupportedTarget

@@ -18,7 +18,7 @@ implementation) on a few tokens of the call's own prompt:
 
 Trees pass with the first mode that is exact. Where none is, the engine verifies each draft's
 main path (`tree.main_path`: a chain is exact on any model whose own steps are), and where holes
-are not exact, the rows of a batch commit alike (`generate._even_commit`), leaving none; only a
+are not exact, the rows of a batch commit alike (`loop.even_commit`), leaving none; only a
 model with sliding windows, whose chains too go through a mask, is refused with `UnsupportedTarget`
 before its first token. `check_cache` refuses states the engine cannot roll back.
 Tolerance: the probe compares logits of the same computation in two layouts, so it allows

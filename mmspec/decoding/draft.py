@@ -1,6 +1,7 @@
-"""The drafter contract: `propose(state) -> Draft`, `update(result)` and an optional `end()`.
+"""The drafter contract: `Drafter` (`propose(state) -> Draft`, `update(result)` and the optional
+capabilities the engine reads, with their defaults), `DraftState`, `Draft` and `VerifyResult`.
 
-Two methods, like transformers' `CandidateGenerator` (`get_candidates` /
+Two required methods, like transformers' `CandidateGenerator` (`get_candidates` /
 `update_candidate_strategy`). The engine owns the target and the committed sequence; a drafter
 only sees what is in `DraftState` and learns the verdict from `VerifyResult`.
 
@@ -18,8 +19,6 @@ keeps its own KV cache can use the same slot layout and the same `attention_mask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from .sampling import SamplingConfig
@@ -127,16 +126,111 @@ class VerifyResult:
     target_hidden: torch.Tensor | None = None
 
 
-class Drafter(Protocol):
-    """Optional attributes: `needs_target_hidden: bool = False` asks for the target's hidden states
-    (`DraftState.target_hidden`, `VerifyResult.target_hidden`); `target_hidden_layers` (default
-    `(-1,)`, the last, normed layer) picks entries of transformers' `hidden_states` tuple,
-    concatenated on the feature dim (EAGLE-3 fuses a low, a middle and a high layer).
+class Drafter:
+    """Everything the engine may ask of a drafter, with the defaults it assumes.
 
-    Optional method `end()`: `generate` calls it once when the call is over (also when it raises),
-    for the drafter to drop its per-call state (KV cache, ...) and undo what it changed on its
-    model for the call; the next call starts at round 0 anyway."""
+    Subclass it and implement `propose` and `update`; override a capability only where the
+    drafter needs it. A drafter that does not subclass it (any object with `propose` and
+    `update`) works too: the engine reads it through `as_drafter`, which takes what the object
+    defines and these defaults for the rest. `generate` reads, in this order:
 
-    def propose(self, state: DraftState) -> Draft: ...
+    - before the prefill: `check_target(target)`, `vocab_size` with `match_target_width(width)`
+      and `top_k`, `check_inputs(model_kwargs)`, then `needs_target_hidden` and
+      `target_hidden_layers`;
+    - every round: `propose(state)` and `update(result)`;
+    - at the end of the call (also when it raises): `end()`.
 
-    def update(self, result: VerifyResult) -> None: ...
+    The `mmspec generate` command also calls `to(device)`. docs/drafters.md has a worked example.
+    """
+
+    needs_target_hidden: bool = False
+    """True asks for the target's hidden states (`DraftState.target_hidden`,
+    `VerifyResult.target_hidden`): EAGLE / ViSpec heads draft from them."""
+
+    target_hidden_layers: tuple[int, ...] = (-1,)
+    """Entries of transformers' `hidden_states` tuple handed over when `needs_target_hidden`,
+    concatenated on the feature dim: `(-1,)` is the last, normed layer; EAGLE-3 fuses a low, a
+    middle and a high layer."""
+
+    vocab_size: int | None = None
+    """Width of the drafter's token distributions. `generate` refuses a drafter whose width is
+    not the target's (`VocabularyMismatch`), unless `match_target_width` takes the target's.
+    None: the drafter proposes the target's own ids and no check applies (prompt lookup)."""
+
+    top_k: int = 1
+    """Children per tree node: 1 drafts chains. Where the target verifies only each draft's main
+    path (`admission.py`), a drafter with `top_k > 1` is warned that the other branches are
+    wasted work."""
+
+    def propose(self, state: DraftState) -> Draft:
+        """The round's draft for every row (`DraftState` says what the drafter may read)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement propose(state)")
+
+    def update(self, result: VerifyResult) -> None:
+        """The round's verdict (`VerifyResult`), after every `propose`. Default: nothing to learn."""
+
+    def end(self) -> None:
+        """Called once when the `generate` call is over (also when it raises): drop per-call state
+        (a KV cache, ...) and undo what was changed on a model for the call; the next call
+        starts at round 0 anyway. Default: nothing to drop."""
+
+    def check_target(self, target) -> None:
+        """Raise (one line) when the drafter is bound to another model than `target` (ViSpec's
+        heads are trained on one target's features). Default: any target."""
+
+    def check_inputs(self, model_kwargs: dict) -> None:
+        """Raise (one line) when the call's model inputs (`pixel_values`, ...) are ones the
+        drafter cannot draft for. Default: any inputs."""
+
+    def match_target_width(self, width: int | None) -> bool:
+        """`width`: the target's logit width when it differs from `vocab_size` only by padding
+        (one tokenizer, output layers padded differently, `drafters/vocab.py`), else None.
+        Return True to draft over `width` columns from now on (ids past the drafter's own are
+        never proposed); the default, False, declines, and a drafter whose `vocab_size` is not
+        the target's is refused."""
+        return False
+
+    def to(self, device) -> Drafter:
+        """Move the drafter's weights to `device` (the target's); returns the drafter. Default:
+        no weights."""
+        return self
+
+
+# the members `as_drafter` takes from a drafter that does not subclass `Drafter`
+CAPABILITIES = ("needs_target_hidden", "target_hidden_layers", "vocab_size", "top_k", "end",
+                "check_target", "check_inputs", "match_target_width", "to")
+
+
+class _DuckTyped(Drafter):
+    """A drafter that does not subclass `Drafter`, behind the interface: its own members where it
+    defines them (read once, when the call starts), `Drafter`'s defaults elsewhere."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        for name in CAPABILITIES:
+            own = getattr(drafter, name, _MISSING)
+            if own is not _MISSING:
+                setattr(self, name, own)
+
+    def propose(self, state: DraftState) -> Draft:
+        return self.drafter.propose(state)
+
+    def update(self, result: VerifyResult) -> None:
+        self.drafter.update(result)
+
+
+_MISSING = object()
+
+
+def as_drafter(drafter) -> Drafter:
+    """`drafter` as a `Drafter`: itself when it subclasses it, else a `_DuckTyped` view. Raises a
+    TypeError naming what arrived when it has no `propose` method."""
+    if isinstance(drafter, Drafter):
+        return drafter
+    if not callable(getattr(drafter, "propose", None)):
+        hint = (": wrap a small model as ModelDrafter(model)"
+                if isinstance(drafter, torch.nn.Module) else "")
+        raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, "
+                        f"DiffusionDrafter, ViSpecDrafter, ...), got {type(drafter).__name__}"
+                        f"{hint}")
+    return _DuckTyped(drafter)

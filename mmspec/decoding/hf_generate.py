@@ -29,7 +29,9 @@ import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .draft import as_drafter
 from .generate import run
+from .loop import LoopOptions
 from .static import check_compile
 from .settings import check_inputs
 from .processors import NodeProcessors, StopRule, refuse_processors
@@ -94,9 +96,7 @@ class Speculative:
     """The `custom_generate` callable (`speculative`). `stats`: the last call's `SpecStats`."""
 
     def __init__(self, drafter, on_round=None, profile: bool = False, compile=False):
-        if not callable(getattr(drafter, "propose", None)):
-            raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, ...), "
-                            f"got {type(drafter).__name__}")
+        as_drafter(drafter)  # a TypeError now rather than at the first call
         self.drafter, self.on_round, self.profile = drafter, on_round, profile
         self.compile_config = check_compile(compile)
         self.stats = None
@@ -133,18 +133,19 @@ class Speculative:
         pad = None if pad is None else int(pad)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        check_inputs(model, self.drafter, input_ids, attention_mask, max_new_tokens, pad)
-        check_model_inputs = getattr(self.drafter, "check_inputs", None)
-        if check_model_inputs is not None:
-            check_model_inputs(model_kwargs)
+        drafter = as_drafter(self.drafter)  # read per call: its attributes may have changed
+        check_inputs(model, drafter, input_ids, attention_mask, max_new_tokens, pad)
+        drafter.check_inputs(model_kwargs)
         if streamer is not None and batch != 1:
             raise ValueError(f"streamer needs a batch of 1 row, got {batch}")
-        out = run(model, self.drafter, input_ids, attention_mask, max_new_tokens, model_kwargs,
-                  rule=NodeProcessors(logits_processor, bool(gen.do_sample)), stop=stop,
-                  eos=eos, asked_eos=tuple(eos.tolist()), sampling=_drafter_sampling(gen),
-                  streamer=streamer, pad=0 if pad is None else pad, generator=generator,
-                  on_round=self.on_round, profile=self.profile, put_prompt=False,
-                  compile_config=self.compile_config)
+        options = LoopOptions(
+            rule=NodeProcessors(logits_processor, bool(gen.do_sample)), eos=eos,
+            pad=0 if pad is None else pad, stop=stop, asked_eos=tuple(eos.tolist()),
+            sampling=_drafter_sampling(gen), streamer=streamer, generator=generator,
+            on_round=self.on_round, profile=self.profile, put_prompt=False)
+        prompt = {"input_ids": input_ids, "attention_mask": attention_mask,
+                  "model_kwargs": model_kwargs}
+        out = run(model, drafter, prompt, max_new_tokens, options, self.compile_config)
         self.stats = out.stats
         if gen.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=out.sequences)
@@ -158,4 +159,4 @@ def speculative(drafter, on_round=None, profile: bool = False, compile=False) ->
     settings, processors, stopping criteria, `streamer`, batches with `attention_mask`), plus
     `generator=` (a `torch.Generator` for the draws). `on_round`, `profile`, `compile`: as in
     `mmspec.generate`. The last call's `SpecStats` are on `.stats`."""
-    return Speculative(drafter, on_round, profile)
+    return Speculative(drafter, on_round, profile, compile)

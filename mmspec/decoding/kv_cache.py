@@ -52,9 +52,9 @@ def commit_path(cache: Cache, start: int, keep: torch.Tensor, in_place: bool | N
 
     keep: long `[B, K]`, indices relative to `start`, in the tree's node order (root is 0).
     A chain's path (every row keeps `0, 1, ..., K-1`) is in place already: only a crop, which
-    saves two gathers and two copies per layer (~0.3 ms a round for the 6-layer zoo target on a
-    CPU; on a GPU, 4 kernel launches per layer). `in_place`: the caller knows whether it is (the
-    engine does, from the tree's shape on the host); None compares, which reads the device.
+    saves two gathers and two copies per layer (on a GPU, 4 kernel launches per layer).
+    `in_place`: the caller knows whether it is (the engine does, from the tree's shape on the
+    host); None compares, which reads the device.
     """
     b, k = keep.shape
     if in_place is None:

@@ -13,7 +13,7 @@ layers back to the round's start and feeds the committed tokens again: one more 
 
 Chains only, without holes: a tree's siblings or a batch's holes cannot pass through a
 recurrence without mixing into its state. So the engine verifies each draft tree's main path
-(`tree.main_path`), and the rows of a batch commit alike (`generate._even_commit`: as many tokens
+(`tree.main_path`), and the rows of a batch commit alike (`loop.even_commit`: as many tokens
 as the row that accepted fewest), which the replay then feeds to every row.
 """
 

@@ -7,8 +7,10 @@ them: `hf_generate.py`)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import numbers
+from dataclasses import dataclass
 
 import torch
 from transformers.generation.logits_process import (
@@ -21,6 +23,7 @@ from transformers.generation.logits_process import (
 from .drafters.vocab import VocabularyMismatch, padded_widths
 from .processors import NodeProcessors
 from .sampling import SamplingConfig
+from .draft import Drafter
 
 
 def vocab_size(model) -> int:
@@ -40,10 +43,11 @@ def is_token_id(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def eos_ids(target, eos_token_id) -> torch.Tensor:
-    """An id, a list of ids or a tensor of them (numpy ints too, as `target.generate` takes)."""
+def eos_ids(target, eos_token_id, gen=None) -> torch.Tensor:
+    """An id, a list of ids or a tensor of them (numpy ints too, as `target.generate` takes);
+    None: the generation config's (`gen`, by default the target's)."""
     if eos_token_id is None:
-        eos_token_id = target.generation_config.eos_token_id
+        eos_token_id = (target.generation_config if gen is None else gen).eos_token_id
     if eos_token_id is None:
         return torch.zeros(0, dtype=torch.long)
     if isinstance(eos_token_id, torch.Tensor):
@@ -59,13 +63,9 @@ def eos_ids(target, eos_token_id) -> torch.Tensor:
     return torch.tensor([int(i) for i in ids], dtype=torch.long)
 
 
-def check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad_token_id):
-    if not callable(getattr(drafter, "propose", None)):
-        hint = (": wrap a small model as ModelDrafter(model)"
-                if isinstance(drafter, torch.nn.Module) else "")
-        raise TypeError(f"drafter must be a drafter (ModelDrafter, PromptLookupDrafter, "
-                        f"DiffusionDrafter, ViSpecDrafter, ...), got {type(drafter).__name__}"
-                        f"{hint}")
+def check_inputs(target, drafter: Drafter, input_ids, attention_mask, max_new_tokens,
+                 pad_token_id):
+    """The call's inputs, and the drafter's fit to the target (`Drafter`'s checks, its vocabulary)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a long tensor [B, L], got "
                          f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
@@ -99,20 +99,21 @@ def check_inputs(target, drafter, input_ids, attention_mask, max_new_tokens, pad
         raise ValueError("target: its config says is_causal=False (a bidirectional diffusion "
                          "LM); the target must be an autoregressive causal LM (a diffusion LM "
                          "drafts: DiffusionDrafter)")
-    check_target = getattr(drafter, "check_target", None)
-    if check_target is not None:  # a drafter bound to one model (ViSpec): is it this one?
-        check_target(target)
-    drafter_vocab = getattr(drafter, "vocab_size", None)
-    target_vocab = vocab_size(target)
-    match_width = getattr(drafter, "match_target_width", None)
-    padded = (drafter_vocab is not None and match_width is not None
-              and padded_widths(drafter_vocab, target_vocab))
-    if padded and getattr(drafter, "top_k", 1) > target_vocab:
+    drafter.check_target(target)  # a drafter bound to one model (ViSpec): is it this one?
+    _check_vocabulary(drafter, vocab_size(target))
+
+
+def _check_vocabulary(drafter: Drafter, target_vocab: int) -> None:
+    """The drafter's ids are the target's: equal widths, or widths padded differently within one
+    tokenizer (`padded_widths`) that the drafter takes on (`Drafter.match_target_width`)."""
+    drafter_vocab = drafter.vocab_size
+    padded = drafter_vocab is not None and padded_widths(drafter_vocab, target_vocab)
+    # every call tells the drafter, so a width set for one target does not outlive it
+    widened = drafter.match_target_width(target_vocab if padded else None) and padded
+    if widened and drafter.top_k > target_vocab:
         raise ValueError(f"top_k ({drafter.top_k}) must be at most the target's vocabulary "
                          f"({target_vocab} tokens)")
-    if match_width is not None:
-        match_width(target_vocab if padded else None)
-    if drafter_vocab is not None and drafter_vocab != target_vocab and not padded:
+    if drafter_vocab is not None and drafter_vocab != target_vocab and not widened:
         raise VocabularyMismatch(
             f"drafter vocabulary ({drafter_vocab} tokens) does not match the target's "
             f"({target_vocab} tokens); target and drafter must share a tokenizer and an output "
@@ -170,6 +171,106 @@ def generation_settings(model_kwargs: dict) -> dict:
     return {k: model_kwargs.pop(k) for k in list(model_kwargs) if k in fields}
 
 
+# `generate`'s `max_new_tokens` when neither the call nor its `generation_config=` sets one
+DEFAULT_MAX_NEW_TOKENS = 32
+# fields of a `GenerationConfig` that record where it came from, not how to generate
+_METADATA = {"transformers_version"}
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """A `generate` call's settings, resolved as `target.generate` resolves them (`resolve_call`).
+
+    max_new_tokens: new tokens per row, at most.
+    sampling:       the target's sampling rule (greedy, or temperature / top-k / top-p) and
+                    repetition penalty.
+    eos:            long `[E]`, the ids a row stops at (none: `[0]`-shaped).
+    asked_eos:      the EOS ids the call itself passed (for the drafter), else None.
+    pad_token_id:   the id after a row's end, or None (then a batch of one row).
+    attention_mask: `[B, L]` or None (no padding).
+    model_kwargs:   the model's own inputs for the prefill (`pixel_values`, ...).
+    """
+
+    max_new_tokens: int
+    sampling: SamplingConfig
+    eos: torch.Tensor
+    asked_eos: tuple | None
+    pad_token_id: int | None
+    attention_mask: torch.Tensor | None
+    model_kwargs: dict
+
+
+def resolve_call(target, input_ids, generation_config, kwargs: dict) -> CallSettings:
+    """`generate`'s keyword arguments as transformers' `generate` reads them: the fields of a
+    `GenerationConfig` (`max_new_tokens`, `do_sample`, `eos_token_id`, ...) over those of
+    `generation_config=` over the target's, then transformers' defaults; `attention_mask`; and
+    the model's inputs, which the target checks by name (an unknown one is an error naming it)."""
+    model_kwargs = dict(kwargs)
+    engine_owned = sorted(set(model_kwargs) & ENGINE_KWARGS)
+    if engine_owned:
+        raise ValueError(f"{', '.join(engine_owned)}: generate runs the target's cache, positions "
+                         f"and outputs itself; pass only model inputs (pixel_values, ...)")
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    settings = generation_settings(model_kwargs)  # taken out of model_kwargs
+    gen, given = _base_generation_config(target, generation_config)
+    if "max_length" in given and not {"max_new_tokens"} & (set(given) | set(settings)):
+        raise ValueError(f"generation_config.max_length={given['max_length']!r}: give "
+                         f"max_new_tokens instead")
+    max_new_tokens = settings.pop("max_new_tokens", given.get("max_new_tokens",
+                                                              DEFAULT_MAX_NEW_TOKENS))
+    asked = {name: settings.pop(name, None) for name in ("do_sample", "temperature", "top_k",
+                                                          "top_p", "eos_token_id",
+                                                          "pad_token_id")}
+    cfg = sampling_config(target, asked["do_sample"], asked["temperature"], asked["top_k"],
+                          asked["top_p"], settings, gen)
+    validate = getattr(target, "_validate_model_kwargs", None)  # transformers' typo check
+    if validate is not None:
+        validate(dict(model_kwargs))
+    eos = eos_ids(target, asked["eos_token_id"], gen)
+    pad = _pad_token_id(asked["pad_token_id"], gen, eos)
+    if attention_mask is None and pad is not None and isinstance(input_ids, torch.Tensor):
+        attention_mask = mask_from_padding(input_ids, pad, eos)
+    if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
+        max_new_tokens = int(max_new_tokens)  # a numpy int (a tensor stays refused)
+    eos_given = asked["eos_token_id"] if asked["eos_token_id"] is not None else \
+        given.get("eos_token_id")
+    return CallSettings(max_new_tokens, cfg, eos,
+                        None if eos_given is None else tuple(eos.tolist()), pad,
+                        attention_mask, model_kwargs)
+
+
+def _base_generation_config(target, generation_config):
+    """-> (the generation config the call's own settings go over: `generation_config=`'s set
+    fields over the target's, as transformers merges them; the fields it set)."""
+    if generation_config is None:
+        return target.generation_config, {}
+    from transformers import GenerationConfig
+
+    if not isinstance(generation_config, GenerationConfig):
+        raise ValueError(f"generation_config must be a transformers GenerationConfig or None, "
+                         f"got {type(generation_config).__name__}")
+    given = {k: v for k, v in vars(generation_config).items()
+             if not k.startswith("_") and k not in _METADATA and v is not None}
+    gen = copy.deepcopy(target.generation_config)
+    for name, value in given.items():
+        setattr(gen, name, value)
+    return gen, given
+
+
+def _pad_token_id(pad_token_id, gen, eos: torch.Tensor) -> int | None:
+    """The pad id: the call's, else the generation config's, else (as `target.generate`) the
+    first EOS id; None where there is none."""
+    if pad_token_id is None:
+        pad_token_id = gen.pad_token_id
+    if pad_token_id is None and len(eos):  # target.generate's fallback
+        pad_token_id = int(eos[0])
+    if isinstance(pad_token_id, torch.Tensor) and pad_token_id.numel() == 1:
+        pad_token_id = pad_token_id.item()
+    if pad_token_id is not None and not is_token_id(pad_token_id):
+        raise ValueError(f"pad_token_id must be an int, got {pad_token_id!r}")
+    return None if pad_token_id is None else int(pad_token_id)
+
+
 def mask_from_padding(input_ids: torch.Tensor, pad: int, eos: torch.Tensor):
     """transformers' rule without an attention_mask: a prompt holding the pad id (one that is not
     an EOS id) is padded there; otherwise None (no padding)."""
@@ -179,12 +280,15 @@ def mask_from_padding(input_ids: torch.Tensor, pad: int, eos: torch.Tensor):
 
 
 def sampling_config(target, do_sample, temperature, top_k, top_p,
-                    settings: dict | None = None) -> SamplingConfig:
+                    settings: dict | None = None, gen=None) -> SamplingConfig:
     """The target's sampling rule, resolved as `target.generate` does: an argument left at None
-    takes the target's generation config, and a field unset there transformers' global default
-    (greedy; when sampling, temperature 1.0, top-k 50, top-p 1.0). `settings`: other generation
-    settings passed to the call, which must leave the output as `generate` makes it."""
-    gen = target.generation_config
+    takes the generation config (`gen`: the call's `generation_config=` over the target's, by
+    default the target's), and a field unset there transformers' global default (greedy; when
+    sampling, temperature 1.0, top-k 50, top-p 1.0). `settings`: other generation settings
+    passed to the call, which must leave the output as `generate` makes it."""
+    gen = target.generation_config if gen is None else gen
+    source = "generation_config" if gen is not target.generation_config else \
+        "target.generation_config"
     settings = dict(settings or {})
     blank = _blank_generation_config()
     known = {name for name, _, _ in _UNSUPPORTED} | {"repetition_penalty"}  # checked below
@@ -210,7 +314,7 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
     if penalty is not None and (isinstance(penalty, bool) or not isinstance(penalty, (int, float))
                                 or not penalty > 0):
         where = "repetition_penalty" if "repetition_penalty" in settings else \
-            "target.generation_config.repetition_penalty"
+            f"{source}.repetition_penalty"
         raise ValueError(f"{where} must be a number > 0, got {penalty!r}")
     penalty = None if penalty in (None, 1.0) else float(penalty)
     for name, neutral, sampling_only in _UNSUPPORTED:
@@ -224,8 +328,8 @@ def sampling_config(target, do_sample, temperature, top_k, top_p,
         value = getattr(gen, name, None)
         if value not in neutral and (do_sample or not sampling_only):
             raise ValueError(
-                f"target.generation_config.{name}={value!r} changes the target's distribution and "
-                f"mmspec.generate does not apply it; set target.generation_config.{name} = "
+                f"{source}.{name}={value!r} changes the target's distribution and "
+                f"mmspec.generate does not apply it; set {source}.{name} = "
                 f"{neutral[-1]!r} (target.generate then gives the same output)")
     if not do_sample:
         return SamplingConfig(False, repetition_penalty=penalty)

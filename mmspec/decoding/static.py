@@ -65,6 +65,9 @@ tensors: they run as they are.
 
 from __future__ import annotations
 
+import logging
+import time
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -86,6 +89,7 @@ from mmspec.kernels.hf import additive_mask, use_block_sparse_attention
 
 from . import admission
 from .tree import node_positions
+from .verifier import Verifier, admit_target
 from .windows import sliding_windows, within_chunk, within_window
 
 # nodes of a verification forward: the tree's count rounded up to a multiple of this, so that a
@@ -111,10 +115,29 @@ def check_compile(compile) -> CompileConfig | None:
     raise ValueError(f"compile must be a bool or a transformers CompileConfig, got {compile!r}")
 
 
+_announced = weakref.WeakSet()  # compiled calls whose first call was announced
+_compiling = {"seconds": 0.0}  # wall time of the compiled calls that compiled a graph
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent in compiled calls that compiled a new graph (the first
+    call of each shape): `generate` reports the difference over a call as `stats.compile_time`,
+    apart from its tokens/s."""
+    return _compiling["seconds"]
+
+
+def _graphs_compiled() -> int:
+    """dynamo's count of graphs compiled in this process (read each time: tests clear it)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def compiled_forward(target, config: CompileConfig):
     """The target's compiled `__call__` (transformers caches it on the model), each call a new
     step of the CUDA graphs: the engine and `ModelDrafter` keep no output of a compiled call past
-    the next one (what they keep, they gather or copy), so a replay may reuse its buffers."""
+    the next one (what they keep, they gather or copy), so a replay may reuse its buffers.
+
+    Its first call says on the `mmspec` logger that compiling starts (silent, it took minutes);
+    calls that compile a graph add their time to `compile_seconds()`."""
     if config.mode is None and config.backend == "inductor":  # CUDA graphs where they exist
         device = next(target.parameters()).device
         config = CompileConfig(**{**config.to_dict(),
@@ -122,8 +145,18 @@ def compiled_forward(target, config: CompileConfig):
     compiled = target.get_compiled_call(config)
 
     def call(**kwargs):
+        if compiled not in _announced:
+            _announced.add(compiled)
+            logging.getLogger("mmspec").warning(
+                "compile=True: compiling %s's forward (torch.compile, backend %s, mode %s); the "
+                "first call of each shape compiles, reported as stats.compile_time",
+                type(target).__name__, config.backend, config.mode)
+        before, start = _graphs_compiled(), time.perf_counter()
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled(**kwargs)
+        out = compiled(**kwargs)
+        if _graphs_compiled() != before:
+            _compiling["seconds"] += time.perf_counter() - start
+        return out
 
     return call
 
@@ -290,28 +323,55 @@ def grow(cache: StaticCache, needed: int, length: int) -> int:
     return length
 
 
-class StaticVerifier:
-    """The engine's static cache and compiled verification forward for one `generate` call."""
+class StaticVerifier(Verifier):
+    """`compile=True` (`verifier.Verifier`): the engine's static cache and compiled verification
+    forward for one `generate` call."""
 
-    def __init__(self, target, config: CompileConfig, prompt_len: int, max_new_tokens: int,
-                 chains: bool = False):
-        self.target, self.config = target, config
+    def __init__(self, target, windows: tuple, config: CompileConfig):
+        super().__init__(target, windows)
+        self.compile_config = config
+        self.chains = False
+
+    def admit(self, drafter, input_ids, attention_mask, max_new_tokens: int) -> None:
+        """The static path's own refusals (`refuse`) before the eager engine's (`admit_target`,
+        chunked layers masked here), then its own probe (`probe`) of the forward it compiles."""
+        refuse(self.target, self.windows, input_ids.shape[1] + max_new_tokens)
+        self.probe = admit_target(self.target, drafter, input_ids, attention_mask, self.windows,
+                                  max_new_tokens, chunks_masked=True)
+        # where no tree mask is exact the engine verifies main paths: chains, through the
+        # model's own causal mask
+        self.chains = self.probe is not None and self.probe.tree_mode is None
+        probe(self.target, input_ids, attention_mask, self.chains)
+
+    def open(self, prompt_len: int, max_new_tokens: int) -> None:
+        target = self.target
         self.length = round_up(prompt_len + max_new_tokens + NODE_BUCKET, LENGTH_BUCKET)
         self.cache = static_cache(target, self.length)
         # linear-attention / SSM state: chains verified unpadded through the 4-D mask (a padding
         # node would fold into the state); other main-path targets: the 2-D slot mask
         self.recurrent = holds_recurrent_state(self.cache)
-        self.chains = chains and not self.recurrent
+        self.chains = self.chains and not self.recurrent
         self.masks = masks(target)
-        self.forward = compiled_forward(target, config)
+        self.forward_call = compiled_forward(target, self.compile_config)
         self.dtype = next(target.parameters()).dtype
 
-    def check_prefill(self, cache) -> None:
+    def prefill_cache(self):
+        return self.cache
+
+    def adopt(self, cache) -> bool:
         """The model filled the cache it was given (not one of its own)."""
         if cache is not self.cache:
             raise admission.UnsupportedTarget(
                 f"{type(self.target).__name__}: compile=True gave its prefill a StaticCache and "
                 f"it returned {type(cache).__name__}; use compile=False")
+        return self.recurrent
+
+    def prepare(self, tree, slots):
+        """Nothing: the dense mask is built in `verify`, for the compiled forward's shape."""
+        return None
+
+    def forward(self, tree, slots, prepared, need_hidden: bool):
+        return self.verify(tree, slots.cache_valid, slots.root_pos, need_hidden)
 
     def _fit(self, needed: int) -> None:
         """Grow every layer to at least `needed` slots (a batch's holes; module docstring)."""
@@ -334,21 +394,21 @@ class StaticVerifier:
                               lambda: node_positions(tree, cache_valid))
         tokens = padded(tree.tokens, p)  # [B, P]
         depth = padded(tree.depth * tree.valid, p)  # padding nodes at the root's position
-        out = self.forward(input_ids=tokens, attention_mask=mask,
+        out = self.forward_call(input_ids=tokens, attention_mask=mask,
                            position_ids=position_ids + depth,  # [..., B, P]
                            **cache_kwargs(self.target.forward, self.cache), use_cache=True,
                            output_hidden_states=need_hidden, return_dict=True)
         hidden = tuple(h[:, :n] for h in out.hidden_states) if need_hidden else None
         return SimpleNamespace(logits=out.logits[:, :n], hidden_states=hidden)
 
-    def replay(self, chain, k: int, cache_valid, position_ids) -> None:
+    def replay(self, tree, k: int, slots) -> None:
         """After `recurrent.restore` and the attention layers cut back to the round's start:
-        the first `k` nodes of the verified `chain` fed again through the same forward (`k`
-        nodes, one compiled graph per `k`), so the recurrent state and the keys hold the
+        the first `k` nodes of the verified chain `tree` fed again through the same forward
+        (`k` nodes, one compiled graph per `k`), so the recurrent state and the keys hold the
         committed tokens and nothing else (`recurrent.py`)."""
-        prefix = SimpleNamespace(tokens=chain.tokens[:, :k], anc=chain.anc[:, :k, :k],
-                                 depth=chain.depth[:, :k], valid=chain.valid[:, :k])
-        self.verify(prefix, cache_valid, position_ids, need_hidden=False)
+        prefix = SimpleNamespace(tokens=tree.tokens[:, :k], anc=tree.anc[:, :k, :k],
+                                 depth=tree.depth[:, :k], valid=tree.valid[:, :k])
+        self.verify(prefix, slots.cache_valid, slots.root_pos, need_hidden=False)
 
 
 def probe(target, input_ids, attention_mask, chains: bool = False) -> None:

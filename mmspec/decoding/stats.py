@@ -25,6 +25,7 @@ class SpecStats:
     replays: int = 0  # rounds that fed the committed tokens again (recurrent targets, recurrent.py)
     replay_time: float = 0.0  # seconds in those replays (part of target_forward_time)
     total_time: float = 0.0
+    compile_time: float = 0.0  # compile=True: seconds of the forwards that compiled a graph
 
     @property
     def mean_accepted(self) -> float:
@@ -44,7 +45,9 @@ class SpecStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
+        """Throughput without compilation (`compile_time`, part of `total_time`)."""
+        seconds = self.total_time - self.compile_time
+        return self.new_tokens / seconds if seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
         return {**asdict(self), "mean_accepted": self.mean_accepted,
@@ -57,4 +60,6 @@ class SpecStats:
                 f"{self.rounds} rounds, tau {self.mean_accepted:.2f} with bonus / "
                 f"{self.mean_accepted_no_bonus:.2f} without, accepted {self.accepted}/"
                 f"{self.drafted} drafted, draft {self.draft_time:.2f} s, "
-                f"verify {self.verify_time:.2f} s")
+                f"verify {self.verify_time:.2f} s"
+                + (f", compile {self.compile_time:.2f} s (not in tok/s)" if self.compile_time
+                   else ""))

@@ -8,8 +8,8 @@ node attends the row's valid cache slots, itself and its ancestors.
 
 A chain needs no tree mask: its mask is causal plus the rows' padding and holes, which the model's
 own attention builds from a 2-D attention mask. The engine verifies chains that way (SDPA), because
-on CPU the shared layer's torch backend costs about 2x SDPA's time for a few queries against a long
-cache (measured: 34 ms vs 16 ms per forward of the built-in 4-layer model, 6 queries, 206 keys).
+on CPU the shared layer's torch backend takes longer than SDPA for a few queries against a long
+cache (BENCHMARKS.md, "Figures taken out of package comments").
 On a model with sliding-window layers chains go through the shared layer too: transformers counts
 the window in cache slots, which the holes of a batch's rejected tokens would shift (`windows.py`).
 """

@@ -36,6 +36,7 @@ from torch import nn
 
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from mmspec.decoding.dynamic_tree import dynamic_tree
+from mmspec.hub import resolve_model
 
 from .checkpoint import OPTIONAL_KEYS, check_state, eagle_config, read_config, read_weights
 from .draft_kv import TreeKV, append_kv
@@ -83,7 +84,7 @@ class EagleDrafter(nn.Module):
         frontier width; total_tokens: tree nodes counting the root. Defaults: ea_model.py's
         (total_token=60, depth=7, top_k=10), sized for a GPU; on a CPU smaller trees are faster.
         """
-        path = Path(path)
+        path = resolve_model(path, "path")
         fields, state = read_config(path), read_weights(path)
         feature_layers = None
         if is_speculators(fields):

@@ -31,10 +31,9 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
 # Devices whose tree levels stay on SDPA. On a CPU the torch backend runs masks this small (K
 # queries against a few hundred keys) through the fused flash kernel SDPA runs too, after building
-# the block mask (~0.24 ms: from_token_mask skips the index checks, valid by construction) and
-# taking back its token form: ~0.6 ms a level against SDPA's ~0.06 ms, so the zoo drafter's
-# 30-token tree drafted 1.19x slower per round through the layer (identical trees; BENCHMARKS.md
-# `tree_levels`). On CUDA building a level's mask reads nothing back from the device
+# the block mask (from_token_mask skips the index checks, valid by construction) and taking back
+# its token form, so the zoo drafter's 30-token tree drafted slower per round through the layer
+# (identical trees; BENCHMARKS.md `tree_levels`). On CUDA building a level's mask reads nothing back from the device
 # (`pad_partials`), but CUDA stays on SDPA until `benchmarks/gpu_session.sh` step `tree_levels`
 # shows the layer pays there (the tests force the shared path with `SDPA_DEVICES = ()`).
 SDPA_DEVICES = ("cpu", "cuda")

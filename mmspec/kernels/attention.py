@@ -181,6 +181,22 @@ def block_sparse_attention(
         Causal masks built by `mmspec.kernels.causal_block_mask` for `Nq != Nk` are aligned
         bottom-right: query i sees keys `j <= i + Nk - Nq` (flash-attention's convention), which is
         what decoding with a KV cache needs.
+
+    Example: the engine's verification forward of a root x and its two children y and z (a
+    tree of three nodes) after 61 cached keys, blocks of 64: Nq = 3, Nk = 64 (the cache, then
+    x, y, z at keys 61, 62, 63), one query block and one key block. x attends keys 0..61, y
+    keys 0..62, z keys 0..61 and 63 (not its sibling y). The one key block is neither empty
+    nor full, so it is partial:
+
+        mask = BlockSparseMask.from_token_mask(attends, 64)  # attends: bool [1, 1, 3, 64]
+        mask.kv_num_blocks       [[[1]]]          one partial block for the query block
+        mask.kv_indices          [[[[0]]]]        it is key block 0
+        mask.full_kv_num_blocks  [[[0]]]          no full block
+        mask.partial_masks       [1, 1, 1, 1, 64, 64], rows 0..2 `attends`, the rest unread
+        out = block_sparse_attention(q, k, v, mask)  # q [B, Hq, 3, D], k, v [B, Hkv, 64, D]
+
+    With a longer cache the blocks before the nodes' block are full (no element mask read)
+    and the nodes' block stays partial (`mmspec/decoding/tree.py`, `verify_mask`).
     """
     _check_inputs(q, k, v, mask)
     if scale is None:

@@ -271,8 +271,7 @@ def _attends(attention_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
 class _LastCombined(threading.local):
     """Per sliding window (None: full layers), the last `_hide_hidden_keys` call: weak references
     to its two masks, its result and the masks' version counters. Every layer of a forward
-    passes the same two masks, so the combination is built once per forward, not per layer
-    (~1.5 ms each on a CPU)."""
+    passes the same two masks, so the combination is built once per forward, not per layer."""
 
     def __init__(self):
         self.by_window = {}
@@ -298,7 +297,7 @@ def _hide_hidden_keys(mask: BlockSparseMask, attention_mask: torch.Tensor,
     combined = mask
     if hidden.any():
         dense = mask.to_dense()
-        # the engine's masks already hide them (`verify_mask`): skip the rebuild (~0.4 ms)
+        # the engine's masks already hide them (`verify_mask`): skip the rebuild
         if (dense & hidden).any():
             combined = BlockSparseMask.from_token_mask(dense & ~hidden, mask.block_size)
     if versions is not None:

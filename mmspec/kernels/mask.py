@@ -209,7 +209,7 @@ class BlockSparseMask:
         q_len, kv_len = _length("q_len", q_len), _length("kv_len", kv_len)
         _check_block_flags("block_bool", block_bool, (bq, bk), q_len, kv_len)
         # valid by construction, so the index checks of __post_init__ (a handful of device
-        # syncs, ~1 ms per call on a GPU, once per layer and step under DraftAttention) are skipped
+        # syncs, once per layer and step under DraftAttention) are skipped
         return cls.from_full_lists(*_dense_to_ordered(block_bool), (bq, bk), q_len, kv_len)
 
     @classmethod

@@ -279,8 +279,7 @@ class DraftAttentionState(_DensityReport):
         self.allowed = None if family.allowed is None else family.allowed(module, self.layout)
         # frames that are not whole tiles reorder in each sparse layer instead: padding slots
         # carried through the blocks cost every FFN and projection (Wan at 480x832: 31% more
-        # tokens; on an H100 at 90%, 1.10x reordering once against 1.40x per layer: one run at
-        # e7164d5, the note below BENCHMARKS.md `draft_attention_gpu`).
+        # tokens; the note below BENCHMARKS.md `draft_attention_gpu` measures both ways).
         # Dense warm-up steps run in tile order too (their attention goes to the model's own
         # processor, which does not mind the order): step caches (diffusers' FirstBlockCache,
         # PyramidAttentionBroadcast, ...) keep block residuals or attention outputs from one

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from mmspec.atomic import write_text_atomic
+from mmspec.hub import ModelNotFound, resolve_model
 from mmspec.interrupt import Interrupted, run_command
 from mmspec.zoo.paths import model_path, positive_int, zoo_kind
 
@@ -70,8 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mmspec.video_dit.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=model_path,
-                   help="diffusers pipeline directory, or a zoo video entry: its name "
-                        "(video-dit) or folder (assets/zoo/video-dit)")
+                   help="diffusers pipeline folder or Hugging Face hub id (found in the local "
+                        "cache first), or a zoo video entry: its name (video-dit) or folder "
+                        "(assets/zoo/video-dit)")
     p.add_argument("--prompts", required=True, type=Path,
                    help="text file, one prompt per line; or .jsonl, one {\"prompt\": ..., "
                         "\"image\": path} per line for image-to-video pipelines")
@@ -604,11 +606,14 @@ def plan_jobs(args, jobs: list[dict], settings: dict) -> list[int]:
 def prepare_pipeline(args, config, device, mesh):
     """(the pipeline of `--model` placed on `device`, split over `mesh` when given, with
     DraftAttention applied for `config` and compiled as asked; DraftAttention's state or None)."""
+    try:  # a hub id from the local cache first, as in from_pretrained
+        folder = str(resolve_model(args.model))
+    except ModelNotFound as err:
+        raise SystemExit(f"--model: {err}") from None
     try:
-        pipe = load_pipeline(args.model, _DTYPES[args.dtype])
-    except (OSError, ValueError) as err:  # no such folder or hub id, or not a pipeline
-        where = "" if Path(args.model).is_dir() else " (no such folder; tried as a hub id)"
-        raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline{where}: "
+        pipe = load_pipeline(folder, _DTYPES[args.dtype])
+    except (OSError, ValueError) as err:  # not a pipeline
+        raise SystemExit(f"--model {args.model}: cannot load a diffusers pipeline: "
                          f"{str(err).strip().splitlines()[0]}") from None
     place_pipeline(pipe, device, args.cpu_offload, args.vae_tiling)
     if mesh is not None:
@@ -718,6 +723,9 @@ def main(argv=None) -> int:
                            f"frames for --frames {args.frames} (its own frame count rule; the "
                            f"JSON records the frames written)")
             write_video(pipe, index, jobs[index], result, run, dist)
+            if not sys.stderr.isatty():  # no bar there (tqdm's disable=None): a line a video
+                print(f"video {index:04d}.mp4 done ({mine.index(index) + 1} of {len(mine)}, "
+                      f"{result['seconds']:.1f} s)", flush=True)
     except KeyboardInterrupt:  # a prompt's JSON is written last: the finished ones are whole
         raise Interrupted(f"{_finished(args.out, len(jobs))} of {len(jobs)} videos in "
                           f"{args.out}; rerun the same command to resume") from None

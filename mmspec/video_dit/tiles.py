@@ -9,7 +9,7 @@ Deliberate differences from the official code (`generate_reorg_indices`):
 - any frame size works: frames are padded to whole tiles. Padded slots point at a sentinel index
   `N` (one past the last token); padded keys must be masked and padded queries dropped;
 - the index tensors are built once per (grid, tile, device) with tensor ops and cached, instead of
-  Python lists rebuilt on every attention call (26 ms each in the official code);
+  Python lists rebuilt on every attention call in the official code;
 - ours: optional query tiles of whole tiles (`query_tile`), nested in the same order, so query
   blocks can be larger than key blocks: the selection as fine as the small key tiles, the
   kernel's query blocks as large as the query tiles (BENCHMARKS.md `draft_attention_tiles`).

@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mmspec.decoding.draft import Draft, DraftState, VerifyResult
+from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult
 from mmspec.decoding.dynamic_tree import dynamic_tree
 from mmspec.eagle.draft_kv import TreeKV, append_kv
 from mmspec.eagle.tree_attention import level_mask
+from mmspec.hub import resolve_model
 
 from .adaptor import VisionAdaptor
 from .config import ViSpecConfig
@@ -59,7 +60,7 @@ class _DraftCache:
     global_vecs: torch.Tensor  # `[B, d]` each row's latest image vector (zeros: none)
 
 
-class ViSpecDrafter(nn.Module):
+class ViSpecDrafter(nn.Module, Drafter):
     needs_target_hidden = True
 
     def __init__(self, config: ViSpecConfig, target):
@@ -135,7 +136,7 @@ class ViSpecDrafter(nn.Module):
         on a CPU, verifying many nodes is compute-bound, so smaller trees than ViSpec's GPU
         default (30 tokens) can be faster overall.
         """
-        path = Path(path)
+        path = resolve_model(path, "path")
         unknown = set(tree) - {"depth", "top_k", "total_tokens"}
         if unknown:
             raise TypeError(f"tree overrides are depth, top_k and total_tokens, got {sorted(unknown)}")

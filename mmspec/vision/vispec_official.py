@@ -36,8 +36,6 @@ runs one row.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
@@ -45,6 +43,7 @@ from mmspec.decoding.draft import DraftState
 from mmspec.eagle.checkpoint import check_state, eagle_config, read_config, read_weights
 from mmspec.eagle.drafter import EagleDrafter
 from mmspec.eagle.head import EagleConfig
+from mmspec.hub import resolve_model
 
 from .adaptor import VisionAdaptor
 from .config import ViSpecConfig
@@ -88,7 +87,7 @@ class OfficialViSpecDrafter(EagleDrafter):
         """Load the authors' folder for `target`, in the target's dtype and device. Tree
         defaults: theirs (`top_k=8, depth=3, total_token=30`; depth here counts draft levels,
         their depth + 1)."""
-        path = Path(path)
+        path = resolve_model(path, "path")
         fields, state = read_config(path), read_weights(path)
         if not is_official_layout(state):
             keys = sorted(state)

@@ -174,22 +174,22 @@ def _load_assistant(name: str, directory: Path, card: dict) -> ZooModel:
 
 
 # The zoo drafters' tree on a CPU: a 10-token chain. Verifying ViSpec's GPU tree (30 tokens, top-8,
-# 4 levels) costs ~2.5 decode steps on one core (compute-bound), and the zoo's formulaic scene
-# descriptions reward depth over width. BENCHMARKS.md `vlm` (60f5336, held-out scenes, 1 thread):
-# 30-token GPU tree tau 4.85 / 1.20x; this 11-token chain tau 7.53 / 2.06x. (A 14-token depth-8
-# top-2 tree gave tau 7.3 / 1.6-1.8x in an unrecorded sweep on earlier drafters.)
+# 4 levels) costs several decode steps on one core (compute-bound), and the zoo's formulaic scene
+# descriptions reward depth over width: the chain accepts more tokens and runs faster than the
+# GPU tree (BENCHMARKS.md `vlm`, held-out scenes, 1 thread).
 ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 
 # DraftAttention's tile (latent tokens) for the zoo video DiT, whose frames are 16x16 or 32x32
 # tokens: `video_dit.generate`'s default on it, the demo's and BENCHMARKS.md `video`'s (its plot
 # names it). The paper's (8, 16), sized for Wan's 30x52-token frames, leaves 2 tiles a 32x32
-# frame here: 21.5 dB at 90% on the previous zoo DiT's training grid, against 26.7 dB with (4, 4).
+# frame here, too coarse to select blocks by (BENCHMARKS.md, "Figures taken out of package
+# comments").
 ZOO_VIDEO_TILE = (4, 4)
 
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
-# tokens costs about one decode step). Here verifying 20 tokens costs 2.0 decode steps and the DLM
-# commits ~2.5 tokens a round, so a short block is cheaper at almost the same tau (BENCHMARKS.md
-# `text`, run at 27c969a, prefix cache both: k in [4, 10] tau 2.42 / 1.06x; [20, 30] 2.52 / 0.79x).
+# tokens costs about one decode step). On a CPU verifying 20 tokens costs several decode steps and
+# the DLM commits a few tokens a round, so a short block is cheaper at almost the same tau
+# (BENCHMARKS.md `text`, the two prefix-cache rows).
 ZOO_DLM_K = (4, 10)
 
 

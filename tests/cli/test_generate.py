@@ -50,6 +50,41 @@ def test_zoo_target_drafter_names_are_checked():
         main(["generate", "--target", "text", "--drafter", "vispec", "--device", "cpu"])
 
 
+def test_help_and_behaviour_agree_on_the_drafters_of_each_target(capsys):
+    """--help said `model:PATH` went with any target; `--target text` refused it."""
+    from mmspec.cli.generate import ZOO_DRAFTERS
+    from mmspec.zoo.presets import text_preset, vlm_preset
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Drafters of `--target PATH_OR_ID` and `builtin`: `prompt-lookup`, `model:PATH" in shown
+    for target, preset in (("text", text_preset()), ("vlm", vlm_preset())):
+        assert tuple(preset.drafters) == ZOO_DRAFTERS[target]
+        assert f"--target {target}: {', '.join(ZOO_DRAFTERS[target])}" in shown
+        with pytest.raises(SystemExit, match=rf"^--drafter model:.*text-drafter: --target "
+                                             rf"{target} takes the zoo's drafters \("
+                                             rf"{', '.join(ZOO_DRAFTERS[target])}\); pass the zoo "
+                                             rf"target as a path, --target {target}-target"):
+            main(["generate", "--target", target, "--drafter", "model:text-drafter",
+                  "--device", "cpu"])
+    # as the message says: the zoo target as a path takes a path drafter
+    assert main(["generate", "--target", "text-target", "--drafter", "model:text-drafter",
+                 "--max-new-tokens", "4", "--no-baseline", "--device", "cpu"]) == 0
+
+
+def test_version(capsys):
+    import tomllib
+    from pathlib import Path
+
+    import mmspec
+
+    project = tomllib.loads((Path(mmspec.__file__).parents[1] / "pyproject.toml").read_text())
+    assert main(["--version"]) == 0
+    assert re.fullmatch(r"mmspec (\S+) \(torch \S+, transformers \S+, diffusers \S+\)\n",
+                        capsys.readouterr().out).group(1) == project["project"]["version"]
+
+
 def test_bench_names_are_checked():
     with pytest.raises(SystemExit, match="expected benchmark names"):
         main(["bench", "nope", "--plot"])
@@ -70,7 +105,7 @@ def test_zoo_drafters_follow_the_target_to_its_device():
 
     preset = text_preset()
     for name in ("diffusion", "model"):
-        drafter = _on_device(preset.drafters[name](), preset.target, "meta")
+        drafter = _on_device(preset.drafters[name](), "meta")
         assert next(drafter.model.parameters()).device.type == "meta"
     assert next(preset.target.parameters()).device.type == "cpu"
 
@@ -162,16 +197,56 @@ def test_bad_flags_are_refused_before_anything_loads(capsys, argv, message):
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_a_target_folder_without_a_tokenizer_is_named(tmp_path):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def test_a_target_folder_without_a_tokenizer_is_named(tmp_path, monkeypatch, capsys):
+    """It was "cannot load it as a causal LM ... install sentencepiece or tiktoken"; --tokenizer
+    takes a folder or hub id (here one from the local hub cache)."""
+    import shutil
 
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                 num_hidden_layers=1, num_attention_heads=2,
-                                 num_key_value_heads=1)).save_pretrained(tmp_path)
-    with pytest.raises(SystemExit, match=r"--prompt: the tokenizer of --target .* encodes 'Hi' "
-                                         r"to no tokens \(1 in its vocabulary"):
-        main(["generate", "--target", str(tmp_path), "--drafter", "prompt-lookup",
-              "--prompt", "Hi", "--device", "cpu"])
+    from mmspec.zoo.paths import ZOO_DIR
+    from tests.hub_cache import zoo_hub_cache
+
+    bare = tmp_path / "bare"
+    shutil.copytree(ZOO_DIR / "text-target", bare,
+                    ignore=shutil.ignore_patterns("tokenizer*", "card.json", "README.md"))
+    with pytest.raises(SystemExit, match=r"--target .*bare: the folder has no tokenizer \(none "
+                                         r"of tokenizer.json, .*\): pass --tokenizer PATH_OR_ID"):
+        main(["generate", "--target", str(bare), "--drafter", "prompt-lookup", "--prompt", "Hi",
+              "--device", "cpu"])
+    monkeypatch.setenv("HF_HUB_CACHE", str(zoo_hub_cache(tmp_path / "hub", "text-target")))
+    assert main(["generate", "--target", str(bare), "--tokenizer", "mmspec/text-target",
+                 "--drafter", "prompt-lookup", "--prompt", "def f(x):", "--max-new-tokens", "8",
+                 "--device", "cpu"]) == 0
+    assert "identical to target-only greedy" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--tokenizer: no model folder mmspec/nope, and the hub "
+                                         r"id mmspec/nope is not in the Hugging Face cache"):
+        main(["generate", "--target", str(bare), "--tokenizer", "mmspec/nope"])
+    with pytest.raises(SystemExit):
+        main(["generate", "--target", "text", "--tokenizer", "mmspec/text-target"])
+    assert "--tokenizer applies to a --target PATH_OR_ID" in capsys.readouterr().err
+
+
+def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path, monkeypatch, capsys):
+    """--target and a drafter spec take hub ids as transformers' from_pretrained does, from the
+    cache with HF_HUB_OFFLINE=1 (tests/conftest.py sets it); a miss names the id and the cache."""
+    from tests.hub_cache import zoo_hub_cache
+
+    cache = zoo_hub_cache(tmp_path / "hub", "text-target", "text-drafter", "text-dlm")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for drafter in ("model:mmspec/text-drafter", "diffusion:mmspec/text-dlm"):
+        assert main(["generate", "--target", "mmspec/text-target", "--drafter", drafter,
+                     "--prompt", "def f(x):", "--max-new-tokens", "8", "--device", "cpu"]) == 0
+        assert "identical to target-only greedy" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=rf"--target: no model folder Qwen/Qwen2.5-0.5B-Instruct, "
+                                         rf"and the hub id Qwen/Qwen2.5-0.5B-Instruct is not in "
+                                         rf"the Hugging Face cache {cache} \(HF_HUB_OFFLINE"):
+        main(["generate", "--target", "Qwen/Qwen2.5-0.5B-Instruct"])
+    with pytest.raises(SystemExit, match=r"--drafter vispec:org/none: no model folder org/none"):
+        main(["generate", "--target", "mmspec/text-target", "--drafter", "vispec:org/none"])
+    # a mistyped zoo name: the names are listed
+    with pytest.raises(SystemExit, match=r"--target: no model folder text-targte, .*; zoo "
+                                         r"entries: text-dlm, text-drafter, text-eagle3, "
+                                         r"text-target, video-dit"):
+        main(["generate", "--target", "text-targte"])
 
 
 def test_a_drafter_of_another_tokenizer_is_refused(tmp_path, capsys):
@@ -197,7 +272,7 @@ def test_a_drafter_of_another_tokenizer_is_refused(tmp_path, capsys):
 def test_a_missing_vispec_drafter_is_a_message(tmp_path):
     from mmspec.zoo.paths import ZOO_DIR
 
-    with pytest.raises(SystemExit, match=r"--drafter vispec:.*nothing: path: no vispec_config"):
+    with pytest.raises(SystemExit, match=r"--drafter vispec:.*nothing: no such model folder"):
         main(["generate", "--target", str(ZOO_DIR / "vlm-target"), "--image",
               str(ZOO_DIR / "vlm-target" / "sample.png"), "--drafter",
               f"vispec:{tmp_path / 'nothing'}", "--device", "cpu"])
@@ -232,8 +307,8 @@ def test_model_folders_that_do_not_load_are_named(tmp_path):
     with pytest.raises(SystemExit, match=r"--target .*text-dlm: its config says is_causal=False"):
         main(["generate", "--target", str(ZOO_DIR / "text-dlm"), "--device", "cpu"])
     # an empty path was the current folder, then a hub lookup's "Repo id must use ..."
-    with pytest.raises(SystemExit, match=r"--drafter model:: give the model folder after the "
-                                         r"colon"):
+    with pytest.raises(SystemExit, match=r"--drafter model:: expected a model folder, zoo entry "
+                                         r"name or hub id, got ''"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter", "model:",
               "--device", "cpu"])
     # a LLaVA folder as a diffusion drafter: transformers' one-line list of ~250 config classes
@@ -251,8 +326,10 @@ def test_a_missing_diffusion_drafter_is_named_before_any_hub_lookup(tmp_path, mo
     from mmspec.zoo.paths import ZOO_DIR
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match=r"--drafter diffusion:Dream-v0-Instruct-7B: no such "
-                                         r"model folder Dream-v0-Instruct-7B"):
+    with pytest.raises(SystemExit, match=r"--drafter diffusion:Dream-v0-Instruct-7B: no model "
+                                         r"folder Dream-v0-Instruct-7B, and the hub id "
+                                         r"Dream-v0-Instruct-7B is not in the Hugging Face "
+                                         r"cache .*; zoo entries: text-dlm"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
               "diffusion:Dream-v0-Instruct-7B", "--device", "cpu"])
 
@@ -372,9 +449,10 @@ def test_a_drafter_folder_as_the_target_is_named_in_full(tmp_path):
     with pytest.raises(SystemExit, match=r"^--target .*vlm-eagle3 is an EAGLE-3 drafter: pass it "
                                          r"as --drafter eagle:PATH with --target vlm-target$"):
         main(["generate", "--target", "vlm-eagle3", "--device", "cpu"])
-    # without its card: transformers' multi-line message was cut after "... from one of: "
+    # without its card: transformers' multi-line message was cut after "... from one of: ";
+    # the folder has no tokenizer, and that is what is said first
     bare = tmp_path / "drafter"
     shutil.copytree(ZOO_DIR / "vlm-vispec", bare, ignore=shutil.ignore_patterns("card.json"))
     with pytest.raises(SystemExit) as err:
         main(["generate", "--target", str(bare), "--device", "cpu"])
-    assert "\n" not in str(err.value) and "from one of: (1)" in str(err.value)
+    assert "\n" not in str(err.value) and "the folder has no tokenizer" in str(err.value)

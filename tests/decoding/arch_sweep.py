@@ -365,6 +365,18 @@ def _section(kind: str, results: dict) -> list:
     return lines
 
 
+# the hand-written section of product names (Llama 3.1 -> `llama`), kept by `write_table`
+PRODUCTS = ("<!-- products:", "<!-- /products -->")
+
+
+def products_section(text: str) -> list:
+    """The lines of `text`'s products section, markers included, and a blank line; [] if none."""
+    if PRODUCTS[0] not in text or PRODUCTS[1] not in text:
+        return []
+    start, end = text.index(PRODUCTS[0]), text.index(PRODUCTS[1]) + len(PRODUCTS[1])
+    return text[start:end].splitlines() + [""]
+
+
 def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
     import transformers
 
@@ -390,6 +402,7 @@ def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
         f"of that class fails in transformers itself (or needs a package not installed here); "
         f"those classes are untested, not refused.",
         "",
+        *products_section(path.read_text() if path.is_file() else ""),
         f"## Causal LMs ({len(results['causal'])} classes)",
         "",
         *_section("causal", results["causal"]),

@@ -77,7 +77,7 @@ def test_rows_commit_alike_where_holes_are_not_exact(model_type):
 
 
 def test_even_commit_cuts_rows_to_the_fewest_accepted():
-    from mmspec.decoding.generate import _even_commit
+    from mmspec.decoding.loop import even_commit as _even_commit
 
     depth, bonus = torch.tensor([1, 3, 0]), torch.tensor([7, 8, 9])
     path = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])

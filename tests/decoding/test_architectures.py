@@ -35,3 +35,21 @@ def test_architecture(kind, model_type):
     for case in arch_sweep.COLUMNS[kind]:
         assert result[case].split(":")[0] == row[case], (
             f"{model_type} {case}: {result[case]}; the table says {row[case]}")
+
+
+def test_every_product_name_maps_to_a_row_and_survives_a_rewrite(tmp_path):
+    """The hand-written section (Llama 3.1 -> `llama`, ...) names only model types that have a
+    row, and `--write` keeps it."""
+    import re
+
+    text = arch_sweep.TABLE.read_text()
+    section = "\n".join(arch_sweep.products_section(text))
+    named = set(re.findall(r"\| `([a-z0-9_.-]+)`", section)) | {
+        m for cell in re.findall(r"\| (`[a-z0-9_.-]+`(?:, `[a-z0-9_.-]+`)+) \|", section)
+        for m in re.findall(r"`([a-z0-9_.-]+)`", cell)}
+    rows = set(TABLE["causal"]) | set(TABLE["vlm"])
+    assert len(named) > 50 and not named - rows, sorted(named - rows)
+    copy = tmp_path / "architectures.md"
+    copy.write_text(text)
+    arch_sweep.write_table({"causal": {}, "vlm": {}}, 1.0, copy)
+    assert section and section in copy.read_text()

@@ -237,7 +237,8 @@ def test_a_numpy_int_max_new_tokens(target):
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_length": 20}, "max_length=20: give max_new_tokens instead"),
     ({"return_dict_in_generate": True}, "not supported: generate returns SpecOutput"),
-    ({"generation_config": None}, "generation_config=: not taken; pass its settings"),
+    ({"generation_config": "greedy"}, "generation_config must be a transformers "
+                                      "GenerationConfig or None, got str"),
     ({"do_sample": True, "temperature": "0.7"}, "temperature must be a number, got '0.7'"),
 ])
 def test_generate_arguments_of_target_generate_it_does_not_take(target, kwargs, message):

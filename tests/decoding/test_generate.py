@@ -357,3 +357,29 @@ def test_positions_stay_within_the_budget():
         out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=20,
                        pad_token_id=PAD, eos_token_id=eos)
         assert torch.equal(out.sequences, ref)
+
+
+def test_a_generation_config_as_target_generate_takes_it():
+    # generate takes a GenerationConfig and keyword settings over it, as target.generate does
+    from transformers import GenerationConfig
+
+    target = tiny_llama(0)
+    ids = torch.tensor([[PAD, 5, 6, 7, 5, 6], [8, 9, 10, 8, 9, 10]])
+    mask = (ids != PAD).long()
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, repetition_penalty=1.3,
+                              eos_token_id=[], pad_token_id=PAD)
+    for extra in ({}, {"max_new_tokens": 5, "repetition_penalty": 1.0}):
+        ref = target.generate(ids, attention_mask=mask, generation_config=config, **extra)
+        out = generate(target, RandomDrafter(6, seed=0), ids, attention_mask=mask,
+                       generation_config=config, **extra)
+        assert torch.equal(out.sequences, ref), extra
+    assert ref.shape[1] == ids.shape[1] + 5  # the keyword went over the config
+    # a length as max_length alone (which target.generate would honour) is refused, not ignored
+    with pytest.raises(ValueError, match=r"generation_config.max_length=20: give max_new_tokens"):
+        generate(target, RandomDrafter(6), ids, attention_mask=mask,
+                 generation_config=GenerationConfig(max_length=20))
+
+
+def test_an_unknown_keyword_is_named():
+    with pytest.raises(ValueError, match=r"model_kwargs.*not used by the model.*'max_new_token'"):
+        generate(tiny_llama(0), RandomDrafter(4), torch.tensor([[5, 6, 7]]), max_new_token=4)

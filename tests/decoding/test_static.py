@@ -144,7 +144,15 @@ def test_the_static_identity_cases_notice_a_wrong_mask_or_commit(batch, eager, m
     assert not torch.equal(out.sequences, ref)
 
 
-def test_custom_generate_takes_compile(eager):
+def test_custom_generate_takes_compile(eager, monkeypatch):
+    # speculative(drafter, compile=True) dropped compile and ran the dynamic path
+    verified = []
+
+    def counted(self, *args, verify=static.StaticVerifier.verify, **kwargs):
+        verified.append(1)
+        return verify(self, *args, **kwargs)
+
+    monkeypatch.setattr(static.StaticVerifier, "verify", counted)
     target = tiny_llama(0, init_std=identity.SHARP)
     ids = torch.tensor([[PAD, PAD, 5, 9, 11, 4], [12, 7, 30, 5, 9, 8]])
     mask = (ids != PAD).long()
@@ -154,6 +162,7 @@ def test_custom_generate_takes_compile(eager):
     out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
                           repetition_penalty=1.3, custom_generate=spec)
     assert torch.equal(out, ref)
+    assert len(verified) == spec.stats.rounds  # every round through the static verifier
 
 
 # sliding-window targets (test_windows.py's, window 8): Gemma 2 (a sliding then a full layer,
@@ -625,3 +634,22 @@ def test_a_chain_drafter_whose_model_takes_no_tree_mask_stays_eager(eager, model
     ids, mask = arch_sweep.PROMPTS, arch_sweep.MASK
     _drafts_alike(target, lambda: ModelDrafter(_sharp(model_type), 2), ids, mask,
                   arch_sweep.NEW_TOKENS, compiled_cache="DynamicCache", pad_token_id=PAD)
+
+
+def test_compiling_is_announced_and_timed_apart_from_throughput(caplog):
+    """The first compiled call was silent for tens of seconds, then tokens/s had the compilation
+    folded in: now one line says compiling starts, and `stats.compile_time` holds the calls that
+    compiled a graph (the first call compiles, the second, of the same shapes, does not)."""
+    torch._dynamo.reset()
+    target = tiny_llama(0, layers=1, init_std=identity.SHARP)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    config = CompileConfig(backend="eager", dynamic=False, fullgraph=False)
+    with caplog.at_level("WARNING", logger="mmspec"):
+        first = generate(target, RandomDrafter(4), ids, max_new_tokens=NEW, compile=config).stats
+        second = generate(target, RandomDrafter(4), ids, max_new_tokens=NEW, compile=config).stats
+    announced = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert len(announced) == 1 and "LlamaForCausalLM's forward" in announced[0]
+    assert 0 < first.compile_time < first.total_time and second.compile_time == 0
+    assert first.tokens_per_s == pytest.approx(
+        first.new_tokens / (first.total_time - first.compile_time))
+    assert "compile" in str(first) and "compile" not in str(second)

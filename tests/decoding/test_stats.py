@@ -8,7 +8,7 @@ import torch
 from spec_helpers import RandomDrafter, VOCAB, tiny_llama
 
 from mmspec import generate
-engine = importlib.import_module("mmspec.decoding.generate")  # the module, not the function
+engine = importlib.import_module("mmspec.decoding.verifier")  # builds the eager tree masks
 
 DELAY = 0.02  # seconds added to every tree-mask build
 

@@ -20,7 +20,7 @@ from mmspec import ModelDrafter, generate
 from mmspec.decoding import static
 from mmspec.decoding.tree import build_tree as mmspec_build_tree
 
-engine = importlib.import_module("mmspec.decoding.generate")  # the package's `generate` is the function
+engine = importlib.import_module("mmspec.decoding.loop")  # the round loop, which builds the trees
 
 _DISPATCH = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
              "aten.masked_select.default", "aten._unique2.default", "aten.unique_dim.default",

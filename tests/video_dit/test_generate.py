@@ -1,5 +1,6 @@
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -469,10 +470,36 @@ def test_a_missing_prompts_file_or_model_is_a_message(tmp_path):
     with pytest.raises(SystemExit, match=r"^--prompts: no such file .*prompts.txt$"):
         generate.main(["--model", "unused", "--prompts", str(prompts), "--out", str(tmp_path)])
     prompts.write_text("a red cat\n")
-    with pytest.raises(SystemExit, match=r"^--model .*nope: cannot load a diffusers pipeline \(no "
-                                         r"such folder; tried as a hub id\): "):
+    with pytest.raises(SystemExit, match=r"^--model: no such model folder .*nope \(nor a Hugging "
+                                         r"Face hub id"):
         generate.main(["--model", str(tmp_path / "nope"), "--prompts", str(prompts), "--out",
                        str(tmp_path / "out"), "--dense"])
+    with pytest.raises(SystemExit, match=r"^--model: no model folder org/nope, and the hub id "
+                                         r"org/nope is not in the Hugging Face cache"):
+        generate.main(["--model", "org/nope", "--prompts", str(prompts), "--out",
+                       str(tmp_path / "out"), "--dense"])
+
+
+def test_a_hub_id_loads_from_the_local_cache_offline(model_dir, tmp_path, monkeypatch, capsys):
+    """... and, its output not being a terminal, a line a video says how far it got (tqdm's
+    bar is off there, and nothing was said until the end)."""
+    from tests.hub_cache import add_to_cache
+
+    add_to_cache(tmp_path / "hub", "org/tiny-wan", model_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # HF_HUB_OFFLINE=1: conftest.py
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\na blue dog\n")
+    assert generate.main(["--model", "org/tiny-wan", "--prompts", str(prompts), *COMMON,
+                          "--out", str(tmp_path / "out"), "--dense"]) == 0
+    assert len(list((tmp_path / "out").glob("*.mp4"))) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines[:2]] == ["video 0000.mp4 done (1 of 2",
+                                                          "video 0001.mp4 done (2 of 2"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)  # tqdm's bar instead
+    prompts.write_text("a red cat\n")
+    assert generate.main(["--model", "org/tiny-wan", "--prompts", str(prompts), *COMMON,
+                          "--out", str(tmp_path / "tty"), "--dense"]) == 0
+    assert "video 0000.mp4 done" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("where", ["diffusers", "zoo"])

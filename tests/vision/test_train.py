@@ -420,7 +420,7 @@ def test_the_cli_names_the_flag_of_what_does_not_load(cli_files, main_train, tmp
         (["--target", str(ZOO_DIR / "vlm-target"), "--data", str(tmp_path / "data.jsonl")],
          r"--data .*data.jsonl line 2: .*No such file or directory: .*gone.png"),
         ([*cli_files[:4], "--drafter", str(tmp_path / "nothing")],
-         r"--drafter .*nothing: path: no vispec_config.json in"),
+         r"--drafter .*nothing: path: no such model folder .*nothing \(nor a Hugging Face"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit):

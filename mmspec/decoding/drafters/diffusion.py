@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mmspec.hub import resolve_model
+
 from ..draft import Draft, DraftState, VerifyResult
 from .adl import (AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length,
                   require_ints, require_types)
@@ -153,7 +155,7 @@ class DiffusionDrafter:
         (`eos_token_id`, `tokenizer`, ...) go to the constructor. Move it with `.to(device)`."""
         from .dlm_loading import load_diffusion_lm
 
-        dlm = load_diffusion_lm(path, dtype)
+        dlm = load_diffusion_lm(resolve_model(path, "path"), dtype)
         if config is None:
             config = DiffusionDrafterConfig(shift=dlm.shift, max_context=dlm.max_context)
         elif config.shift != dlm.shift:

@@ -14,7 +14,7 @@ cumulative draft log-probability, keeps the best `top_k` as the next frontier, a
 block-sparse layer with a tree mask (so a tree drafter switches its model to the attention
 implementation `mmspec_block_sparse`, which is SDPA whenever no mask is passed, from its first
 `propose` of a call to `end()`, which `generate` calls when the call is over, also on error; the
-switch costs about 1 ms for a 24-layer model, so it is not done per round). Tree nodes are chosen,
+switch walks every module of the model, so it is not done per round). Tree nodes are chosen,
 not sampled: a point-mass proposal. The kept set is always closed under parents
 (`dynamic_tree.py`).
 
@@ -50,7 +50,7 @@ from mmspec.kernels.hf import use_block_sparse_attention
 from .. import kv_cache
 from .. import static
 from ..admission import UnsupportedTarget, _has_recurrent_layers
-from ..draft import Draft, DraftState, VerifyResult
+from ..draft import Draft, Drafter, DraftState, VerifyResult
 from ..dynamic_tree import dynamic_tree
 from ..sampling import target_probs
 from ..tree import BLOCK_SIZE
@@ -64,7 +64,7 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     def __init__(self, model, num_tokens: int = 5, top_k: int = 1, depth: int | None = None,
                  temperature: float = 0.0, sample: bool = False):
         for name, value in (("num_tokens", num_tokens), ("top_k", top_k)):
@@ -171,12 +171,18 @@ class ModelDrafter:
                       torch.nn.functional.pad(logits, (0, extra), value=float("-inf")))
         return logits
 
-    def match_target_width(self, width: int | None) -> None:
+    def match_target_width(self, width: int | None) -> bool:
         """Draft over the target's `width` logit columns (None: the drafter's own, equal to
         the target's): `generate` sets it when the two output layers are padded to different
         widths within one tokenizer, so ids past the target's rows are never drafted and the
         draft distributions have the target's width."""
         self.target_width = width
+        return True
+
+    def to(self, device) -> ModelDrafter:
+        """Move the draft model to `device`."""
+        self.model.to(device)
+        return self
 
     def _catch_up(self, state: DraftState) -> torch.Tensor:
         """Feed the slots the cache lacks; returns the drafter's logits at the roots `[B, V]`."""

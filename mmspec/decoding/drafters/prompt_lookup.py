@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ..draft import Draft, DraftState, VerifyResult
+from ..draft import Draft, Drafter, DraftState, VerifyResult
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     # transformers' defaults: prompt_lookup_num_tokens=10, max_matching_ngram_size=2
     def __init__(self, num_tokens: int = 10, max_ngram_size: int = 2):
         for name, value in (("num_tokens", num_tokens), ("max_ngram_size", max_ngram_size)):

@@ -169,8 +169,8 @@ def launch_configs(bq: int, bk: int, block_d: int) -> list[tuple[int, int, int, 
     block_d, fastest first; BLOCK_M divides bq and BLOCK_N divides bk, as the lookup tables need.
 
     Fixed rather than autotuned (see the module docstring). The first is the fastest of
-    `benchmarks/kernel_configs.py` on an H100 (bf16, 128x128 blocks, 32k tokens: 1.35x faster than
-    the second at density 0.1 for D=128); it needs more shared memory than smaller GPUs have,
+    `benchmarks/kernel_configs.py` on an H100 (bf16, 128x128 blocks, 32k tokens, BENCHMARKS.md
+    "Figures taken out of package comments"); it needs more shared memory than smaller GPUs have,
     where the launch raises OutOfResources and the next, smaller one is used. The last fits any
     case (fp32 at D=128 with 128-token blocks needs 320 KB of shared memory with the second, more
     than an H100's 227 KB).
