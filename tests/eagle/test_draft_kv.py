@@ -7,7 +7,8 @@ from mmspec.eagle.draft_kv import TreeKV, append_kv, extend
 
 
 def _kv(length: int, start: float) -> tuple:  # [B=1, H=2, P=length, Dh=3], entry i holds start+i
-    k = (start + torch.arange(length, dtype=torch.float32))[None, None, :, None].expand(1, 2, -1, 3)
+    k = start + torch.arange(length, dtype=torch.float32)
+    k = k[None, None, :, None].expand(1, 2, -1, 3)
     return k, -k
 
 

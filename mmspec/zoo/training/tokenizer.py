@@ -31,8 +31,10 @@ def train_bpe(texts: list[str], vocab_size: int, special_tokens: tuple[str, ...]
     return PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = text.VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """The text zoo's: one `<|endoftext|>` as EOS and pad, `<|mask|>` the diffusion mask (Dream)."""
+def train_tokenizer(texts: list[str],
+                    vocab_size: int = text.VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """The text zoo's: one `<|endoftext|>` as EOS and pad, `<|mask|>` the diffusion mask
+    (Dream)."""
     return train_bpe(texts, vocab_size, text.SPECIAL_TOKENS, eos_token=text.EOS_TOKEN,
                      pad_token=text.EOS_TOKEN, mask_token=text.MASK_TOKEN)
 
