@@ -52,18 +52,17 @@ from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec import zoo
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.decoding import generate, kv_cache
-from mmspec.decoding.drafters import (
+from mmspec.decoding.drafters import ModelDrafter, PromptLookupDrafter
+from mmspec.diffusion import (
     CPSConfig,
     DiffusionDrafter,
     DiffusionDrafterConfig,
-    ModelDrafter,
     NaiveDiffusionDrafter,
     NgramProxy,
-    PromptLookupDrafter,
     build_lattice,
 )
-from mmspec.decoding.drafters.adl import ADLConfig
-from mmspec.decoding.drafters.cps import search
+from mmspec.diffusion.adl import ADLConfig
+from mmspec.diffusion.cps import search
 from mmspec.kernels.tune import timed
 from mmspec.zoo.corpus import source_files, stdlib_root
 from mmspec.zoo.paths import ZOO_DIR

@@ -17,16 +17,16 @@ __all__ = [
     "generate",
     "speculative",
 ]
-# issue 5, in decoding/drafters
+# issue 5, in diffusion/
 _DIFFUSION = ("ADLConfig", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")
 
 
 def __getattr__(name):
     # lazy: `mmspec.kernels` users should not pay for importing transformers
     if name in _DIFFUSION:
-        from .decoding import drafters
+        from . import diffusion
 
-        return getattr(drafters, name)
+        return getattr(diffusion, name)
     if name in ("ViSpecDrafter", "EagleDrafter"):  # issues 6 and 30, in vision/
         from . import vision
 

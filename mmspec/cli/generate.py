@@ -248,7 +248,7 @@ def _same_vocabulary(kind: str, path: str, target_tokenizer) -> None:
     """Refuse a drafter folder whose tokenizer maps ids to other tokens than the target's (its
     drafts would be lossless but almost never accepted). A folder without a tokenizer that loads
     offline is not checked."""
-    from mmspec.decoding.drafters.vocab import drafter_only_ids
+    from mmspec.diffusion.vocab import drafter_only_ids
 
     if target_tokenizer is None or not hasattr(target_tokenizer, "get_vocab"):
         return
@@ -291,7 +291,7 @@ def _path_drafter(args, target, target_tokenizer=None):
     if kind.startswith("diffusion:"):
         import dataclasses
 
-        from mmspec.decoding.drafters import DiffusionDrafter
+        from mmspec.diffusion import DiffusionDrafter
 
         path = kind[len("diffusion:"):]
         model_folder(f"--drafter {kind}", path)  # a name is not looked up on the hub (~50 s)
@@ -408,7 +408,7 @@ def main(argv=None) -> int:
     from transformers import TextStreamer
 
     from mmspec.decoding import generate
-    from mmspec.decoding.drafters.vocab import VocabularyMismatch
+    from mmspec.decoding.vocab import VocabularyMismatch
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

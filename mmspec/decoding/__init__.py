@@ -20,7 +20,8 @@ token), `recurrent.py` (hybrid targets' rollback), `clock.py` (timing), `hf_gene
 logits processors and stopping criteria per tree node), `verify.py` (greedy and rejection
 sampling), `sampling.py` (temperature / top-k / top-p for drafters),
 `kv_cache.py` (path commit), `positions.py` (tree and M-RoPE positions), `stats.py`,
-`drafters/` (built-in drafters); the `mmspec generate` command is `mmspec/cli/generate.py`.
+`drafters/` (built-in drafters; the diffusion drafters are `mmspec.diffusion`); the
+`mmspec generate` command is `mmspec/cli/generate.py`.
 """
 
 from .admission import UnsupportedTarget

@@ -84,9 +84,9 @@ def heldout_code_prompt(tokenizer, tokens: int = 192) -> torch.Tensor:
 
 def text_preset(prompt: str | None = None) -> Preset:
     """The zoo text target; `prompt` None means a held-out stdlib window (code it never saw)."""
-    from mmspec.decoding.drafters import (DiffusionDrafter, DiffusionDrafterConfig, ModelDrafter,
-                                          PromptLookupDrafter)
-    from mmspec.decoding.drafters.adl import ADLConfig
+    from mmspec.decoding.drafters import ModelDrafter, PromptLookupDrafter
+    from mmspec.diffusion import DiffusionDrafter, DiffusionDrafterConfig
+    from mmspec.diffusion.adl import ADLConfig
 
     zoo_target = load("text-target")
     target, tokenizer = zoo_target.model, zoo_target.tokenizer

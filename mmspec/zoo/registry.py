@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration, Qwen2ForCausalLM
 
-from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.diffusion.bidirectional import make_bidirectional
 from mmspec.zoo.cards import read_card
 from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.tokenizer import load_tokenizer

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..draft import Draft, DraftState, VerifyResult
+from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from .adl import (AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length,
                   require_ints, require_types)
 from .cps import CausalProxy, CPSConfig, search
