@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ADLConfig",
+    "DFlashDrafter",
     "DiffusionDrafter",
     "DiffusionDrafterConfig",
     "Draft",
@@ -18,7 +19,7 @@ __all__ = [
     "speculative",
 ]
 # issue 5, in diffusion/
-_DIFFUSION = ("ADLConfig", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")
+_DIFFUSION = ("ADLConfig", "DFlashDrafter", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")
 
 
 def __getattr__(name):
