@@ -33,9 +33,9 @@ def tiny_llama(seed=0, vocab=VOCAB, layers=3, init_std=0.3):
     return LlamaForCausalLM(cfg).eval()
 
 
-def drafter_for(tmp_path, target, seed=0, **kw):
+def drafter_for(tmp_path, target, seed=0, scale=0.3, **kw):
     raw = dflash_raw_config(target, **kw)
-    state = random_state(raw, seed)
+    state = random_state(raw, seed, scale)
     path = write_checkpoint(tmp_path / f"ckpt{seed}", raw, state)
     return DFlashDrafter.from_pretrained(path, target), raw, state
 
@@ -90,3 +90,82 @@ def test_greedy_left_padded_batch_equals_target_generate(tmp_path, make, kind):
                    do_sample=False, pad_token_id=0)
     assert torch.equal(out.sequences, expected)
     assert 0 < out.stats.accepted < out.stats.drafted
+
+
+def test_custom_generate_and_compile_are_token_identical(tmp_path, monkeypatch):
+    """`target.generate(custom_generate=mmspec.speculative(drafter))` with transformers' own
+    repetition penalty, and `compile=True` (the static cache; the compiled call replaced by the
+    model's own, its outputs overwritten at the next call as CUDA graphs overwrite theirs)."""
+    import mmspec
+    from mmspec.decoding import static
+
+    target = tiny_qwen3(2, vocab=12)
+    drafter, _, _ = drafter_for(tmp_path, target, kind="DFlash2DraftModel", block=5)
+    ids = torch.tensor([[0, 0, 5, 9, 11, 4], [7, 3, 10, 5, 9, 8]])
+    mask = (ids != 0).long()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                          repetition_penalty=1.3)
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                          repetition_penalty=1.3, custom_generate=mmspec.speculative(drafter))
+    assert torch.equal(out, ref)
+
+    outputs = []
+
+    def graph_like(model, config):
+        def call(**kwargs):
+            for tensor in outputs:
+                tensor.fill_(float("nan"))
+            outputs.clear()
+            result = model(**kwargs)
+            outputs.extend([result.logits, *(result.hidden_states or ())])
+            return result
+        return call
+
+    monkeypatch.setattr(static, "compiled_forward", graph_like)
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    out = generate(target, drafter, ids, attention_mask=mask, max_new_tokens=20,
+                   do_sample=False, compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted > 0
+
+
+V = 5  # the joint of 4 new tokens has 5**4 = 625 cells
+
+
+def _exact_joint(model, prompt, n, temperature):
+    joint, seqs = torch.ones(1), prompt
+    with torch.no_grad():
+        for _ in range(n):
+            probs = (model(seqs).logits[:, -1].float() / temperature).softmax(-1)  # [V^i, V]
+            joint = (joint[:, None] * probs).reshape(-1)
+            seqs = torch.cat([seqs.repeat_interleave(V, 0),
+                              torch.arange(V).repeat(seqs.shape[0])[:, None]], 1)
+    return joint
+
+
+@pytest.mark.parametrize("kind", ["DFlashDraftModel", "DFlash2DraftModel"])
+def test_sampling_draws_the_target_joint(tmp_path, kind):
+    """10000 identical rows sample 4 new tokens; their joint against the exact one (chi-square),
+    with the drafter's probabilities in the acceptance rule (a point-mass reading of a sampled
+    draft would skew it)."""
+    from scipy.stats import chisquare
+
+    target = tiny_qwen3(0, vocab=V, init_std=0.02)
+    target.lm_head.weight.data *= 60.0  # peaked: a wrong acceptance rule shows
+    drafter, _, _ = drafter_for(tmp_path, target, kind=kind, block=4, mask=4,
+                                selector_top_k=3, scale=1.0)
+    prompt, n, new, temperature = torch.tensor([[1, 3, 4, 3]]), 10000, 4, 0.9
+    torch.manual_seed(1)
+    out = generate(target, drafter, prompt.expand(n, -1), max_new_tokens=new, do_sample=True,
+                   temperature=temperature, top_k=None, eos_token_id=[], pad_token_id=0)
+    assert 0 < out.stats.accepted < out.stats.drafted
+    cells = (out.sequences[:, -new:] * V ** torch.arange(new - 1, -1, -1)).sum(-1)
+    counts = torch.bincount(cells, minlength=V ** new).double()
+    expected = _exact_joint(target, prompt, new, temperature)
+    assert counts[expected == 0].sum() == 0
+    exp = expected.double() * n
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    e = torch.cat([exp[big], exp[~big].sum()[None]])
+    e = e * obs.sum() / e.sum()
+    assert chisquare(obs.numpy(), e.numpy()).pvalue > 1e-3
