@@ -143,9 +143,10 @@ def _attend(s, p, x, ctx, q_pos, k_pos, raw, causal):
     return out.transpose(0, 1).reshape(len(x), -1) @ s[p + "o_proj.weight"].T
 
 
-def draft_block(s, raw, features, block_ids, start, embed, lm_head):
+def draft_logits(s, raw, features, block_ids, start, embed, lm_head):
     """Their draft model on one block: features [C, F] of positions [0, start), block_ids [N]
-    at positions [start, start + N) -> the drafted tokens of block rows 1.. ([N - 1])."""
+    at positions [start, start + N) -> final hidden [N - 1, H] and logits [N - 1, V] of block
+    rows 1.. (output multiplier and soft cap applied)."""
     cfg, eps = raw["dflash_config"], raw["rms_norm_eps"]
     dflash2 = raw["architectures"] == ["DFlash2DraftModel"]
     causal = raw.get("is_causal")
@@ -178,15 +179,28 @@ def draft_block(s, raw, features, block_ids, start, embed, lm_head):
     cap = cfg.get("final_logit_softcapping")
     if cap:
         logits = torch.tanh(logits / cap) * cap
-    if not dflash2:
-        return logits.argmax(-1)
-    unary, cand = logits.topk(cfg["selector_top_k"], -1)
+    return hidden, logits
+
+
+def selector_scores(s, raw, hidden, logits, previous):
+    """Their candidate selector at each position given the previous token there: previous [T]
+    -> candidate ids [T, k] and their scores [T, k]."""
+    unary, cand = logits.topk(raw["dflash_config"]["selector_top_k"], -1)
     proj = hidden @ s["candidate_selector.hidden_projection.weight"].T
+    code = s["candidate_selector.predecessor_codebook"][previous] * proj  # [T, r]
+    succ = s["candidate_selector.successor_codebook"][cand]  # [T, k, r]
+    return cand, unary + (succ @ code[:, :, None])[..., 0]
+
+
+def draft_block(s, raw, features, block_ids, start, embed, lm_head):
+    """Their greedy draft of block rows 1.. ([N - 1])."""
+    hidden, logits = draft_logits(s, raw, features, block_ids, start, embed, lm_head)
+    if raw["architectures"] != ["DFlash2DraftModel"]:
+        return logits.argmax(-1)
     prev, out = block_ids[0], []
-    for t in range(n - 1):
-        ctx_code = s["candidate_selector.predecessor_codebook"][prev] * proj[t]
-        score = unary[t] + s["candidate_selector.successor_codebook"][cand[t]] @ ctx_code
-        prev = cand[t, score.argmax()]
+    for t in range(len(block_ids) - 1):
+        cand, score = selector_scores(s, raw, hidden[t: t + 1], logits[t: t + 1], prev[None])
+        prev = cand[0, score[0].argmax()]
         out.append(prev)
     return torch.stack(out)
 
