@@ -21,11 +21,13 @@ top-p tie rule of transformers' `TopPLogitsWarper` (the target's own) under samp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
@@ -49,9 +51,10 @@ class _Context:
 class DFlashDrafter(nn.Module):
     needs_target_hidden = True
 
-    def __init__(self, model: DFlashModel, target):
+    def __init__(self, model: DFlashModel, target, raw_config: dict):
         super().__init__()
         self.model = model
+        self.raw_config = raw_config  # config.json as read (or written by `save_pretrained`)
         # not a submodule: the drafter's .to(), .train() and state_dict leave the target alone
         object.__setattr__(self, "target", target)
         self._context: _Context | None = None
@@ -79,7 +82,19 @@ class DFlashDrafter(nn.Module):
         check_weights(own, state, cfg, path)
         model.load_state_dict(state, strict=False)  # checked above; rotary tables are built
         weight = target.get_input_embeddings().weight
-        return cls(model.eval(), target).to(device=weight.device, dtype=weight.dtype)
+        return cls(model.eval(), target, raw).to(device=weight.device, dtype=weight.dtype)
+
+    def save_pretrained(self, path, dtype: torch.dtype | None = None) -> Path:
+        """Write config.json and model.safetensors in the authors' layout (what
+        `from_pretrained` and their `DFlashDraftModel.from_pretrained` read)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+                 for k, v in self.model.state_dict().items() if "rotary_emb" not in k}
+        save_file(state, str(path / "model.safetensors"))
+        raw = {**self.raw_config, "dtype": str(dtype or self.model.fc.weight.dtype)[6:]}
+        (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+        return path
 
     def check_target(self, target) -> None:
         """ValueError unless `target` is the model this drafter was loaded for (its embedding,
