@@ -12,13 +12,16 @@
     mmspec generate --target PATH --drafter model:PATH --prompt "..."
     mmspec generate --target PATH --image cat.jpg --drafter vispec:PATH --prompt "Describe it."
     mmspec generate --target PATH --drafter eagle:PATH --prompt "..."
+    mmspec generate --target text --drafter dflash   ... with its DFlash drafter (text-dflash)
+    mmspec generate --target PATH --drafter dflash:PATH --prompt "..."
     mmspec generate ... --sample --temperature 0.7 --top-p 0.9
 
 Drafters: zoo targets name theirs (`vlm`: vispec, text-only, eagle3; `text`: diffusion, model,
-prompt-lookup, eagle3). Any target: `prompt-lookup`, `model:PATH` (a small causal LM with the same
-vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a ViSpec
+prompt-lookup, eagle3, dflash). Any target: `prompt-lookup`, `model:PATH` (a small causal LM
+with the same vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH` (a ViSpec
 drafter for this VLM, saved by mmspec or in the ViSpec authors' layout), `eagle:PATH` (a
-SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target), `diffusion:PATH` (a diffusion LM
+SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target), `dflash:PATH` (a z-lab DFlash or
+DFlash2 drafter for this target, no remote code), `diffusion:PATH` (a diffusion LM
 with the same vocabulary, e.g. Dream, loaded without its remote code; CPS + ADL with the prefix
 KV cache), `self` (the target drafts for itself: every token is accepted, a check of the
 engine). Under --sample, chain drafters (`model:`, `self`, `builtin`, the text preset's `model`)
@@ -267,7 +270,7 @@ def _path_drafter(args, target, target_tokenizer=None):
     kind = args.drafter or ("builtin" if args.target == "builtin" else "prompt-lookup")
     if args.drafter is None:
         _log(f"drafter: {kind} (the default for --target {args.target}; see --drafter)")
-    if kind.startswith(("vispec:", "eagle:", "diffusion:")):
+    if kind.startswith(("vispec:", "eagle:", "diffusion:", "dflash:")):
         _refuse_draft_shape(args, f"--drafter {kind.split(':')[0]}:PATH")
     num_tokens = 5 if args.num_draft_tokens is None else args.num_draft_tokens
     if kind == "prompt-lookup":
@@ -288,6 +291,13 @@ def _path_drafter(args, target, target_tokenizer=None):
         except (FileNotFoundError, ValueError, TypeError) as err:
             raise SystemExit(f"--drafter {kind}: {err}") from None
         return drafter.to(args.device)
+    if kind.startswith("dflash:"):
+        from mmspec.diffusion import DFlashDrafter
+
+        try:
+            return DFlashDrafter.from_pretrained(kind[len("dflash:"):], target)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"--drafter {kind}: {err}") from None
     if kind.startswith("diffusion:"):
         import dataclasses
 
@@ -322,7 +332,7 @@ def _path_drafter(args, target, target_tokenizer=None):
             model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     else:
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
-                         f"eagle:PATH, diffusion:PATH, self or builtin for --target "
+                         f"eagle:PATH, dflash:PATH, diffusion:PATH, self or builtin for --target "
                          f"{args.target}, got {kind!r}")
     top_k = 1 if args.tree_top_k is None else args.tree_top_k
     if args.sample and top_k > 1:
@@ -350,8 +360,8 @@ def _refuse_draft_shape(args, who: str) -> None:
     if given:
         raise SystemExit(f"{', '.join(given)}: {who} drafts with its own settings (zoo presets: "
                          f"mmspec.zoo.presets; ViSpec: its saved tree; the ViSpec authors' and "
-                         f"EAGLE drafters: their own defaults; DiffuSpec: ADL); these flags "
-                         f"apply to prompt-lookup, model:PATH, self and builtin drafters")
+                         f"EAGLE drafters: their own defaults; DiffuSpec: ADL; DFlash: its "
+                         f"block); these flags apply to prompt-lookup, model:PATH, self and builtin drafters")
 
 
 def _setup(args):

@@ -179,7 +179,8 @@ class DFlashDrafter(nn.Module):
             if state.sampling is not None:
                 q = (scores.float() / state.sampling.temperature).softmax(-1)
                 pick = torch.multinomial(q, 1, generator=state.generator)[:, 0]
-                probs.append(torch.zeros_like(logits[:, t], dtype=q.dtype).scatter(-1, ids[:, t], q))
+                full = torch.zeros_like(logits[:, t], dtype=q.dtype)  # [B, V]
+                probs.append(full.scatter(-1, ids[:, t], q))
             else:
                 pick = scores.argmax(-1)
             previous = ids[:, t].gather(1, pick[:, None])[:, 0]

@@ -1,5 +1,5 @@
-"""The DFlash and DFlash2 draft networks (z-lab/dflash, `dflash/model.py`), from transformers' Qwen3
-modules, in the authors' parameter names so that their checkpoints load strictly.
+"""The DFlash and DFlash2 draft networks (z-lab/dflash, `dflash/model.py`), from transformers'
+Qwen3 modules, in the authors' parameter names so that their checkpoints load strictly.
 
 A DFlash drafter is a few Qwen3 decoder layers that draft a whole block in one pass. The block's
 rows are the last committed token (the *anchor*) and `block_size - 1` mask tokens, embedded with

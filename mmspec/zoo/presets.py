@@ -111,6 +111,7 @@ def text_preset(prompt: str | None = None) -> Preset:
             "model": lambda: ModelDrafter(drafter_model, 5, sample=True),
             "prompt-lookup": lambda: PromptLookupDrafter(),
             "eagle3": lambda: load("text-eagle3", target=target).model,  # the zoo's CPU tree
+            "dflash": lambda: load("text-dflash", target=target).model,
         },
         default_drafter="diffusion", eos_token_id=eos,
         description=f"zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL "

@@ -219,12 +219,25 @@ def _load_eagle3(name: str, directory: Path, card: dict,
     return ZooModel(name, drafter, tokenizer, card, path=directory)
 
 
+def _load_dflash(name: str, directory: Path, card: dict,
+                 target: Optional[torch.nn.Module] = None) -> ZooModel:
+    """A `DFlashDrafter` (z-lab layout, no embedding and no LM head: the target's) bound to
+    `target`."""
+    from mmspec.diffusion import DFlashDrafter
+
+    target_dir = directory.parent / card["target"]
+    if target is None:
+        target = load(card["target"], directory.parent).model
+    drafter = DFlashDrafter.from_pretrained(directory, target).eval()
+    return ZooModel(name, drafter, load_tokenizer(target_dir), card, path=directory)
+
+
 _LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "vlm": _load_vlm,
             "vlm-assistant": _load_assistant, "vispec": _load_vispec, "eagle3": _load_eagle3,
-            "video-dit": _load_video}
+            "dflash": _load_dflash, "video-dit": _load_video}
 
 
-_BOUND = ("vispec", "eagle3")  # drafters bound to an already loaded target (`load(target=)`)
+_BOUND = ("vispec", "eagle3", "dflash")  # drafters bound to an already loaded target
 
 
 def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
@@ -249,7 +262,7 @@ def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
 
 # card fields each kind's loader reads, beyond `kind`
 _CARD_FIELDS = {"video-dit": (("training", "shift"),), "vispec": (("target",),),
-                "eagle3": (("target",),)}
+                "eagle3": (("target",),), "dflash": (("target",),)}
 
 
 def _check_card(directory: Path, card: dict) -> None:
