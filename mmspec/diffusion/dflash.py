@@ -33,8 +33,11 @@ from torch import nn
 from mmspec.decoding.draft import Draft, DraftState, VerifyResult
 from mmspec.decoding.sampling import target_probs
 
+from .cps import CPSConfig, search
 from .dflash_checkpoint import check_fits, check_weights, dflash_config, read_config, read_weights
 from .dflash_model import DFlashConfig, DFlashModel, qwen3_config
+from .ngram_proxy import NgramProxy
+from .path_tree import paths_to_tree
 
 
 @dataclass
@@ -51,13 +54,19 @@ class _Context:
 class DFlashDrafter(nn.Module):
     needs_target_hidden = True
 
-    def __init__(self, model: DFlashModel, target, raw_config: dict):
+    def __init__(self, model: DFlashModel, target, raw_config: dict,
+                 path_search: CPSConfig | None = None):
         super().__init__()
+        if path_search is not None and model.dflash.is_dflash2:
+            raise ValueError("path_search: DFlash2 walks its own candidate selector; path search "
+                             "applies to DFlash (DFlashDraftModel) blocks")
         self.model = model
         self.raw_config = raw_config  # config.json as read (or written by `save_pretrained`)
+        self.path_search = path_search
         # not a submodule: the drafter's .to(), .train() and state_dict leave the target alone
         object.__setattr__(self, "target", target)
         self._context: _Context | None = None
+        self._proxies: list = []
 
     @property
     def config(self) -> DFlashConfig:
@@ -69,9 +78,10 @@ class DFlashDrafter(nn.Module):
         return tuple(i + 1 for i in self.config.target_layer_ids)
 
     @classmethod
-    def from_pretrained(cls, path, target) -> DFlashDrafter:
+    def from_pretrained(cls, path, target, path_search: CPSConfig | None = None) -> DFlashDrafter:
         """Load a DFlash or DFlash2 checkpoint folder for `target`, in the target's dtype and
-        device. The folder must have been made for this target (its layers and hidden size)."""
+        device. The folder must have been made for this target (its layers and hidden size).
+        `path_search`: draft a tree instead of the chain (`_search_tree`)."""
         path = Path(path)
         raw = read_config(path)
         cfg = dflash_config(raw, path)
@@ -82,7 +92,8 @@ class DFlashDrafter(nn.Module):
         check_weights(own, state, cfg, path)
         model.load_state_dict(state, strict=False)  # checked above; rotary tables are built
         weight = target.get_input_embeddings().weight
-        return cls(model.eval(), target, raw).to(device=weight.device, dtype=weight.dtype)
+        return cls(model.eval(), target, raw, path_search).to(device=weight.device,
+                                                              dtype=weight.dtype)
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> Path:
         """Write config.json and model.safetensors in the authors' layout (what
@@ -120,6 +131,8 @@ class DFlashDrafter(nn.Module):
             n = 1 + min(self.config.block_size - 1, state.max_tokens + 1)
             hidden = self._block(state.input_ids[:, -1], positions[:, -1], n)  # [B, n, H]
             logits = self.model.logits(hidden[:, 1:], self.target.get_output_embeddings())
+            if self.path_search is not None:
+                return self._search_tree(logits, state)
             if self.config.is_dflash2:
                 tokens, probs = self._select(logits, hidden[:, 1:], state)
             elif state.sampling is not None:
@@ -134,8 +147,8 @@ class DFlashDrafter(nn.Module):
         """Nothing to do: the next `DraftState` carries the committed slots and their features."""
 
     def end(self) -> None:
-        """The `generate` call is over: drop its context keys and values."""
-        self._context = None
+        """The `generate` call is over: drop its context keys and values and n-gram proxies."""
+        self._context, self._proxies = None, []
 
     # --- the pieces ---
 
@@ -186,3 +199,35 @@ class DFlashDrafter(nn.Module):
             previous = ids[:, t].gather(1, pick[:, None])[:, 0]
             tokens.append(previous)
         return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None)
+
+    def _search_tree(self, logits: torch.Tensor, state: DraftState) -> Draft:
+        """Beyond the reference: DiffuSpec's causal path search (`cps.py`) over the block's
+        per-position distributions, scored with an n-gram proxy of each row's own text, its
+        beams and the argmax chain merged into one tree (`path_tree.py`) that the engine
+        verifies in one pass. Nodes are chosen, not sampled: a point-mass proposal."""
+        logprobs = logits.float().log_softmax(-1).cpu()  # [B, T, V]
+        b, _, vocab = logprobs.shape
+        if state.round == 0 or len(self._proxies) != b:
+            self._proxies = [NgramProxy(vocab, 3) for _ in range(b)]  # paper §3.3: a 3-gram
+        eos = list(state.eos_token_id if state.eos_token_id is not None else
+                   _eos_ids(self.target))
+        valid = state.attention_mask.bool().cpu()
+        trees = []
+        for row in range(b):
+            self._proxies[row].begin(state.input_ids[row].cpu()[valid[row]])
+            beams = search(logprobs[row], self.path_search, eos, self._proxies[row])
+            trees.append(paths_to_tree([logprobs[row].argmax(-1).tolist()]
+                                       + [beam.tokens for beam in beams]))
+        width = max(len(tokens) for tokens, _, _ in trees)
+        tokens = torch.zeros(b, width, dtype=torch.long)
+        parents = torch.full((b, width), -1, dtype=torch.long)
+        for row, (tok, par, _) in enumerate(trees):
+            tokens[row, :len(tok)], parents[row, :len(par)] = torch.tensor(tok), torch.tensor(par)
+        counts = torch.tensor([len(tok) for tok, _, _ in trees])
+        return Draft(tokens.to(logits.device), parents, None,
+                     None if bool((counts == width).all()) else counts.to(logits.device))
+
+
+def _eos_ids(target) -> list[int]:
+    eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))

@@ -237,3 +237,41 @@ def test_sampled_drafts_carry_the_law_they_were_drawn_from(tmp_path, kind):
             expected = torch.zeros_like(logits).scatter(-1, cand, (scores / 0.7).softmax(-1))
     assert torch.allclose(draft.probs[0], expected, atol=1e-5)
     assert (draft.probs[0].gather(-1, draft.tokens[0, :, None]) > 0).all()
+
+
+def test_path_search_tree_is_lossless_and_holds_the_chain(tmp_path):
+    """`path_search=CPSConfig(...)`: CPS beams over the block plus the argmax chain, one tree;
+    greedy output equals target.generate on a padded batch, and each round's tree contains the
+    chain the plain drafter would draft."""
+    from mmspec.diffusion import CPSConfig
+
+    target = tiny_qwen3(1, vocab=12)
+    _, raw, state = drafter_for(tmp_path, target, kind="DFlashDraftModel", block=6)
+    tree = DFlashDrafter.from_pretrained(tmp_path / "ckpt0", target,
+                                         path_search=CPSConfig(beam_width=3))
+    chain = DFlashDrafter.from_pretrained(tmp_path / "ckpt0", target)
+    ids = torch.tensor([[0, 0, 5, 9, 11, 4], [7, 3, 10, 5, 9, 8]])
+    mask = (ids != 0).long()
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+    rounds = []
+
+    def check(draft, result, stats):
+        rounds.append(draft)
+
+    out = generate(target, tree, ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                   on_round=check)
+    assert torch.equal(out.sequences, expected)
+    assert 0 < out.stats.accepted and any(d.parents.dim() == 2 and d.tokens.shape[1] > 5
+                                          for d in rounds)
+    first = rounds[0]
+    plain = []
+    generate(target, chain, ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+             on_round=lambda d, r, s: plain.append(d))
+    assert torch.equal(first.tokens[:, :5], plain[0].tokens)  # the chain comes first
+    assert first.parents[0, :5].tolist() == [-1, 0, 1, 2, 3]
+    sampled = generate(target, tree, ids, attention_mask=mask, max_new_tokens=8, do_sample=True,
+                       generator=torch.Generator().manual_seed(0))
+    assert sampled.sequences.shape[1] <= ids.shape[1] + 8
+    with pytest.raises(ValueError, match="path_search: DFlash2 walks its own candidate"):
+        drafter_for(tmp_path / "two", target)[0].__class__.from_pretrained(
+            tmp_path / "two" / "ckpt0", target, path_search=CPSConfig())
