@@ -247,8 +247,9 @@ def test_path_search_tree_is_lossless_and_holds_the_chain(tmp_path):
 
     target = tiny_qwen3(1, vocab=12)
     _, raw, state = drafter_for(tmp_path, target, kind="DFlashDraftModel", block=6)
+    # lam 0: the beams follow the n-gram proxy alone, so they need not hold the argmax chain
     tree = DFlashDrafter.from_pretrained(tmp_path / "ckpt0", target,
-                                         path_search=CPSConfig(beam_width=3))
+                                         path_search=CPSConfig(beam_width=3, lam=0.0))
     chain = DFlashDrafter.from_pretrained(tmp_path / "ckpt0", target)
     ids = torch.tensor([[0, 0, 5, 9, 11, 4], [7, 3, 10, 5, 9, 8]])
     mask = (ids != 0).long()
