@@ -141,7 +141,7 @@ def export_zoo(args, drafter: DFlashDrafter, losses: list, elapsed: float) -> Pa
                         "threads": torch.get_num_threads(),
                         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs "
                                    f"(shared)"},
-            "command": command(MODULE, args.argv),
+            "command": command(MODULE, [a for a in args.argv if a != "--resume"]),
             **({"budget": args.budget} if args.budget else {}),
         })
     print(f"exported {out_dir}: {size} bytes, held-out tau {tau:.3f}")
