@@ -4,7 +4,8 @@ An entry is a folder of `assets/zoo/` holding a `card.json` whose `kind` has a l
 Weights are safetensors only (fp16 on disk, upcast to float32 on load for CPU speed).
 VLM entries: `vlm-target` (LLaVA, with its `LlavaProcessor`), `vlm-assistant` (text-only Llama for
 HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bound to a target),
-`vlm-eagle3` and `text-eagle3` (EAGLE-3 `EagleDrafter`s, bound alike).
+`vlm-eagle3` and `text-eagle3` (EAGLE-3 `EagleDrafter`s, bound alike), `text-dflash` (a
+`DFlashDrafter`, bound alike).
 """
 
 from __future__ import annotations
@@ -304,9 +305,9 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`, or the entry folder
     `name` itself (a path to a folder with a `card.json`; its parent is then the zoo folder).
 
-    `target`: ViSpec and EAGLE-3 drafters only (`vlm-vispec`, `vlm-text-drafter`,
-    `vlm-eagle3`, `text-eagle3`): the already loaded target to bind the drafter to (it must be the card's
-    target). None loads the target named in the card.
+    `target`: ViSpec, EAGLE-3 and DFlash drafters only (`vlm-vispec`, `vlm-text-drafter`,
+    `vlm-eagle3`, `text-eagle3`, `text-dflash`): the already loaded target to bind the drafter to
+    (it must be the card's target). None loads the target named in the card.
     """
     zoo_dir = Path(zoo_dir)
     if (Path(name) / "card.json").is_file() and (isinstance(name, Path) or "/" in str(name)):
@@ -319,7 +320,7 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     card = read_card(directory)
     _check_card(directory, card)
     if target is not None and card["kind"] not in _BOUND:
-        raise ValueError(f"target: only ViSpec and EAGLE-3 drafters are bound to a target; "
+        raise ValueError(f"target: only ViSpec, EAGLE-3 and DFlash drafters are bound to a target; "
                          f"{name!r} is a {card['kind']!r} entry")
     with _no_loading_bars():
         if card["kind"] in _BOUND:

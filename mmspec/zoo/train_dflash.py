@@ -65,8 +65,8 @@ def held_out_tau(drafter, target, stream: torch.Tensor) -> float:
 
     committed = forwards = 0
     for window in eval_windows(stream, 128, HELD_OUT):
-        out = generate(target, drafter, window[None], max_new_tokens=NEW_TOKENS,
-                       do_sample=False, eos_token_id=[])
+        out = generate(target, drafter, window[None], torch.ones_like(window[None]),
+                       max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=[])
         committed, forwards = committed + out.stats.committed, forwards + out.stats.rounds
     return committed / max(forwards, 1)
 
@@ -82,8 +82,8 @@ def train(args) -> DFlashDrafter:
                           intermediate_size=args.intermediate_size).float().train()
     stream = token_stream(tokenizer, "train")
     optimizer = torch.optim.AdamW(drafter.model.parameters(), lr=args.lr, weight_decay=0.0)
-    run = {k: v for k, v in vars(args).items()
-           if k not in ("resume", "threads", "zoo_name", "budget", "argv")}
+    run = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+           if k not in ("resume", "threads", "zoo_name", "budget", "argv")}  # torch.load-safe
     loop = TrainLoop(drafter.model, optimizer, cosine_schedule(optimizer, args.warmup, args.steps),
                      args.out / "ckpt", run, args.save_every_s)
     meta = read_meta(args.out / "ckpt") if args.resume else None
