@@ -320,8 +320,8 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     card = read_card(directory)
     _check_card(directory, card)
     if target is not None and card["kind"] not in _BOUND:
-        raise ValueError(f"target: only ViSpec, EAGLE-3 and DFlash drafters are bound to a target; "
-                         f"{name!r} is a {card['kind']!r} entry")
+        raise ValueError(f"target: only ViSpec, EAGLE-3 and DFlash drafters are bound to a "
+                         f"target; {name!r} is a {card['kind']!r} entry")
     with _no_loading_bars():
         if card["kind"] in _BOUND:
             return _LOADERS[card["kind"]](name, directory, card, target)
