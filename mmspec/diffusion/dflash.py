@@ -160,6 +160,12 @@ class DFlashDrafter(nn.Module):
             b = valid.shape[0]
             self._context = _Context([], positions.new_zeros(b, 0), valid.new_zeros(b, 0))
         ctx, features = self._context, state.target_hidden
+        width = self.model.fc.in_features
+        if features.dim() != 3 or features.shape[-1] != width:
+            raise ValueError(f"state.target_hidden is {list(features.shape)}, expected [batch, "
+                             f"slots, {width}]: the target's hidden states at layers "
+                             f"{list(self.config.target_layer_ids)} are not [batch, slots, "
+                             f"hidden_size] tensors ({type(self.target).__name__})")
         if features.shape[1] != s - 1 - ctx.num_slots:
             raise ValueError(f"state.target_hidden covers {features.shape[1]} slots, expected "
                              f"{s - 1 - ctx.num_slots} (the slots committed since the last round)")

@@ -99,10 +99,11 @@ def check_fits(raw: dict, cfg: DFlashConfig, target, path: Path) -> None:
         raise ValueError(f"path: {path} drafts from target layers {ids} of a "
                          f"{raw.get('num_target_layers', '?')}-layer target, but the target "
                          f"{name} has {layers} layers (ids must lie in [0, {layers}))")
-    if int(raw["hidden_size"]) != hidden:
+    width = target.get_input_embeddings().weight.shape[1]
+    if int(raw["hidden_size"]) != hidden or width != hidden:
         raise ValueError(f"path: {path} has hidden_size {raw['hidden_size']}, but the target "
-                         f"{name} has hidden_size {hidden} (DFlash embeds with the target's "
-                         f"embedding and reads out with its LM head)")
+                         f"{name} has hidden_size {hidden} and embeddings {width} wide (DFlash "
+                         f"embeds with the target's embedding and reads out with its LM head)")
     vocab = target.get_input_embeddings().weight.shape[0]
     if not 0 <= cfg.mask_token_id < vocab:
         raise ValueError(f"path: {path} has mask_token_id {cfg.mask_token_id}, outside the "

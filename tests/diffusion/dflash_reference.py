@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 def dflash_raw_config(target, kind="DFlash2DraftModel", layers=2, block=6, mask=None,
                       layer_ids=None, sliding=False, is_causal=False, **dflash):
-    text = target.config
+    text = target.config.get_text_config(decoder=True)
     ids = list(layer_ids if layer_ids is not None else range(text.num_hidden_layers))
     cfg = {"block_size": block, "mask_token_id": text.vocab_size - 1 if mask is None else mask,
            "target_layer_ids": ids, **dflash}

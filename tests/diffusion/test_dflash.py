@@ -276,3 +276,29 @@ def test_path_search_tree_is_lossless_and_holds_the_chain(tmp_path):
     with pytest.raises(ValueError, match="path_search: DFlash2 walks its own candidate"):
         drafter_for(tmp_path / "two", target)[0].__class__.from_pretrained(
             tmp_path / "two" / "ckpt0", target, path_search=CPSConfig())
+
+
+SWEEP = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
+         "olmo2", "granite", "cohere", "starcoder2", "qwen3_moe")
+
+
+@pytest.mark.parametrize("model_type", SWEEP)
+def test_architectures_of_the_sweep_stay_lossless(tmp_path, model_type):
+    """The architecture sweep's tiny targets (`tests/decoding/arch_sweep.py`: sliding windows,
+    soft caps, scaled embeddings, MoE, GPT-2's learned positions) on its left-padded batch: a
+    DFlash drafter reading their first and last layers, greedy output identical to their own."""
+    from tests.decoding import arch_sweep
+
+    model = arch_sweep.build(model_type)
+    prompts, mask = arch_sweep.PROMPTS[:2], arch_sweep.MASK[:2]
+    new = arch_sweep.NEW_TOKENS
+    ref = model.generate(prompts, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                         pad_token_id=0)
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    raw = dflash_raw_config(model, mask=5, layer_ids=[0, layers - 1])
+    raw["vocab_size"] = model.get_input_embeddings().weight.shape[0]
+    drafter = DFlashDrafter.from_pretrained(
+        write_checkpoint(tmp_path / "d", raw, random_state(raw)), model)
+    out = generate(model, drafter, prompts, attention_mask=mask, max_new_tokens=new,
+                   do_sample=False, pad_token_id=0)
+    assert torch.equal(out.sequences, ref)

@@ -103,3 +103,24 @@ def test_another_target_instance_is_refused(tmp_path):
     drafter = DFlashDrafter.from_pretrained(folder(tmp_path, tiny_qwen3(0)), tiny_qwen3(0))
     with pytest.raises(ValueError, match="loaded for another Qwen3ForCausalLM"):
         generate(tiny_qwen3(0), drafter, torch.tensor([[3, 4]]), max_new_tokens=4)
+
+
+def test_targets_whose_embeddings_or_hidden_states_do_not_fit_are_named(tmp_path):
+    """From the architecture sweep: RemBERT embeds 256 wide below a 64-wide model (refused at
+    load); Qwen4Exp's hidden states are wider than its hidden_size (refused at the first draft,
+    one line, instead of a shape error inside torch)."""
+    from tests.decoding import arch_sweep
+
+    rembert = arch_sweep.build("rembert")
+    raw = dflash_raw_config(rembert, mask=5, layer_ids=[0, 1])
+    write_checkpoint(tmp_path / "r", raw, random_state(raw))
+    with pytest.raises(ValueError) as err:
+        DFlashDrafter.from_pretrained(tmp_path / "r", rembert)
+    assert "hidden_size 64 and embeddings 256 wide" in one_line(err)
+    exp = arch_sweep.build("qwen4_exp_text")
+    raw = dflash_raw_config(exp, mask=5, layer_ids=[0, 1])
+    drafter = DFlashDrafter.from_pretrained(write_checkpoint(tmp_path / "q", raw,
+                                                             random_state(raw)), exp)
+    with pytest.raises(ValueError) as err:
+        generate(exp, drafter, arch_sweep.PROMPTS[:1], max_new_tokens=4, pad_token_id=0)
+    assert "state.target_hidden is [1, 11, 320], expected [batch, slots, 128]" in one_line(err)
