@@ -19,7 +19,8 @@ __all__ = [
     "speculative",
 ]
 # issue 5, in diffusion/
-_DIFFUSION = ("ADLConfig", "DFlashDrafter", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")
+_DIFFUSION = ("ADLConfig", "DFlashDrafter", "DiffusionDrafter", "DiffusionDrafterConfig",
+              "NaiveDiffusionDrafter")
 
 
 def __getattr__(name):

@@ -361,7 +361,8 @@ def _refuse_draft_shape(args, who: str) -> None:
         raise SystemExit(f"{', '.join(given)}: {who} drafts with its own settings (zoo presets: "
                          f"mmspec.zoo.presets; ViSpec: its saved tree; the ViSpec authors' and "
                          f"EAGLE drafters: their own defaults; DiffuSpec: ADL; DFlash: its "
-                         f"block); these flags apply to prompt-lookup, model:PATH, self and builtin drafters")
+                         f"block); these flags apply to prompt-lookup, model:PATH, self and "
+                         f"builtin drafters")
 
 
 def _setup(args):

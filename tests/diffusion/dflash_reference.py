@@ -124,7 +124,8 @@ def _attend(s, p, x, ctx, q_pos, k_pos, raw, causal):
     theta, eps = raw["rope_parameters"]["rope_theta"], raw["rms_norm_eps"]
     q = _rms((x @ s[p + "q_proj.weight"].T).view(len(x), heads, d), s[p + "q_norm.weight"], eps)
     both = torch.cat([ctx, x], 0)
-    k = _rms((both @ s[p + "k_proj.weight"].T).view(len(both), kvh, d), s[p + "k_norm.weight"], eps)
+    k = _rms((both @ s[p + "k_proj.weight"].T).view(len(both), kvh, d), s[p + "k_norm.weight"],
+             eps)
     v = (both @ s[p + "v_proj.weight"].T).view(len(both), kvh, d)
     q = _rope(q.transpose(0, 1), q_pos, theta)  # [heads, L, d]
     k = _rope(k.transpose(0, 1), k_pos, theta).repeat_interleave(heads // kvh, 0)
@@ -169,8 +170,8 @@ def draft_logits(s, raw, features, block_ids, start, embed, lm_head):
             if sub == "attention":
                 h = _attend(s, p + "self_attn.", h, ctx, q_pos, k_pos, raw, causal)
             else:
-                h = (F.silu(h @ s[p + "mlp.gate_proj.weight"].T) * (h @ s[p + "mlp.up_proj.weight"].T)
-                     ) @ s[p + "mlp.down_proj.weight"].T
+                gate, up = h @ s[p + "mlp.gate_proj.weight"].T, h @ s[p + "mlp.up_proj.weight"].T
+                h = (F.silu(gate) * up) @ s[p + "mlp.down_proj.weight"].T
             if dflash2:
                 h = _conv(h, dyn[:, 1], base[1], cfg["conv_group_size"])
             x = res + h
