@@ -25,8 +25,8 @@ from benchmarks.report import markdown_table, write_section
 from benchmarks.text import heldout_prompts
 from mmspec import zoo
 from mmspec.decoding import generate
-from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
-from mmspec.decoding.drafters.adl import ADLConfig
+from mmspec.diffusion import DiffusionDrafter, DiffusionDrafterConfig
+from mmspec.diffusion.adl import ADLConfig
 
 
 def best_of(repeats: int, fn):

@@ -18,6 +18,9 @@ interleaved per prompt so that background load hits them alike:
     EAGLE-3 chain / tree        mmspec.generate, the zoo's `text-eagle3` (or `--eagle3 PATH`,
                                 trained with `mmspec.vision.train --arch eagle3`): 5-chain;
                                 16-node tree
+    DFlash chain                DFlashDrafter, the zoo's `text-dflash` (or `--dflash PATH`): one
+                                block, its argmax chain (what z-lab's dflash_generate drafts)
+    DFlash + path search        the same block, DiffuSpec's CPS beams + the chain as one tree
 
 tau is tokens per target verification forward, counted the same way for every method: a forward
 pre-hook counts the target's calls, and tau = (new tokens - 1) / (calls - 1) (the prefill's call
@@ -27,7 +30,8 @@ time / the method's wall time, summed over the prompts (each the best of `--repe
 output is asserted token-identical to target-only greedy; HF's outputs are compared and reported.
 
     python benchmarks/text.py [--prompts 8] [--prompt-tokens 256] [--new-tokens 96] [--threads 1]
-                              [--repeats 1] [--fixed-k 20] [--eagle3 PATH] [--plot] [--write]
+                              [--repeats 1] [--fixed-k 20] [--eagle3 PATH] [--dflash PATH]
+                              [--plot] [--write]
 
 The EAGLE-3 rows draft with the zoo's `text-eagle3`, or with the drafter `--eagle3 PATH` names.
 """
@@ -52,18 +56,17 @@ from benchmarks.report import check_plot_deps, markdown_table, write_section
 from mmspec import zoo
 from mmspec._cache_name import cache_kwargs, output_cache
 from mmspec.decoding import generate, kv_cache
-from mmspec.decoding.drafters import (
+from mmspec.decoding.drafters import ModelDrafter, PromptLookupDrafter
+from mmspec.diffusion import (
     CPSConfig,
     DiffusionDrafter,
     DiffusionDrafterConfig,
-    ModelDrafter,
     NaiveDiffusionDrafter,
     NgramProxy,
-    PromptLookupDrafter,
     build_lattice,
 )
-from mmspec.decoding.drafters.adl import ADLConfig
-from mmspec.decoding.drafters.cps import search
+from mmspec.diffusion.adl import ADLConfig
+from mmspec.diffusion.cps import search
 from mmspec.kernels.tune import timed
 from mmspec.zoo.corpus import source_files, stdlib_root
 from mmspec.zoo.paths import ZOO_DIR
@@ -86,6 +89,9 @@ DLM_METHODS = (NAIVE, CPS, CPS_ADL, CACHED, SHORT)
 # the EAGLE-3 rows draft the ModelDrafter rows' shapes: a 5-token chain; 16 nodes, top-4, 4 deep
 EAGLE3_CHAIN = {"depth": 5, "top_k": 1, "total_tokens": 6}
 EAGLE3_TREE = {"depth": 4, "top_k": 4, "total_tokens": 17}
+DFLASH_CHAIN, DFLASH_TREE = "DFlash chain", "DFlash + path search"
+DFLASH_SEARCH = CPSConfig(beam_width=3)  # DiffuSpec's defaults (paper §4.1), beams of 3
+DFLASH_TREE_BAR = 1.15  # issue 46: the path-search tree's tau >= 1.15x the chain's
 
 
 # ------------------------------------------------------------------------------------- prompts
@@ -269,6 +275,35 @@ def eagle3_methods(target, path: Path, eos: int) -> list:
             Method("EAGLE-3 tree", "mmspec", engine_run(target, lambda: tree, eos),
                    f"{path.name}, EAGLE-2 tree: {EAGLE3_TREE['total_tokens'] - 1} nodes, "
                    f"top-{EAGLE3_TREE['top_k']}, depth {EAGLE3_TREE['depth']}")]
+
+
+def dflash_methods(target, path: Path, eos: int) -> list:
+    """"DFlash chain" and "DFlash + path search": the DFlash drafter in `path` for `target`."""
+    from mmspec.diffusion import DFlashDrafter
+
+    chain = DFlashDrafter.from_pretrained(path, target).eval()
+    tree = DFlashDrafter.from_pretrained(path, target, path_search=DFLASH_SEARCH).eval()
+    block = chain.config.block_size
+    return [Method(DFLASH_CHAIN, "mmspec", engine_run(target, lambda: chain, eos),
+                   f"{path.name}, blocks of {block}: {block - 1} tokens, argmax chain"),
+            Method(DFLASH_TREE, "mmspec", engine_run(target, lambda: tree, eos),
+                   f"{path.name}, CPS (beam 3, tau 0.8, 3-gram proxy, lam 0.5) over the block, "
+                   f"the argmax chain added, one tree")]
+
+
+def dflash_verdicts(totals: dict) -> list:
+    """Issue 46's goals on the zoo pair, when the DFlash rows ran."""
+    if DFLASH_CHAIN not in totals:
+        return []
+    chain, tree, dlm = totals[DFLASH_CHAIN], totals[DFLASH_TREE], totals[SHORT]
+    ratio = tree.tau / chain.tau
+    return [
+        (f"- **DFlash τ ≥ DiffuSpec's τ** (the zoo preset's CPS+ADL row, {SHORT}): "
+         f"{chain.tau:.2f} vs {dlm.tau:.2f} → **{'met' if chain.tau >= dlm.tau else 'missed'}**."),
+        (f"- **DFlash + path search τ ≥ {DFLASH_TREE_BAR}× the DFlash chain's**: {tree.tau:.2f} "
+         f"vs {chain.tau:.2f} = {ratio:.2f}× → "
+         f"**{'met' if ratio >= DFLASH_TREE_BAR else 'missed'}**."),
+    ]
 
 
 def run_method(method: Method, counter: CallCounter, ids: torch.Tensor, n: int) -> Run:
@@ -593,6 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eagle3", type=Path, default=None,
                         help="an EAGLE-3 drafter folder for text-target: adds the EAGLE-3 rows "
                              "(default: the zoo's text-eagle3 if it has one)")
+    parser.add_argument("--dflash", type=Path, default=None,
+                        help="a DFlash drafter folder for text-target: adds the DFlash rows "
+                             "(default: the zoo's text-dflash if it has one)")
     parser.add_argument("--plot", action="store_true", help=f"write PNG charts into {PLOTS}")
     parser.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
     return parser
@@ -624,6 +662,11 @@ def main():
         eagle3 = ZOO_DIR / "text-eagle3"
     if eagle3 is not None:
         methods += eagle3_methods(target, eagle3, eos)
+    dflash = args.dflash
+    if dflash is None and (ZOO_DIR / "text-dflash" / "card.json").is_file():
+        dflash = ZOO_DIR / "text-dflash"
+    if dflash is not None:
+        methods += dflash_methods(target, dflash, eos)
     print(f"{len(prompts)} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens, "
           f"{args.threads} thread(s), load average {load_start:.2f} on {os.cpu_count()} CPUs",
           flush=True)
@@ -664,7 +707,7 @@ def main():
     header, rows = table(methods, totals, has_stats)
     lines = verdicts(totals, methods, costs, args.fixed_k,
                      sum(p.numel() for p in target.parameters()), dlm.card['config']['steps'],
-                     dlm.card['params'])
+                     dlm.card['params']) + dflash_verdicts(totals)
     cost_table = markdown_table([("building block (batch 1, prompt of "
                                  f"{args.prompt_tokens} tokens)"), "ms (median of 15)"],
                                 [[k, f"{v:.2f}"] for k, v in costs.items()])
@@ -678,6 +721,8 @@ def main():
         f"parameters), AR drafter `text-drafter`, diffusion drafter `text-dlm` (Dream-style)"
         + ("" if eagle3 is None else ", EAGLE-3 drafter `text-eagle3`" if eagle3.parent == ZOO_DIR
            else f", EAGLE-3 drafter `{eagle3}` (not the zoo's)")
+        + ("" if dflash is None else ", DFlash drafter `text-dflash`" if dflash.parent == ZOO_DIR
+           else f", DFlash drafter `{dflash}` (not the zoo's)")
         + f"; "
         f"fp32, batch 1, greedy, {args.threads} thread(s). {len(prompts)} prompts of "
         f"{args.prompt_tokens} tokens from the middle of held-out stdlib files ({files}), "

@@ -34,7 +34,7 @@ import torch
 
 from demos.common import parser, run, show_token, token_spans, warn
 from mmspec import generate, zoo
-from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
+from mmspec.diffusion import DiffusionDrafter, DiffusionDrafterConfig
 
 TOP = 5  # candidates shown per block position
 NO_DRAFT = "no draft: one token of budget was left, so the target committed it alone"

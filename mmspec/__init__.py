@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ADLConfig",
+    "DFlashDrafter",
     "DiffusionDrafter",
     "DiffusionDrafterConfig",
     "Draft",
@@ -17,16 +18,17 @@ __all__ = [
     "generate",
     "speculative",
 ]
-# issue 5, in decoding/drafters
-_DIFFUSION = ("ADLConfig", "DiffusionDrafter", "DiffusionDrafterConfig", "NaiveDiffusionDrafter")
+# the diffusion drafters (DiffuSpec, DFlash), in diffusion/
+_DIFFUSION = ("ADLConfig", "DFlashDrafter", "DiffusionDrafter", "DiffusionDrafterConfig",
+              "NaiveDiffusionDrafter")
 
 
 def __getattr__(name):
     # lazy: `mmspec.kernels` users should not pay for importing transformers
     if name in _DIFFUSION:
-        from .decoding import drafters
+        from . import diffusion
 
-        return getattr(drafters, name)
+        return getattr(diffusion, name)
     if name == "ViSpecDrafter":
         from . import vision
 

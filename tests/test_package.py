@@ -12,14 +12,13 @@ import mmspec
 
 def test_every_exported_name_resolves_and_is_listed():
     # dir() missed the lazy names (tab completion); ViSpecDrafter was only in mmspec.vision
-    from mmspec import decoding, eagle, vision
-    from mmspec.decoding import drafters
+    from mmspec import decoding, diffusion, eagle, vision
 
     assert set(mmspec.__all__) <= set(dir(mmspec))
     assert vision.EagleDrafter is eagle.EagleDrafter  # still importable from its old room
     for name in mmspec.__all__:
         source = (vision if name == "ViSpecDrafter" else eagle if name == "EagleDrafter" else
-                  drafters if hasattr(drafters, name) and not hasattr(decoding, name) else
+                  diffusion if hasattr(diffusion, name) else
                   decoding)
         assert getattr(mmspec, name) is getattr(source, name), name
 

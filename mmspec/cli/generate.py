@@ -12,6 +12,8 @@
     mmspec generate --target PATH --drafter model:PATH --prompt "..."
     mmspec generate --target PATH --image cat.jpg --drafter vispec:PATH --prompt "Describe it."
     mmspec generate --target PATH --drafter eagle:PATH --prompt "..."
+    mmspec generate --target text --drafter dflash   ... with its DFlash drafter (text-dflash)
+    mmspec generate --target PATH --drafter dflash:PATH --prompt "..."
     mmspec generate ... --sample --temperature 0.7 --top-p 0.9
 
 Drafters of `--target vlm` and `--target text`: the zoo's, by name (below; the zoo target as a
@@ -20,6 +22,7 @@ path, `--target vlm-target` or `text-target`, takes the drafters of a path). Dra
 the same vocabulary; chain, or an EAGLE-2 tree with --tree-top-k > 1), `vispec:PATH_OR_ID` (a
 ViSpec drafter for this VLM, saved by mmspec or in the ViSpec authors' layout),
 `eagle:PATH_OR_ID` (a SafeAILab EAGLE-1/2 or EAGLE-3 drafter for this target),
+`dflash:PATH_OR_ID` (a z-lab DFlash or DFlash2 drafter for this target, no remote code),
 `diffusion:PATH_OR_ID` (a diffusion LM with the same vocabulary, e.g. Dream, loaded without its
 remote code; CPS + ADL with the prefix KV cache), `self` (the target drafts for itself: every
 token is accepted, a check of the engine). A PATH_OR_ID is a folder, a zoo entry name or a
@@ -280,7 +283,7 @@ def _same_vocabulary(kind: str, path: str, target_tokenizer) -> None:
     """Refuse a drafter folder whose tokenizer maps ids to other tokens than the target's (its
     drafts would be lossless but almost never accepted). A folder without a tokenizer that loads
     offline is not checked."""
-    from mmspec.decoding.drafters.vocab import drafter_only_ids
+    from mmspec.diffusion.vocab import drafter_only_ids
 
     if target_tokenizer is None or not hasattr(target_tokenizer, "get_vocab"):
         return
@@ -299,7 +302,7 @@ def _path_drafter(args, target, target_tokenizer=None):
     kind = args.drafter or ("builtin" if args.target == "builtin" else "prompt-lookup")
     if args.drafter is None:
         _log(f"drafter: {kind} (the default for --target {args.target}; see --drafter)")
-    if kind.startswith(("vispec:", "eagle:", "diffusion:")):
+    if kind.startswith(("vispec:", "eagle:", "diffusion:", "dflash:")):
         _refuse_draft_shape(args, f"--drafter {kind.split(':')[0]}:PATH")
     num_tokens = 5 if args.num_draft_tokens is None else args.num_draft_tokens
     if kind == "prompt-lookup":
@@ -321,10 +324,17 @@ def _path_drafter(args, target, target_tokenizer=None):
         except (FileNotFoundError, ValueError, TypeError) as err:
             raise SystemExit(f"--drafter {kind}: {err}") from None
         return drafter.to(args.device)
+    if kind.startswith("dflash:"):
+        from mmspec.diffusion import DFlashDrafter
+
+        try:
+            return DFlashDrafter.from_pretrained(kind[len("dflash:"):], target)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"--drafter {kind}: {err}") from None
     if kind.startswith("diffusion:"):
         import dataclasses
 
-        from mmspec.decoding.drafters import DiffusionDrafter
+        from mmspec.diffusion import DiffusionDrafter
 
         path = kind[len("diffusion:"):]
         tok = _folder_tokenizer(path) if hasattr(target_tokenizer, "get_vocab") else None
@@ -353,7 +363,7 @@ def _path_drafter(args, target, target_tokenizer=None):
             model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     else:
         raise SystemExit(f"--drafter must be prompt-lookup, model:PATH, vispec:PATH, "
-                         f"eagle:PATH, diffusion:PATH, self or builtin for --target "
+                         f"eagle:PATH, dflash:PATH, diffusion:PATH, self or builtin for --target "
                          f"{args.target}, got {kind!r}")
     top_k = 1 if args.tree_top_k is None else args.tree_top_k
     if args.sample and top_k > 1:
@@ -382,8 +392,9 @@ def _refuse_draft_shape(args, who: str) -> None:
     if given:
         raise SystemExit(f"{', '.join(given)}: {who} drafts with its own settings (zoo presets: "
                          f"mmspec.zoo.presets; ViSpec: its saved tree; the ViSpec authors' and "
-                         f"EAGLE drafters: their own defaults; DiffuSpec: ADL); these flags "
-                         f"apply to prompt-lookup, model:PATH, self and builtin drafters")
+                         f"EAGLE drafters: their own defaults; DiffuSpec: ADL; DFlash: its "
+                         f"block); these flags apply to prompt-lookup, model:PATH, self and "
+                         f"builtin drafters")
 
 
 def _setup(args):
@@ -450,7 +461,7 @@ def main(argv=None) -> int:
     from transformers import TextStreamer
 
     from mmspec.decoding import generate
-    from mmspec.decoding.drafters.vocab import VocabularyMismatch
+    from mmspec.decoding.vocab import VocabularyMismatch
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -22,7 +22,7 @@ compiled one, `compile=True`), `admission.py` (the probe and refusals before the
 the `custom_generate` callable), `processors.py` (transformers' logits processors and stopping
 criteria per tree node), `tree.py` (tree and mask), `verify.py` (greedy and rejection sampling),
 `sampling.py` (temperature / top-k / top-p for drafters), `kv_cache.py` (path commit),
-`positions.py` (tree and M-RoPE positions), `stats.py`, `drafters/` (built-in drafters); the
+`positions.py` (tree and M-RoPE positions), `stats.py`, `drafters/` (built-in drafters; the diffusion drafters are `mmspec.diffusion`); the
 `mmspec generate` command is `mmspec/cli/generate.py`. docs/drafters.md: write your own drafter.
 """
 

@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from .drafters.vocab import VocabularyMismatch, padded_widths
+from .vocab import VocabularyMismatch, padded_widths
 from .processors import NodeProcessors
 from .sampling import SamplingConfig
 from .draft import Drafter

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmspec.decoding.draft import Draft, DraftState, VerifyResult
+from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult
 from mmspec.decoding.dynamic_tree import dynamic_tree
 from mmspec.hub import resolve_model
 
@@ -52,7 +52,7 @@ class _DraftCache:
     num_slots: int  # DraftState.input_ids columns already paired into entries (+ the root)
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(nn.Module, Drafter):
     needs_target_hidden = True
 
     def __init__(self, config: EagleConfig, target, embed_weight: torch.Tensor | None = None):

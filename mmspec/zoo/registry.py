@@ -4,7 +4,8 @@ An entry is a folder of `assets/zoo/` holding a `card.json` whose `kind` has a l
 Weights are safetensors only (fp16 on disk, upcast to float32 on load for CPU speed).
 VLM entries: `vlm-target` (LLaVA, with its `LlavaProcessor`), `vlm-assistant` (text-only Llama for
 HF assisted generation), `vlm-vispec` / `vlm-text-drafter` (`ViSpecDrafter`s bound to a target),
-`vlm-eagle3` and `text-eagle3` (EAGLE-3 `EagleDrafter`s, bound alike).
+`vlm-eagle3` and `text-eagle3` (EAGLE-3 `EagleDrafter`s, bound alike), `text-dflash` (a
+`DFlashDrafter`, bound alike).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Optional
 import torch
 from transformers import LlamaForCausalLM, LlavaForConditionalGeneration, Qwen2ForCausalLM
 
-from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.diffusion.bidirectional import make_bidirectional
 from mmspec.zoo.cards import read_card
 from mmspec.zoo.paths import ZOO_DIR
 from mmspec.zoo.tokenizer import load_tokenizer
@@ -219,12 +220,25 @@ def _load_eagle3(name: str, directory: Path, card: dict,
     return ZooModel(name, drafter, tokenizer, card, path=directory)
 
 
+def _load_dflash(name: str, directory: Path, card: dict,
+                 target: Optional[torch.nn.Module] = None) -> ZooModel:
+    """A `DFlashDrafter` (z-lab layout, no embedding and no LM head: the target's) bound to
+    `target`."""
+    from mmspec.diffusion import DFlashDrafter
+
+    target_dir = directory.parent / card["target"]
+    if target is None:
+        target = load(card["target"], directory.parent).model
+    drafter = DFlashDrafter.from_pretrained(directory, target).eval()
+    return ZooModel(name, drafter, load_tokenizer(target_dir), card, path=directory)
+
+
 _LOADERS = {"causal-lm": _load_text, "diffusion-lm": _load_text, "vlm": _load_vlm,
             "vlm-assistant": _load_assistant, "vispec": _load_vispec, "eagle3": _load_eagle3,
-            "video-dit": _load_video}
+            "dflash": _load_dflash, "video-dit": _load_video}
 
 
-_BOUND = ("vispec", "eagle3")  # drafters bound to an already loaded target (`load(target=)`)
+_BOUND = ("vispec", "eagle3", "dflash")  # drafters bound to an already loaded target
 
 
 def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
@@ -249,7 +263,7 @@ def available(zoo_dir: str | Path = ZOO_DIR) -> list[str]:
 
 # card fields each kind's loader reads, beyond `kind`
 _CARD_FIELDS = {"video-dit": (("training", "shift"),), "vispec": (("target",),),
-                "eagle3": (("target",),)}
+                "eagle3": (("target",),), "dflash": (("target",),)}
 
 
 def _check_card(directory: Path, card: dict) -> None:
@@ -291,9 +305,9 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     """Load zoo entry `name` (see `available()`) from `assets/zoo/<name>/`, or the entry folder
     `name` itself (a path to a folder with a `card.json`; its parent is then the zoo folder).
 
-    `target`: ViSpec and EAGLE-3 drafters only (`vlm-vispec`, `vlm-text-drafter`,
-    `vlm-eagle3`, `text-eagle3`): the already loaded target to bind the drafter to (it must be the card's
-    target). None loads the target named in the card.
+    `target`: ViSpec, EAGLE-3 and DFlash drafters only (`vlm-vispec`, `vlm-text-drafter`,
+    `vlm-eagle3`, `text-eagle3`, `text-dflash`): the already loaded target to bind the drafter to
+    (it must be the card's target). None loads the target named in the card.
     """
     zoo_dir = Path(zoo_dir)
     if (Path(name) / "card.json").is_file() and (isinstance(name, Path) or "/" in str(name)):
@@ -306,8 +320,8 @@ def load(name: str | Path, zoo_dir: str | Path = ZOO_DIR, *,
     card = read_card(directory)
     _check_card(directory, card)
     if target is not None and card["kind"] not in _BOUND:
-        raise ValueError(f"target: only ViSpec and EAGLE-3 drafters are bound to a target; "
-                         f"{name!r} is a {card['kind']!r} entry")
+        raise ValueError(f"target: only ViSpec, EAGLE-3 and DFlash drafters are bound to a "
+                         f"target; {name!r} is a {card['kind']!r} entry")
     with _no_loading_bars():
         if card["kind"] in _BOUND:
             return _LOADERS[card["kind"]](name, directory, card, target)

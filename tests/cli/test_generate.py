@@ -456,3 +456,29 @@ def test_a_drafter_folder_as_the_target_is_named_in_full(tmp_path):
     with pytest.raises(SystemExit) as err:
         main(["generate", "--target", str(bare), "--device", "cpu"])
     assert "\n" not in str(err.value) and "the folder has no tokenizer" in str(err.value)
+
+
+
+def test_dflash_checkpoints_run_lossless_and_misfits_are_one_line(tmp_path, capsys):
+    """dflash:PATH in the z-lab layout on the zoo text target (random weights: only losslessness
+    is asserted); one made for a 3-layer target is named with both layer counts."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.diffusion.dflash_reference import dflash_raw_config, random_state, write_checkpoint
+
+    from mmspec.zoo.paths import ZOO_DIR
+
+    target = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "text-target")
+    raw = dflash_raw_config(target, layer_ids=[1, 4], mask=4095)
+    raw |= {"head_dim": 64, "num_attention_heads": 5, "num_key_value_heads": 1}
+    path = write_checkpoint(tmp_path / "dflash", raw, random_state(raw, scale=0.05))
+    assert main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+                 f"dflash:{path}", "--prompt", "def f(x):", "--max-new-tokens", "8",
+                 "--device", "cpu"]) == 0
+    assert "identical to target-only greedy" in capsys.readouterr().err
+    raw["num_target_layers"] = 3
+    write_checkpoint(tmp_path / "other", raw, random_state(raw, scale=0.05))
+    with pytest.raises(SystemExit, match=r"--drafter dflash:.*of a 3-layer target, but the "
+                                         r"target Qwen2ForCausalLM has 6 layers"):
+        main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
+              f"dflash:{tmp_path / 'other'}", "--prompt", "x", "--device", "cpu"])

@@ -9,7 +9,7 @@ import pytest
 import mmspec.zoo
 from mmspec.zoo.paths import ZOO_DIR
 
-TEXT = ("text-dlm", "text-drafter", "text-eagle3", "text-target")
+TEXT = ("text-dflash", "text-dlm", "text-drafter", "text-eagle3", "text-target")
 
 
 def test_text_entries_are_listed():
@@ -60,7 +60,7 @@ def test_the_offline_check_would_see_a_connect():
 
 def test_target_names_its_drafters():
     target = mmspec.zoo.load("text-target")
-    assert set(target.drafters) == {"text-drafter", "text-dlm", "text-eagle3"}
+    assert set(target.drafters) == {"text-drafter", "text-dlm", "text-eagle3", "text-dflash"}
     assert all(d in mmspec.zoo.available() for d in target.drafters)
 
 
@@ -83,18 +83,23 @@ def stored_bytes(files, zoo_dir=ZOO_DIR) -> int:
 
 
 def test_text_zoo_fits_its_budget():
+    """26 MB until `text-dflash` (issue 46), 27 MB since: a DFlash layer is as wide as the target
+    (320: it reads the target's embedding and feeds its LM head), so its one layer and the fusion
+    of three target layers take 2.9 MB in fp16, where the text zoo had 2.8 MB left."""
     total = stored_bytes(f for name in (*TEXT, "text-tokenizer")
                          for f in (ZOO_DIR / name).iterdir())
-    assert total <= 26e6, f"text zoo takes {total / 1e6:.1f} MB, budget 26 MB"
+    assert total <= 27e6, f"text zoo takes {total / 1e6:.1f} MB, budget 27 MB"
 
 
-def test_the_whole_zoo_fits_in_42_mb():
+def test_the_whole_zoo_fits_in_48_mb():
     """The budget: every file under assets/zoo/, all models together. The issue's 40 MB, raised
     to 42 MB by the lead for `text-eagle3`: at 39.30 MB no EAGLE-3 layer at the text target's
     width fitted (its fixed projections alone are 1.23 MB), and the text pair had no EAGLE-3
-    drafter of the issue's list (BENCHMARKS.md, "How the EAGLE-3 drafters were trained")."""
+    drafter of the issue's list (BENCHMARKS.md, "How the EAGLE-3 drafters were trained").
+    Raised to 48 MB by issue 46 for `text-dflash`: at 41.83 MB the 2.9 MB of one DFlash layer at
+    the target's width (as above) did not fit in 42."""
     total = stored_bytes(ZOO_DIR.rglob("*"))
-    assert total <= 42e6, f"assets/zoo takes {total / 1e6:.1f} MB, budget 42 MB"
+    assert total <= 48e6, f"assets/zoo takes {total / 1e6:.1f} MB, budget 48 MB"
 
 
 def test_the_budget_counts_a_shared_file_once_and_refuses_links_out(tmp_path):

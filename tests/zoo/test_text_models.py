@@ -95,13 +95,14 @@ def test_the_eagle3_entry_drafts_on_the_targets_embedding(target):
         k: tuple(v) if isinstance(v, list) else v for k, v in card["config"].items()}
 
 
-@pytest.mark.parametrize("name", ["diffusion", "model", "eagle3"])
+@pytest.mark.parametrize("name", ["diffusion", "model", "eagle3", "dflash"])
 def test_drafters_get_accepted_on_held_out_code(name):
     # the zoo preset's drafters (`mmspec generate --target text`) on its held-out stdlib prompt:
     # lossless, and their drafts accepted, not merely verified (measured: 2.3 accepted tokens per
     # round for the DLM and 2.5 for the AR drafter; 0.24 for the DLM with re-initialised weights,
     # whose CPS n-gram proxy still copies from the prompt now and then; 1.25 for the EAGLE-3
-    # drafter in the zoo's 10-token chain)
+    # drafter in the zoo's 10-token chain; the DFlash drafter, 400 steps, is weak: 0.2 for its
+    # 7-token block)
     from mmspec.decoding import generate
     from mmspec.zoo.presets import text_preset
 
@@ -119,7 +120,8 @@ def test_drafters_get_accepted_on_held_out_code(name):
     out = generate(preset.target, drafter, ids, max_new_tokens=64, do_sample=False,
                    eos_token_id=eos, on_round=on_round)
     assert torch.equal(out.sequences, ref)
-    assert out.stats.mean_accepted_no_bonus > (1.0 if name == "eagle3" else 1.5)
+    floor = {"eagle3": 1.0, "dflash": 0.1}.get(name, 1.5)
+    assert out.stats.mean_accepted_no_bonus > floor, out.stats.mean_accepted_no_bonus
     if name == "diffusion":  # README's "(k = 5 in that preset" is this run's k after round 1
         said = re.search(r"\(k = (\d+) in that preset", README.read_text())
         assert said and set(next_k[:-1]) == {int(said.group(1))}, next_k

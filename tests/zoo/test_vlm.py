@@ -65,7 +65,7 @@ def test_the_eagle3_entry_is_an_eagle_drafter_on_the_targets_embedding(target):
 
 
 def test_only_drafters_take_a_target(target):
-    with pytest.raises(ValueError, match="target: only ViSpec and EAGLE-3 drafters"):
+    with pytest.raises(ValueError, match="target: only ViSpec, EAGLE-3 and DFlash drafters"):
         mmspec.zoo.load("vlm-assistant", target=target.model)
 
 

@@ -34,7 +34,7 @@ from mmspec.interrupt import run_command
 from mmspec.train_scaffold import (TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_old_format, refuse_other_run, refuse_past_steps,
                                    run_refusals_as_exit)
-from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.diffusion.bidirectional import make_bidirectional
 from mmspec.zoo.cards import write_card
 from mmspec.zoo.corpus import read_texts, source_files
 from mmspec.zoo.paths import OUT_DIR, ZOO_DIR, positive_int

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.diffusion.bidirectional import make_bidirectional
 from mmspec.zoo.training.objectives import causal_lm_loss, diffusion_noise, masked_diffusion_loss
 from mmspec.zoo.training.specs import TextModelSpec
 from mmspec.zoo.training.train_text import build_model

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from mmspec.decoding.drafters.cps import CPSConfig, candidate_sets, search
-from mmspec.decoding.drafters.ngram_proxy import NgramProxy
-from mmspec.decoding.drafters.path_tree import paths_to_tree
+from mmspec.diffusion.cps import CPSConfig, candidate_sets, search
+from mmspec.diffusion.ngram_proxy import NgramProxy
+from mmspec.diffusion.path_tree import paths_to_tree
 
 V, EOS = 64, 1
 

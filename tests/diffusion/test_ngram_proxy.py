@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from mmspec.decoding.drafters.ngram_proxy import NgramProxy
+from mmspec.diffusion.ngram_proxy import NgramProxy
 
 V = 16
 

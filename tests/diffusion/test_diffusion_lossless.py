@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmspec.decoding import generate
-from mmspec.decoding.drafters import (
+from mmspec.diffusion import (
     CausalLMProxy,
     CPSConfig,
     DiffusionDrafter,

@@ -1,6 +1,6 @@
 import pytest
 
-from mmspec.decoding.drafters.adl import (
+from mmspec.diffusion.adl import (
     AdaptiveDraftLength,
     ADLConfig,
     FixedDraftLength,

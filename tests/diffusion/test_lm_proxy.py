@@ -1,7 +1,7 @@
 import torch
 
-from mmspec.decoding.drafters.cps import CPSConfig, search
-from mmspec.decoding.drafters.lm_proxy import CausalLMProxy
+from mmspec.diffusion.cps import CPSConfig, search
+from mmspec.diffusion.lm_proxy import CausalLMProxy
 
 from .models import tiny_qwen2
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mmspec.decoding.drafters.lattice import (
+from mmspec.diffusion.lattice import (
     PrefixCache,
     bidirectional_attention_mask,
     build_lattice,

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult
 from mmspec.hub import resolve_model
-
-from ..draft import Draft, DraftState, VerifyResult
 from .adl import (AdaptiveDraftLength, ADLConfig, FixedDraftLength, generated_length,
                   require_ints, require_types)
 from .cps import CausalProxy, CPSConfig, search
@@ -92,7 +91,7 @@ def _eos_ids(eos_token_id, target) -> list[int]:
     return list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [eos_token_id]
 
 
-class DiffusionDrafter:
+class DiffusionDrafter(Drafter):
     """`DiffusionDrafter(model, mask_token_id, target)`: DiffuSpec (CPS + ADL by default).
 
     model: any HF model returning `.logits` `[B, L, Vd]` (run bidirectionally through a 4-D mask).

@@ -50,7 +50,7 @@ def load_diffusion_lm(path, dtype="auto") -> DiffusionLM:
     """`path`: a checkpoint folder (config.json and weights). `dtype`: as in `from_pretrained`."""
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-    from mmspec.zoo.bidirectional import make_bidirectional
+    from .bidirectional import make_bidirectional
 
     config_path = Path(path) / "config.json"
     if not config_path.is_file():

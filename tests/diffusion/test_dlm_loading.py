@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mmspec import generate
-from mmspec.decoding.drafters import DiffusionDrafter, DiffusionDrafterConfig
-from mmspec.decoding.drafters.dlm_loading import DREAM_CONTEXT, load_diffusion_lm
-from mmspec.zoo.bidirectional import make_bidirectional
+from mmspec.diffusion import DiffusionDrafter, DiffusionDrafterConfig
+from mmspec.diffusion.dlm_loading import DREAM_CONTEXT, load_diffusion_lm
+from mmspec.diffusion.bidirectional import make_bidirectional
 
 from .models import MASK, tiny_qwen2
 

@@ -4,15 +4,15 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from mmspec.decoding.draft import DraftState, VerifyResult
-from mmspec.decoding.drafters import diffusion
-from mmspec.decoding.drafters.adl import ADLConfig, AdaptiveDraftLength, generated_length
-from mmspec.decoding.drafters.cps import CPSConfig
-from mmspec.decoding.drafters.diffusion import (
+from mmspec.diffusion import diffusion
+from mmspec.diffusion.adl import ADLConfig, AdaptiveDraftLength, generated_length
+from mmspec.diffusion.cps import CPSConfig
+from mmspec.diffusion.diffusion import (
     DiffusionDrafter,
     DiffusionDrafterConfig,
     NaiveDiffusionDrafter,
 )
-from mmspec.decoding.drafters.lattice import build_lattice
+from mmspec.diffusion.lattice import build_lattice
 
 from .models import EOS, MASK, VOCAB
 
@@ -301,7 +301,7 @@ def test_wider_target_vocabulary_sets_the_lattice_width(dlm):
 def test_another_vocabulary_is_refused(dlm, target):
     # a 64-logit DLM beside a 129-, 4096- or 50257-token target: another tokenizer, which
     # drafted silently at tau 1 (ModelDrafter refused it); 63 (a mask appended) is taken
-    from mmspec.decoding.drafters.vocab import VocabularyMismatch
+    from mmspec.diffusion.vocab import VocabularyMismatch
 
     with pytest.raises(VocabularyMismatch, match=rf"vocabulary \(64 logits\) does not match "
                                                  rf"the target's \({target}\)"):
@@ -316,7 +316,7 @@ def test_public_name():
     assert mmspec.NaiveDiffusionDrafter is NaiveDiffusionDrafter
     # the README configures it with these two, under the same name
     assert mmspec.DiffusionDrafterConfig is DiffusionDrafterConfig
-    from mmspec.decoding.drafters import ADLConfig
+    from mmspec.diffusion import ADLConfig
 
     assert mmspec.ADLConfig is ADLConfig
 
@@ -326,7 +326,7 @@ def test_a_learned_position_table_bounds_the_context():
     # bare IndexError in its embedding: its table is now the default max_context
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from spec_helpers import tiny_llama
+    from tests.decoding.spec_helpers import tiny_llama
 
     from mmspec import generate
 
@@ -352,7 +352,7 @@ def test_a_model_on_another_device_is_named(dlm):
     # the meta device stands in for a GPU here: torch's error named neither the drafter nor .to
     import copy
 
-    from spec_helpers import tiny_llama
+    from tests.decoding.spec_helpers import tiny_llama
 
     from mmspec import generate
 
