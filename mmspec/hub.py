@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mmspec.zoo.paths import model_path
 
 # what a download fetches; weights formats our loaders never read are left on the hub
 _WANTED = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
@@ -71,6 +70,8 @@ def _resolve(text: str) -> Path:
         raise ModelNotFound("expected a model folder or a Hugging Face hub id, got ''")
     if Path(text).is_dir():
         return Path(text)
+    from mmspec.zoo.paths import model_path  # lazy: the zoo's loaders import this module
+
     if model_path(text) != text:  # a zoo entry's name
         return Path(model_path(text))
     if not _is_hub_id(text):

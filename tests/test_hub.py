@@ -54,7 +54,7 @@ def test_a_miss_names_the_folder_the_hub_id_and_the_cache(hub):
                                             r"Hugging Face hub id"):
         resolve_model("/nowhere/at/all")
     # a bare name is also a zoo name that was mistyped
-    with pytest.raises(ModelNotFound, match=r"zoo entries: text-dlm, text-drafter, .*vlm-vispec"):
+    with pytest.raises(ModelNotFound, match=r"zoo entries: text-dflash, text-dlm, text-drafter, .*vlm-vispec"):
         resolve_model("text-targte")
 
 

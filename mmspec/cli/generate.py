@@ -49,7 +49,7 @@ from mmspec.zoo.paths import zoo_kind
 ZOO_TARGETS = ("vlm", "text")
 # the drafters of each zoo target's preset (`mmspec.zoo.presets`), as --help lists them
 ZOO_DRAFTERS = {"vlm": ("vispec", "text-only", "eagle3"),
-                "text": ("diffusion", "model", "prompt-lookup", "eagle3")}
+                "text": ("diffusion", "model", "prompt-lookup", "eagle3", "dflash")}
 
 
 def _number(kind, low, high=None, low_open=False, what=None):

@@ -329,7 +329,7 @@ def test_a_missing_diffusion_drafter_is_named_before_any_hub_lookup(tmp_path, mo
     with pytest.raises(SystemExit, match=r"--drafter diffusion:Dream-v0-Instruct-7B: no model "
                                          r"folder Dream-v0-Instruct-7B, and the hub id "
                                          r"Dream-v0-Instruct-7B is not in the Hugging Face "
-                                         r"cache .*; zoo entries: text-dlm"):
+                                         r"cache .*; zoo entries: text-dflash, text-dlm"):
         main(["generate", "--target", str(ZOO_DIR / "text-target"), "--drafter",
               "diffusion:Dream-v0-Instruct-7B", "--device", "cpu"])
 
