@@ -244,7 +244,7 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path, monkeypatch, cap
         main(["generate", "--target", "mmspec/text-target", "--drafter", "vispec:org/none"])
     # a mistyped zoo name: the names are listed
     with pytest.raises(SystemExit, match=r"--target: no model folder text-targte, .*; zoo "
-                                         r"entries: text-dlm, text-drafter, text-eagle3, "
+                                         r"entries: text-dflash, text-dlm, text-drafter, text-eagle3, "
                                          r"text-target, video-dit"):
         main(["generate", "--target", "text-targte"])
 
