@@ -52,10 +52,11 @@ GOALS = {
 }
 
 
-def record(section: str, name: str, value, device: str, folder: Path = RESULTS) -> Path:
+def record(section: str, name: str, value, device: str, folder: Path | None = None) -> Path:
     """Set goal `name` of `section` (one of `GOALS[section]`) to `value` (a number, or None for
     a measurement that failed) in `folder/<section>.json`, measured on `device`; the other goals
-    of the file stay. Returns the file's path."""
+    of the file stay. `folder`: default MMSPEC_GPU_RESULTS (a GPU session's $OUT/results), else
+    benchmarks/results/gpu. Returns the file's path."""
     if section not in GOALS:
         raise ValueError(f"section must be one of {SECTIONS}, got {section!r}")
     if name not in GOALS[section]:
@@ -65,6 +66,7 @@ def record(section: str, name: str, value, device: str, folder: Path = RESULTS) 
                               or not math.isfinite(value)):
         raise ValueError(f"value of {name!r} must be a finite number or None, got {value!r}")
     op, goal = GOALS[section][name]
+    folder = folder or os.environ.get("MMSPEC_GPU_RESULTS") or RESULTS
     path = Path(folder) / f"{section}.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     if data.get("device") != device:  # another machine's file: start afresh
