@@ -44,9 +44,9 @@ def test_step_section_with_compiled_blocks():
     assert counters["stats"]["unique_graphs"] >= 2  # dense and sparse blocks compiled
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[0] for r in rows] == [
-        "| dense (SDPA)", "| DraftAttention 75%", "| DraftAttention 90%",
-        "| dense, blocks compiled (aot_eager)", "| DraftAttention 75%, blocks compiled",
-        "| DraftAttention 90%, blocks compiled"]
+        "| dense (SDPA)", "| DraftAttention 90%", "| DraftAttention 75%",  # the goals' first
+        "| dense, blocks compiled (aot_eager)", "| DraftAttention 90%, blocks compiled",
+        "| DraftAttention 75%, blocks compiled"]
     assert rows[1].split(" | ")[1] == rows[4].split(" | ")[1]  # same density compiled or not
 
 
@@ -132,9 +132,12 @@ def test_overhead_and_speed_times_dense_and_sparse_in_turn(monkeypatch):
                         logged("sparse", bench.block_sparse_attention))
     monkeypatch.setattr(bench, "draft_attention", logged("whole", bench.draft_attention))
     t = bench.overhead_and_speed((2, 8, 16), (4, 4), heads=1, dim=32, sparsity=0.5, reps=2)
-    # after the mask's own call: warm-up + 2, the whole call with each draft kernel
-    assert calls[1:] == ["dense", "sparse", "whole", "whole"] * 3
+    # after the mask's own call: a first call of each (a call that raises is left out), warm-up
+    # + 2; the sparse call in tile order and through the permutation, the whole call without a
+    # reorder, with one, and with the torch draft
+    assert calls[1:] == ["dense", "sparse", "sparse", "whole", "whole", "whole"] * 4
     assert t["dense"] > 0 and t["sparse_call"] > 0 and t["whole"] > 0
+    assert t["sparse_call_gathered"] > 0 and t["whole_reorder"] > 0
     assert t["whole_torch_draft"] > 0 and t["fused"] == {}  # no fused timing off CUDA
 
 

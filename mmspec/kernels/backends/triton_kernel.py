@@ -221,7 +221,7 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: floa
     key = ("triton", q.device, bq, bk, block_d, q.dtype, bool(softcap),  # softcap: more registers
            rows is not None)
     launch_first_fitting(key, launch_configs(bq, bk, block_d), lambda config: _launch(
-        config, q, k, v, out, lse, rows, *tables, scale, softcap, bq, bk, block_d))
+        config, q, k, v, out, lse, rows, tables, scale, softcap, (bq, bk, block_d)))
     return out, lse
 
 
@@ -265,8 +265,10 @@ def lookup_tables(mask: BlockSparseMask, b: int, hq: int):
     return full_num, full_idx, part_num, part_idx, part_mask
 
 
-def _launch(config, q, k, v, out, lse, rows, full_num, full_idx, part_num, part_idx, part_mask,
-            scale, softcap, bq, bk, block_d):
+def _launch(config, q, k, v, out, lse, rows, tables, scale, softcap, blocks):
+    """One launch of `_bsa_fwd`: `tables` from `lookup_tables`, `blocks` = (bq, bk, block_d)."""
+    full_num, full_idx, part_num, part_idx, part_mask = tables
+    bq, bk, block_d = blocks
     block_m, block_n, num_warps, num_stages = config
     b, hq, nq, d = q.shape
     grid = (triton.cdiv(nq, block_m), b * hq)
