@@ -85,8 +85,9 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps, device="cpu", dty
     fused = {}
     if torch.device(device).type == "cuda":  # the fused draft (the interpreter is no timing)
         def fused_call(mode):  # pooling through the tile permutation: q and k in model order
-            drafted = fused_draft.draft_blocks(q, k, layout, sparsity, mode, scale,
-                                               untiled=not layout.has_padding)
+            untiled = not layout.has_padding
+            drafted = fused_draft.draft_blocks(q if untiled else qt, k if untiled else kt,
+                                               layout, sparsity, mode, scale, untiled=untiled)
             return BlockSparseMask.from_full_lists(drafted.counts, drafted.indices, blocks, n, n)
 
         fused = {f"fused: pool + draft map + selection + index ({mode})":
