@@ -75,6 +75,22 @@ plan() {
          "results/draft_attention_gpu.json results/engine_speed_gpu.json" \
          "results/engine_compile_gpu.json kernel_points.json (8 at most)"
     echo "other steps, by name (STEPS=...): $(all_names)"
+    echo "wheels here: $(wheels_here)"
+    echo "device call: run(command=\"bash benchmarks/gpu_session.sh\", carry=[\".whl\"], timeout_s=600)"
+}
+wheels_here() {  # whether .whl/ holds exactly the manifest's wheels
+    local file bytes missing=0
+    while read -r file bytes; do
+        [[ -z "$file" || "$file" == \#* ]] && continue
+        [[ "$(stat -c %s ".whl/$file" 2>/dev/null)" == "$bytes" ]] || missing=$((missing + 1))
+    done <"$WHEELS"
+    local extra
+    extra=$(ls .whl/*.whl 2>/dev/null | while read -r f; do grep -q "^$(basename "$f") " "$WHEELS" || echo x; done | wc -l)
+    if ((missing || extra)); then
+        echo "$missing missing or of another size, $extra not listed: run --download first"
+    else
+        echo "ok"
+    fi
 }
 all_names() { local line; for line in "${STEP_TABLE[@]}"; do printf '%s ' "$(field "$line" 0)"; done; }
 

@@ -1,7 +1,11 @@
 """One DraftAttention call: draft map -> block mask -> block-sparse attention (arXiv 2505.14708).
 
-Video tokens are put in tile order (unless the caller already did, once per forward), the draft
-map picks the kept blocks, and `mmspec.kernels.block_sparse_attention` computes only those. Text
+The draft map picks the kept blocks of the video tokens in tile order, and
+`mmspec.kernels.block_sparse_attention` computes only those. Frames of whole tiles in the model's
+order are not copied into tile order: the draft pools them and the kernel reads q, k and v through
+the tile permutation (`token_order=`), writing the output in the model's order. Otherwise (frames
+padded to whole tiles, masked text keys) they are copied into tile order and the output back,
+unless the caller reordered them once per forward (`tiled=True`). Text
 tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
 video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks,
 except text blocks that hold only padding (`key_valid`), which are skipped (`_live_blocks`).
