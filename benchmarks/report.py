@@ -111,7 +111,9 @@ def write_section(name: str, title: str, body: str) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
-    path.write_text(text.rstrip() + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text.rstrip() + "\n")
+    os.replace(tmp, path)  # a run killed at its cap never leaves half a file
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:
