@@ -76,13 +76,11 @@ _LIB.define(
 )
 
 
-def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks,
-                                 full_kv_indices, partial_masks, block_q, block_k, scale, softcap,
-                                 backend):
-    mask = BlockSparseMask._unchecked(
-        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
-        (block_q, block_k), q.shape[2], k.shape[2],
-    )
+def _block_sparse_attention_impl(q, k, v, *mask_and_call):
+    """The op: after q, k, v its schema's kv_num_blocks, kv_indices, full_kv_num_blocks,
+    full_kv_indices, partial_masks (the mask's tensors), block_q, block_k, scale, softcap, backend."""
+    *tensors, block_q, block_k, scale, softcap, backend = mask_and_call
+    mask = BlockSparseMask._unchecked(*tensors, (block_q, block_k), q.shape[2], k.shape[2])
     out, lse = get_backend(backend).fn(q, k, v, mask, scale, softcap)
     return out.contiguous(), lse.contiguous()
 
@@ -125,8 +123,7 @@ torch.library.register_autograd("mmspec::block_sparse_attention", _backward,
 
 
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)
-def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
-      block_q, block_k, scale, softcap, backend):
+def _(q, k, v, *mask_and_call):  # the schema's other arguments, as `_block_sparse_attention_impl`
     # contiguous, as the real op returns (empty_like would copy a transposed q's strides, and
     # inductor asserts the strides it was promised)
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
