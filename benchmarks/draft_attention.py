@@ -218,9 +218,10 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
-    model = _cast(WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16,
-                                        **{"text_dim": 4096, "freq_dim": 256, **WAN_1_3B, **arch}),
-                  device, dtype)
+    with torch.device(device):  # initialised where it runs: 1.3B weights in seconds on a GPU
+        model = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16,
+                                      **{"text_dim": 4096, "freq_dim": 256, **WAN_1_3B, **arch})
+    model = _cast(model, device, dtype)
     t, h, w = grid
     g = torch.Generator().manual_seed(0)
     inputs = {
@@ -584,7 +585,7 @@ def fidelity_of(q, k, v, layout, sparsities, query_tiles=32, rows_per_pass=1024)
     return result, len(sample), nq
 
 
-def wan_section(device, grid, tile, quick, compile=None):
+def wan_section(device, grid, tile, quick, compile=None, draft_kernels=None):
     layers = 2 if quick else WAN_1_3B["num_layers"]
     return step_section(
         device, grid, tile, wan_step, {"num_layers": layers},
@@ -592,10 +593,10 @@ def wan_section(device, grid, tile, quick, compile=None):
         f"{math.prod(grid):,} tokens",
         f"`WanTransformer3DModel`, {layers} layers, 12 heads of 128, FFN 8960 (Wan2.1-T2V-1.3B "
         f"sizes, random weights), {{dtype}}, CFG batch 2, 512 text tokens, latent grid "
-        f"{grid[0]}x{grid[1]}x{grid[2]} = {math.prod(grid):,} tokens", compile)
+        f"{grid[0]}x{grid[1]}x{grid[2]} = {math.prod(grid):,} tokens", compile, draft_kernels)
 
 
-def cogvideox_section(device, grid, tile, quick, compile=None):
+def cogvideox_section(device, grid, tile, quick, compile=None, draft_kernels=None):
     layers = 2 if quick else COGVIDEOX_2B["num_layers"]
     return step_section(
         device, grid, tile, cogvideox_step, {"num_layers": layers},
@@ -604,16 +605,18 @@ def cogvideox_section(device, grid, tile, quick, compile=None):
         f"`CogVideoXTransformer3DModel`, {layers} layers, 30 heads of 64 (CogVideoX-2B sizes, "
         f"random weights, sincos positions), {{dtype}}, CFG batch 2, 226 text tokens before the "
         f"video in joint attention (dense rows and columns), latent grid "
-        f"{grid[0]}x{grid[1]}x{grid[2]}", compile)
+        f"{grid[0]}x{grid[1]}x{grid[2]}", compile, draft_kernels)
 
 
-def step_section(device, grid, tile, step, arch, title, model_text, compile=None):
+def step_section(device, grid, tile, step, arch, title, model_text, compile=None,
+                 draft_kernels=None):
     """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`, the
     draft side fused (the default on CUDA) and in torch ops, each with the whole 50-step run's
     estimate (`run_speedup`); with `compile` (a torch.compile backend) the same again with every
     block compiled (where the torch draft is traced: `draft_kernel="auto"` only)."""
     dtype = gpu_dtype(device)
-    kernels = ("auto", "torch") if torch.device(device).type == "cuda" else ("auto",)
+    kernels = draft_kernels or (("auto", "torch") if torch.device(device).type == "cuda"
+                                else ("auto",))
     rows, dense = step(device, dtype, grid, (0.9, 0.75), tile=tile, draft_kernels=kernels, **arch)
     if step is wan_step and torch.device(device).type == "cuda":  # issue 42's goals
         name = f"Wan step speedup at 90% sparsity, {math.prod(grid):,} tokens"
@@ -621,7 +624,8 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
         if name in GOALS["draft_attention_gpu"] and arch.get("num_layers") == 30:
             record("draft_attention_gpu", name, None if math.isnan(at90) else at90,
                    device_name(device))
-    names = {"auto": ", fused draft", "torch": ", torch draft"} if len(kernels) > 1 else {"auto": ""}
+    names = ({"auto": ", fused draft", "torch": ", torch draft"} if len(kernels) > 1
+             else {kernels[0]: ""})
     table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x", "1.00x"]] + [
         [f"DraftAttention {int(r['sparsity'] * 100)}%{names[r['draft_kernel']]}",
          f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x",
@@ -742,17 +746,18 @@ def overhead_report(device, big_grid, tile, heads=12):
 
 
 def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=(), compile=None,
-               progress=lambda body: None):
+               progress=lambda body: None, draft_kernels=None):
     """Sections 1/3 (overhead and kernel speed) at Wan's 12 heads in bf16, and section 4, on
     `device`: the `--gpu-only` run, which leaves the CPU sections to the CPU machine.
     `progress(body)` after every part, with the parts so far; a part that raises is a line
-    saying so, and the next part runs."""
+    saying so, and the next part runs. `draft_kernels`: the steps' draft kernels (default
+    `step_section`'s)."""
     parts = []
     steps = [lambda: overhead_report(device, big_grid, tile)]
     for section, grids in ((wan_section, (big_grid, *extra_grids)),
                            (cogvideox_section, cogvideox_grids)):
-        steps += [lambda section=section, g=g: section(device, g, tile, quick, compile)
-                  for g in grids]
+        steps += [lambda section=section, g=g: section(device, g, tile, quick, compile,
+                                                       draft_kernels) for g in grids]
     for step in steps:
         try:
             parts.append(step())
@@ -794,6 +799,14 @@ def _tile_sizes(text: str) -> list[tuple[int, ...]] | None:
     return sizes or None
 
 
+def _draft_kernels(text: str) -> tuple[str, ...]:
+    kernels = tuple(k for k in text.split(",") if k)
+    if not kernels or any(k not in ("auto", "triton", "torch") for k in kernels):
+        raise argparse.ArgumentTypeError(f"--draft-kernels takes auto, triton and torch joined "
+                                         f"by commas, e.g. auto,torch; got {text!r}")
+    return kernels
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (`mmspec bench` reads its options here)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -811,6 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cogvideox-grids", default="",
                    help="latent token grids for a --gpu-only CogVideoX-2B step, e.g. 13x30x45 "
                         "(480x720, 49 frames)")
+    p.add_argument("--draft-kernels", type=_draft_kernels, default=None, metavar="auto,torch",
+                   help="--gpu-only: the end-to-end steps' draft kernels (default auto,torch on "
+                        "CUDA: fused and torch ops side by side)")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="--gpu-only: the end-to-end steps also with every block torch.compiled "
                         "(fullgraph, backend default inductor), dense and sparse")
@@ -895,7 +911,7 @@ def main() -> None:
                               "(`benchmarks/draft_attention.py --gpu-only`)", body)
 
         gpu_report(args.device, big_grid, tile, args.quick, grids["extra_grids"],
-                   grids["cogvideox_grids"], args.compile, progress)
+                   grids["cogvideox_grids"], args.compile, progress, args.draft_kernels)
         return
 
     load = os.getloadavg()

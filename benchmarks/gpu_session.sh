@@ -33,7 +33,7 @@ PY=${PY:-python3}
 # first), the others by name. $RES is the results folder.
 STEP_TABLE=(
   "kernels|150|\$PY benchmarks/kernels.py --gpu-only --write --head-dims 128 --points \$OUT/kernel_points.json"
-  "draft|150|\$PY benchmarks/draft_attention.py --gpu-only --write --extra-grids 21x45x80"
+  "draft|150|\$PY benchmarks/draft_attention.py --gpu-only --write --extra-grids 21x45x80 --draft-kernels auto"
   "engine|110|\$PY benchmarks/engine_speed.py --gpu --write --taus 4"
   "engine_compile|120|\$PY benchmarks/engine_speed.py --gpu --compile --write"
   "tests|240|\$PY -m pytest -q -p no:cacheprovider tests/kernels tests/decoding/test_syncs.py tests/decoding/test_static.py::test_inductor_compiled_rounds_are_token_identical tests/decoding/test_static.py::test_a_compiled_graph_serves_every_round_on_sliding_windows tests/decoding/test_static.py::test_a_compiled_graph_serves_a_hybrid_target"

@@ -156,7 +156,7 @@ def test_run_speedup_counts_the_dense_warm_up_steps():
 def test_the_gpu_report_writes_each_part_and_a_failing_part_costs_only_itself(monkeypatch):
     import benchmarks.draft_attention as bench
 
-    def wan(device, grid, tile, quick, compile=None):
+    def wan(device, grid, tile, quick, compile=None, draft_kernels=None):
         if grid == (2, 8, 16):
             raise RuntimeError("Triton compile failed")
         return f"wan {grid}"
