@@ -34,7 +34,7 @@ and the first compiled call's time (tracing, compiling and, on CUDA, recording t
 on the GPU: compiled rounds >= 1.5x faster than eager ones.
 
     python benchmarks/engine_speed.py [--write] [--threads 2] [--new-tokens 96] [--compile]
-    python benchmarks/engine_speed.py --gpu [--write] [--compile]  # section engine_speed_gpu
+    python benchmarks/engine_speed.py --gpu [--write] [--taus 4] [--compile]  # engine_speed_gpu
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_results import record  # noqa: E402
 from benchmarks.report import markdown_table, write_section  # noqa: E402
 from mmspec import Draft, PromptLookupDrafter, generate  # noqa: E402
 from mmspec.zoo.presets import heldout_code_prompt  # noqa: E402
@@ -196,24 +197,29 @@ def baseline(target, ids, new_tokens: int, repeats: int, device) -> dict:
     return {"reference": reference, "base_out": base_out, "t_base": t_base}
 
 
-def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list, dict]:
+def run(target, ids, new_tokens: int, repeats: int, device, taus=TAUS,
+        progress=lambda rows: None) -> tuple[list, list, dict]:
+    """The efficiency table (module docstring); `progress(rows)` after every row. Speedups come
+    from calls timed as users run them; the phases of a round (verification forward, drafter,
+    engine) from one more call with `profile=True`, which on CUDA times them with CUDA events
+    (wall time there would count kernel launches, not kernels)."""
     vocab = target.get_output_embeddings().weight.shape[0]
     greedy = GREEDY
     base = baseline(target, ids, new_tokens, repeats, device)
     reference, base_out, t_base = base["reference"], base["base_out"], base["t_base"]
     t_step = t_base / new_tokens
     rows, plot_rows, raw = [], [], {"t_step_ms": t_step * 1e3}
-    for shape in ("chain", "tree"):
-        for tau in TAUS:
+    for tau in taus:
+        for shape in ("chain", "tree"):
             drafter = OracleDrafter(reference, tau, shape, vocab)
 
-            def spec(n=new_tokens, d=drafter):
+            def spec(n=new_tokens, d=drafter, profile=False):
                 return generate(target, d, ids, max_new_tokens=n, eos_token_id=[],
-                                pad_token_id=0)
+                                pad_token_id=0, profile=profile)
 
             spec(8)  # warm-up (and the tree path's first mask)
             t_spec, out = wall(spec, device, repeats)
-            s = out.stats
+            s = spec(profile=True).stats  # the phases: CUDA events on a GPU
             same = torch.equal(out.sequences, base_out)
             fwd = s.target_forward_time / s.rounds
             engine = s.engine_time / s.rounds
@@ -227,6 +233,7 @@ def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list,
                          f"{measured:.2f}x", f"{ideal:.2f}x", f"{measured / ideal:.2f}",
                          "yes" if same else f"no ({drafter.diverged} rounds off)"])
             plot_rows.append((shape, tau, s.mean_accepted, measured, ideal))
+            progress(rows)
             print(f"{shape:5s} tau {tau:g} (measured {s.mean_accepted:.2f}): round "
                   f"{free_round * 1e3:.2f} ms, verify fwd {fwd * 1e3:.2f} ms, engine "
                   f"{100 * engine / fwd:.1f}% of it; speedup {measured:.2f}x of ideal "
@@ -269,26 +276,31 @@ def run(target, ids, new_tokens: int, repeats: int, device) -> tuple[list, list,
 COMPILE_TAU = 4.0
 
 
-def run_compiled(target, ids, new_tokens: int, repeats: int, device) -> list:
+def run_compiled(target, ids, new_tokens: int, repeats: int, device,
+                 progress=lambda rows: None) -> list:
     """`compile=True` against the eager engine, side by side, at `COMPILE_TAU` (module
-    docstring). The first compiled call has the timed calls' length: the static cache is sized
-    by the prompt and `max_new_tokens`, so a shorter warm-up would compile another graph."""
+    docstring); `progress(rows)` after every row. The first compiled call has the timed calls'
+    length: the static cache is sized by the prompt and `max_new_tokens`, so a shorter warm-up
+    would compile another graph. A round is the timed call's wall time minus its prefill, the
+    prefill timed by one more call with `profile=True` (CUDA events on a GPU)."""
     vocab = target.get_output_embeddings().weight.shape[0]
     raw = baseline(target, ids, new_tokens, repeats, device)
     rows = []
     for shape in ("chain", "tree"):
         drafter = OracleDrafter(raw["reference"], COMPILE_TAU, shape, vocab)
 
-        def spec(compile, d=drafter):
+        def spec(compile, d=drafter, profile=False):
             return generate(target, d, ids, max_new_tokens=new_tokens, eos_token_id=[],
-                            pad_token_id=0, compile=compile)
+                            pad_token_id=0, compile=compile, profile=profile)
 
         spec(False)  # warm-up
         t_first, _ = wall(lambda: spec(True), device, 1)  # compiles
         t_eager, eager = wall(lambda: spec(False), device, repeats)
         t_comp, comp = wall(lambda: spec(True), device, repeats)
-        round_e = (eager.stats.total_time - eager.stats.prefill_time) / eager.stats.rounds
-        round_c = (comp.stats.total_time - comp.stats.prefill_time) / comp.stats.rounds
+        prefill_e = spec(False, profile=True).stats.prefill_time
+        prefill_c = spec(True, profile=True).stats.prefill_time
+        round_e = (t_eager - prefill_e) / eager.stats.rounds
+        round_c = (t_comp - prefill_c) / comp.stats.rounds
         same = (torch.equal(eager.sequences, raw["base_out"])
                 and torch.equal(comp.sequences, raw["base_out"]))
         rows.append([shape, f"{comp.stats.mean_accepted:.2f}", comp.stats.rounds,
@@ -298,6 +310,7 @@ def run_compiled(target, ids, new_tokens: int, repeats: int, device) -> list:
         print(f"{shape:5s} compiled: round {round_c * 1e3:.2f} ms vs eager {round_e * 1e3:.2f} "
               f"ms ({round_e / round_c:.2f}x); first compiled call {t_first:.1f} s; "
               f"identical: {same}", flush=True)
+        progress(rows)
     return rows
 
 
@@ -316,13 +329,16 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", action="store_true", help="the 7B-sized bf16 target on CUDA")
     p.add_argument("--small", action="store_true",
                    help="with --gpu, or alone on the CPU: a 4-layer bf16 Llama (a quick check)")
-    p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md")
+    p.add_argument("--write", action="store_true", help="write the section of BENCHMARKS.md "
+                   "(after every row) and, with --gpu, issue 42's goals as JSON")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=None,
                    help="new tokens per call (default 96 on the CPU, 128 on the GPU)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=None,
                    help="timed calls per method, median (default 1 on the CPU, 3 on the GPU)")
+    p.add_argument("--taus", type=_taus, default=TAUS, metavar="4,2",
+                   help=f"the taus, in this order (default {','.join(map(str, TAUS))})")
     p.add_argument("--compile", action="store_true",
                    help="instead: generate(compile=True) against the eager engine at tau 4")
     args = p.parse_args(argv)
@@ -340,39 +356,75 @@ def main(argv=None) -> int:
         target, what, tokenizer = zoo_target()
         ids = heldout_code_prompt(tokenizer, args.prompt_tokens)
     if args.compile:
+        def compiled_progress(rows):
+            _write_compiled(args, rows, what, new_tokens, repeats, device)
+
         with torch.inference_mode():
-            rows = run_compiled(target, ids, new_tokens, repeats, device)
-        return _write_compiled(args, rows, what, new_tokens, repeats, device)
+            run_compiled(target, ids, new_tokens, repeats, device, compiled_progress)
+        return 0
+
+    def progress(rows):
+        _write_speed(args, rows, None, what, ids.shape[1], new_tokens, repeats)
+
     with torch.inference_mode():
-        rows, lookup_rows, raw = run(target, ids, new_tokens, repeats, device)
-    eff = {(r[0], r[1]): float(r[11]) for r in rows}
-    chain4 = eff.get(("chain", "4"))
-    body = (
-        f"Target: {what}; a {ids.shape[1]}-token prompt, {new_tokens} new tokens, greedy, EOS "
-        f"off; median of {repeats} timed call(s) after a warm-up, every method in this one run. "
-        f"Oracle drafter (the target's own greedy continuation, wrong from depth a_r on), chain "
-        f"of {CHAIN} and a {TREE_LEVELS * TREE_WIDTH}-node tree. Ideal = tau x decode step / "
-        f"verify forward; efficiency = speedup / ideal; the engine's share excludes the "
-        f"drafter's calls and the target's forwards (the per-part timing syncs the device "
-        f"about seven times a round, which this figure includes).\n\n"
-        + markdown_table(HEADER, rows) + "\n\n"
-        + "HF's assisted generation at its own tau (prompt lookup, no model), beside mmspec's "
-          "prompt lookup, same prompt:\n\n"
-        + markdown_table(["method", "tau", "ms", "speedup", "= target-only"], lookup_rows)
-        + "\n")
-    if args.gpu and chain4 is not None:
-        body += (f"\nGoal (H100, 7B-sized target): efficiency >= 0.9 at tau = 4 (chain: "
-                 f"{chain4:.2f}, {'met' if chain4 >= 0.9 else 'missed'}).\n")
-    print(body)
-    if args.write:
-        name = "engine_speed_gpu" if args.gpu else "engine_speed"
-        title = ("Engine efficiency on a GPU (`benchmarks/engine_speed.py --gpu`)" if args.gpu
-                 else "Engine efficiency, CPU (`benchmarks/engine_speed.py`)")
-        write_section(name, title, body)
+        rows, lookup_rows, raw = run(target, ids, new_tokens, repeats, device, args.taus,
+                                     progress)
+    _write_speed(args, rows, lookup_rows, what, ids.shape[1], new_tokens, repeats)
     return 0
 
 
-def _write_compiled(args, compile_rows, what, new_tokens, repeats, device) -> int:
+def _taus(text: str) -> tuple[float, ...]:
+    try:
+        taus = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        taus = ()
+    if not taus or min(taus) < 1:
+        raise argparse.ArgumentTypeError(f"--taus takes numbers >= 1 joined by commas, e.g. "
+                                         f"4,2; got {text!r}")
+    return taus
+
+
+def _write_speed(args, rows, lookup_rows, what, prompt_tokens, new_tokens, repeats) -> None:
+    """Print (when the run is over: `lookup_rows` given) and, with --write, write the section
+    from the rows so far, and on the GPU issue 42's goals at tau 4."""
+    eff = {(r[0], r[1]): float(r[11]) for r in rows}
+    share = {(r[0], r[1]): float(r[8].rstrip("%")) for r in rows}
+    chain4 = eff.get(("chain", "4"))
+    body = (
+        f"Target: {what}; a {prompt_tokens}-token prompt, {new_tokens} new tokens, greedy, EOS "
+        f"off; median of {repeats} timed call(s) after a warm-up, every method in this one run. "
+        f"Oracle drafter (the target's own greedy continuation, wrong from depth a_r on), chain "
+        f"of {CHAIN} and a {TREE_LEVELS * TREE_WIDTH}-node tree. Ideal = tau x decode step / "
+        f"verify forward; efficiency = speedup / ideal. The phases of a round (verify forward, "
+        f"drafter, the engine's share, which excludes the drafter's calls and the target's "
+        f"forwards) come from one more call with `profile=True` (CUDA events on a GPU).\n\n"
+        + markdown_table(HEADER, rows) + "\n")
+    if lookup_rows is not None:
+        body += ("\nHF's assisted generation at its own tau (prompt lookup, no model), beside "
+                 "mmspec's prompt lookup, same prompt:\n\n"
+                 + markdown_table(["method", "tau", "ms", "speedup", "= target-only"],
+                                  lookup_rows) + "\n")
+    if args.gpu and chain4 is not None:
+        body += (f"\nGoal (issue 42, 7B-sized target): efficiency >= 0.9 at tau = 4 (chain: "
+                 f"{chain4:.2f}, {'met' if chain4 >= 0.9 else 'missed'}).\n")
+    if lookup_rows is not None:
+        print(body)
+    if not args.write:
+        return
+    name = "engine_speed_gpu" if args.gpu else "engine_speed"
+    title = ("Engine efficiency on a GPU (`benchmarks/engine_speed.py --gpu`)" if args.gpu
+             else "Engine efficiency, CPU (`benchmarks/engine_speed.py`)")
+    write_section(name, title, body)
+    if args.gpu:
+        for shape in ("chain", "tree"):
+            if (shape, "4") in eff:
+                device = torch.cuda.get_device_name()
+                record(name, f"efficiency at tau 4, {shape}", eff[(shape, "4")], device)
+                record(name, f"engine work per round, % of a verification forward, {shape}",
+                       share[(shape, "4")], device)
+
+
+def _write_compiled(args, compile_rows, what, new_tokens, repeats, device) -> None:
     ratios = [float(r[5][:-1]) for r in compile_rows]
     body = (
         f"Target: {what}; a {args.prompt_tokens}-token prompt, {new_tokens} new tokens, greedy, "
@@ -381,13 +433,14 @@ def _write_compiled(args, compile_rows, what, new_tokens, repeats, device) -> in
         f"tau {COMPILE_TAU:g}. `compile=True`: the KV in a StaticCache, every verification "
         f"forward padded to one shape and torch.compiled (dynamic=False, "
         f"{'mode reduce-overhead: CUDA graphs' if device.type == 'cuda' else 'inductor'}); the "
-        f"drafter is not compiled. A round is the call's wall time minus its prefill, over its "
-        f"rounds; speedups are over target-only greedy.\n\n"
+        f"drafter is not compiled. A round is the call's wall time minus its prefill (timed by "
+        f"one more call with `profile=True`: CUDA events on a GPU), over its rounds; speedups "
+        f"are over target-only greedy.\n\n"
         + markdown_table(COMPILE_HEADER, compile_rows) + "\n")
     if args.gpu:
-        body += (f"\nGoal (GPU): compiled rounds >= 1.5x faster than eager (chain "
-                 f"{ratios[0]:.2f}x, tree {ratios[1]:.2f}x: "
-                 f"{'met' if min(ratios) >= 1.5 else 'missed'}).\n")
+        body += (f"\nGoal (issue 42, GPU): compiled rounds >= 1.5x faster than eager ("
+                 + ", ".join(f"{r[0]} {x:.2f}x" for r, x in zip(compile_rows, ratios))
+                 + f": {'met' if min(ratios) >= 1.5 else 'missed'}).\n")
     print(body)
     if args.write:
         name = "engine_compile_gpu" if args.gpu else "engine_compile"
@@ -395,7 +448,11 @@ def _write_compiled(args, compile_rows, what, new_tokens, repeats, device) -> in
                  "--gpu --compile`)" if args.gpu else "compile=True against the eager engine, "
                  "CPU (`benchmarks/engine_speed.py --compile`)")
         write_section(name, title, body)
-    return 0
+        if args.gpu:
+            for row, ratio in zip(compile_rows, ratios):
+                record(name, f"compiled vs eager rounds, {row[0]}", ratio,
+                       torch.cuda.get_device_name())
+
 
 if __name__ == "__main__":
     sys.exit(main())

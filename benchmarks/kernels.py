@@ -10,7 +10,7 @@ GPU (when CUDA is present): every GPU backend (Triton, FlexAttention; Triton's T
 sm90+, FlashInfer and FlashAttention-4 where their packages import) against the *fastest* dense
 attention on the machine (SDPA's default selection, its cuDNN / flash / efficient backends,
 FlashAttention-2/3 where installed, compiled FlexAttention without a mask), bf16, B=1, H=16,
-N=32768, D=128 and 64, random and causal block masks at densities 1.0 to 0.05. Goals (issue 33):
+N=32768, D=128 and 64, random and causal block masks at densities 1.0 to 0.05. Goals (issue 42):
 >= 0.9x the best dense call at density 1.0, >= 8x at density 0.1.
 
     python benchmarks/kernels.py [--write] [--repeats 3]
@@ -33,8 +33,10 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 from mmspec.kernels.tune import random_block_mask, timed
 
 try:
+    from gpu_results import record
     from report import markdown_table, write_section
 except ImportError:  # run as a module from the repo root
+    from benchmarks.gpu_results import record
     from benchmarks.report import markdown_table, write_section
 
 
@@ -143,6 +145,8 @@ def dense_candidates(q, k, v, causal):
         calls["FlashAttention-2"] = lambda: fa2(qt, kt, vt, causal=causal)
     except ImportError:
         pass
+    if q.device.type != "cuda":  # compiling flex on a CPU takes longer than the table
+        return calls
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
@@ -162,65 +166,109 @@ def gpu_backends() -> tuple[str, ...]:
     return ("triton", "flex") + tuple(b for b in extra if b in available_backends())
 
 
-def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05),
-              backends=None, n=32768, h=16, block=128):
+GOAL_DENSITIES = {1.0: "1.0", 0.1: "0.1"}  # issue 42's kernel goals, D 128, random blocks
+GOAL_BACKENDS = ("triton", "triton-tma", "triton-tma-persistent")
+
+
+def _sync(device: str):
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else device
+
+
+def time_backends(q, k, v, mask, backends, repeats, where):
+    """Milliseconds of each backend on one mask; a backend that raises (a Triton compile error,
+    a constraint, an output off the first one's) is left out and printed. A CUDA error that
+    poisons the context (an illegal memory access) ends the run: every later call would fail."""
+    sync = _sync(q.device.type)
+    ref, times = None, {}
+    for backend in backends:
+        try:
+            out = block_sparse_attention(q, k, v, mask, backend=backend)
+            if ref is None:
+                ref = out
+            elif (out - ref).abs().max().item() > 0.05:
+                raise RuntimeError(f"differs from {backends[0]} by "
+                                   f"{(out - ref).abs().max().item():.3f}")
+            times[backend] = timed(
+                lambda: block_sparse_attention(q, k, v, mask, backend=backend), repeats, sync)
+        except Exception as err:  # any failure of one backend is its row's "failed"
+            print(f"{where}: {backend} failed ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:120] if str(err) else ''})", flush=True)
+            sync()  # raises when the context is lost: the rows so far are written already
+    return times
+
+
+def best_dense(q, k, v, causal, repeats, where):
+    """ms of each dense call that runs here (`dense_candidates`), by name."""
+    dense = {}
+    for name, call in dense_candidates(q, k, v, causal).items():
+        try:
+            dense[name] = timed(call, repeats, _sync(q.device.type))
+        except Exception as err:  # not built for this GPU / dtype / head dim
+            print(f"{where}: {name} unavailable ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:100] if str(err) else ''})", flush=True)
+    print(f"{where}: dense " + ", ".join(f"{c} {t * 1e3:.2f} ms" for c, t in dense.items()),
+          flush=True)
+    return dense
+
+
+def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.1, 0.5, 0.25, 0.05),
+              backends=None, n=32768, h=16, block=128, progress=lambda body, points: None,
+              device="cuda"):
     """Every backend at every density against the fastest dense call on this GPU (bf16), for
-    random and causal block masks; also a JSON-able list of the measured points."""
-    repeats = max(repeats, 10)
+    random and causal block masks; also a JSON-able list of the measured points. The goal rows
+    (D 128, random, density 1.0 and 0.1) come first; `progress(body, points)` is called after
+    every row with the table so far, and issue 42's goals are recorded as they are measured.
+    `device`: "cuda"; the CPU runs it at a tiny size in tests/benchmarks/test_kernels_bench.py."""
+    repeats = max(repeats, 10) if device == "cuda" else repeats
     backends = backends or gpu_backends()
-    sync = torch.cuda.synchronize
-    rows, points, dense_rows = [], [], []
+    table = {"rows": [], "dense_rows": [], "points": []}
     for d in head_dims:
         g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, h, n, d, generator=g).to("cuda", torch.bfloat16)
+        q, k, v = (torch.randn(1, h, n, d, generator=g).to(device, torch.bfloat16)
                    for _ in range(3))
         for kind in ("random", "causal"):
             causal = kind == "causal"
-            dense = {}
-            for name, call in dense_candidates(q, k, v, causal).items():
-                try:
-                    dense[name] = timed(call, repeats, sync)
-                except Exception as err:  # not built for this GPU / dtype / head dim
-                    print(f"D={d} {kind}: {name} unavailable ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:100]})", flush=True)
+            dense = best_dense(q, k, v, causal, repeats, f"D={d} {kind}")
             best = min(dense, key=dense.get)
-            dense_rows.append([d, kind] + [f"{dense[c] * 1e3:.2f}" if c in dense else "n/a"
-                                           for c in DENSE_COLUMNS] + [best])
-            print(f"D={d} {kind}: dense " + ", ".join(f"{c} {t * 1e3:.2f} ms"
-                                                       for c, t in dense.items()), flush=True)
+            table["dense_rows"].append(
+                [d, kind] + [f"{dense[c] * 1e3:.2f}" if c in dense else "n/a"
+                             for c in DENSE_COLUMNS] + [best])
             for density in densities:
                 mask = (random_causal_mask if causal else random_block_mask)(
-                    h, n, block, density, "cuda")
-                ref = None
-                times = {}
-                for backend in backends:
-                    try:
-                        out = block_sparse_attention(q, k, v, mask, backend=backend)
-                        if ref is None:
-                            ref = out
-                        elif (out - ref).abs().max().item() > 0.05:
-                            raise RuntimeError(f"differs from {backends[0]} by "
-                                               f"{(out - ref).abs().max().item():.3f}")
-                        times[backend] = timed(
-                            lambda: block_sparse_attention(q, k, v, mask, backend=backend),
-                            repeats, sync)
-                    except Exception as err:
-                        print(f"D={d} {kind} {density}: {backend} failed ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0][:120]})", flush=True)
+                    h, n, block, density, device)
+                times = time_backends(q, k, v, mask, backends, repeats,
+                                      f"D={d} {kind} {density}")
                 kept = mask.density()
                 row = [d, kind, f"{density:g} ({kept:.3f})", f"{best} {dense[best] * 1e3:.2f}"]
                 for backend in backends:
                     t = times.get(backend)
                     row += ([f"{t * 1e3:.2f}", f"{dense[best] / t:.2f}x"] if t else ["failed", ""])
-                ideal = (0.5 if causal else 1.0) / kept if kept else float("inf")
-                row.append(f"{ideal:.1f}x")
-                rows.append(row)
-                points.append({"head_dim": d, "mask": kind, "density": kept, "asked": density,
-                               "dtype": "bfloat16",
-                               "dense": {c: t * 1e3 for c, t in dense.items()},
-                               "backends_ms": {b: t * 1e3 for b, t in times.items()}})
+                row.append(f"{(0.5 if causal else 1.0) / kept if kept else float('inf'):.1f}x")
+                table["rows"].append(row)
+                table["points"].append({
+                    "head_dim": d, "mask": kind, "density": kept, "asked": density,
+                    "dtype": "bfloat16", "dense": {c: t * 1e3 for c, t in dense.items()},
+                    "backends_ms": {b: t * 1e3 for b, t in times.items()}})
                 print("  " + " | ".join(str(c) for c in row), flush=True)
+                if d == 128 and kind == "random" and density in GOAL_DENSITIES:
+                    for backend in GOAL_BACKENDS:
+                        t = times.get(backend)
+                        record("kernels_gpu", f"{backend} vs best dense, D 128, density "
+                               f"{GOAL_DENSITIES[density]}", dense[best] / t if t else None,
+                               _device_name(device))
+                progress(gpu_body(table, backends, repeats, n, h, block, device),
+                         table["points"])
         q = k = v = None  # free their GPU memory before the next head dim
+    return gpu_body(table, backends, repeats, n, h, block, device), table["points"]
+
+
+def gpu_body(table, backends, repeats, n, h, block, device="cuda"):
+    """The kernels_gpu section's markdown from the rows measured so far."""
+    rows = table["rows"]
     header = ["D", "mask", "density asked (kept blocks)", "best dense (ms)"]
     for backend in backends:
         header += [f"{backend} (ms)", f"{backend} vs best dense"]
@@ -240,18 +288,19 @@ def gpu_table(repeats, head_dims=(128, 64), densities=(1.0, 0.5, 0.25, 0.1, 0.05
         figures = ", ".join(f"{b} {x}x" if x else f"{b} failed" for b, x in got.items())
         return f"{figures}: {'met' if best and got[best] >= bar else 'missed'}"
 
-    aims = ("Goals (issue 33, D=128, random blocks): density 1.0 >= 0.9x the best dense call "
+    aims = ("Goals (issue 42, D=128, random blocks): density 1.0 >= 0.9x the best dense call "
             f"({goal('1', 0.9)}); density 0.1 >= 8x ({goal('0.1', 8)}).")
-    body = (f"GPU {torch.cuda.get_device_name()}, bf16, B=1, H={h}, N={n}, {block}x{block} "
+    return (f"GPU {_device_name(device)}, bf16, B=1, H={h}, N={n}, {block}x{block} "
             f"blocks; median of {repeats} after a warm-up, device synchronised around each call. "
             "Best dense: the fastest of the dense calls below, measured in the same run on the "
             "same inputs (causal rows against the dense causal call; their ideal is "
             "0.5 / kept density, the causal half being the dense call's own work). Every "
-            "backend's output is checked against the first one's.\n\n"
+            "backend's output is checked against the first one's; a backend that raised is "
+            "'failed'. The goals are also in benchmarks/results/gpu/kernels_gpu.json.\n\n"
             "Dense attention on this GPU (ms):\n\n"
-            + markdown_table(["D", "mask"] + list(DENSE_COLUMNS) + ["fastest"], dense_rows)
+            + markdown_table(["D", "mask"] + list(DENSE_COLUMNS) + ["fastest"],
+                             table["dense_rows"])
             + "\n\n" + markdown_table(header, rows) + "\n\n" + aims + "\n")
-    return body, points
 
 
 def auto_table(points, repeats, n=32768, h=16, block=128):
@@ -310,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "section kernels_gpu")
     parser.add_argument("--points", default=None,
                         help="also write the measured GPU points to this JSON file")
+    parser.add_argument("--head-dims", type=lambda t: tuple(int(x) for x in t.split(",")),
+                        default=(128, 64), metavar="128,64",
+                        help="with --gpu-only: the head dims, in this order (default 128,64)")
     parser.add_argument("--auto", action="store_true",
                         help="with --gpu-only: write the points as this machine's table for "
                              "backend='auto' and time auto against the fastest backend per point")
@@ -325,18 +377,22 @@ def main():
     if args.gpu_only:
         if not torch.cuda.is_available():
             parser.error("--gpu-only needs a CUDA device; none is visible")
-        body, points = gpu_table(args.repeats)
+        def progress(body, points):  # after every row: a run cut short keeps what it measured
+            if args.points:
+                import json
+
+                with open(args.points, "w") as f:
+                    json.dump({"device": torch.cuda.get_device_name(), "points": points}, f,
+                              indent=1)
+            if args.write:
+                write_section("kernels_gpu", "Block-sparse attention kernel on a GPU "
+                              "(`benchmarks/kernels.py --gpu-only`)", body)
+
+        body, points = gpu_table(args.repeats, args.head_dims, progress=progress)
         if args.auto:
             body += "\n" + auto_table(points, args.repeats)
+            progress(body, points)
         print(body)
-        if args.points:
-            import json
-
-            with open(args.points, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "points": points}, f, indent=1)
-        if args.write:
-            write_section("kernels_gpu", "Block-sparse attention kernel on a GPU "
-                          "(`benchmarks/kernels.py --gpu-only`)", body)
         return
     rows = bench("cpu", torch.float32, 1, 4, 16384, 64, 128, (1.0, 0.25, 0.1), "torch",
                  args.repeats, "dense SDPA", nullcontext)

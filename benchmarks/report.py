@@ -5,6 +5,7 @@ only that section, so benchmarks never overwrite each other's results.
 """
 
 import importlib.metadata
+import os
 import platform
 import re
 import shlex
@@ -17,6 +18,12 @@ from pathlib import Path
 import torch
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
+def markdown_file() -> Path:
+    """Where sections are written: BENCHMARKS.md, or MMSPEC_BENCHMARKS_MD (a GPU session writes
+    its copy under $OUT, row by row, so that what a cut-short call measured comes back)."""
+    return Path(os.environ.get("MMSPEC_BENCHMARKS_MD") or BENCHMARKS_MD)
 
 
 def timed_interleaved(fns: dict, repeats: int, sync=lambda: None,
@@ -93,16 +100,20 @@ def commit() -> str:
 
 
 def write_section(name: str, title: str, body: str) -> None:
-    """Replace (or append) section `name` of BENCHMARKS.md with `body` plus provenance."""
+    """Replace (or append) section `name` of BENCHMARKS.md (`markdown_file()`) with `body` plus
+    provenance."""
     block = (
         f"<!-- {name}:start -->\n## {title}\n\n"
         f"Command: `{command()}`  \nMachine: {machine()}  \nCommit: {commit()}\n\n"
         f"{body.rstrip()}\n<!-- {name}:end -->"
     )
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    path = markdown_file()
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
-    BENCHMARKS_MD.write_text(text.rstrip() + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text.rstrip() + "\n")
+    os.replace(tmp, path)  # a run killed at its cap never leaves half a file
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -76,13 +76,11 @@ _LIB.define(
 )
 
 
-def _block_sparse_attention_impl(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks,
-                                 full_kv_indices, partial_masks, block_q, block_k, scale, softcap,
-                                 backend):
-    mask = BlockSparseMask._unchecked(
-        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
-        (block_q, block_k), q.shape[2], k.shape[2],
-    )
+def _block_sparse_attention_impl(q, k, v, *mask_and_call):
+    """The op: after q, k, v its schema's kv_num_blocks, kv_indices, full_kv_num_blocks,
+    full_kv_indices, partial_masks (the mask's tensors), block_q, block_k, scale, softcap, backend."""
+    *tensors, block_q, block_k, scale, softcap, backend = mask_and_call
+    mask = BlockSparseMask._unchecked(*tensors, (block_q, block_k), q.shape[2], k.shape[2])
     out, lse = get_backend(backend).fn(q, k, v, mask, scale, softcap)
     return out.contiguous(), lse.contiguous()
 
@@ -125,8 +123,7 @@ torch.library.register_autograd("mmspec::block_sparse_attention", _backward,
 
 
 @torch.library.register_fake("mmspec::block_sparse_attention", lib=_LIB)
-def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, partial_masks,
-      block_q, block_k, scale, softcap, backend):
+def _(q, k, v, *mask_and_call):  # the schema's other arguments, as `_block_sparse_attention_impl`
     # contiguous, as the real op returns (empty_like would copy a transposed q's strides, and
     # inductor asserts the strides it was promised)
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -153,6 +150,7 @@ def block_sparse_attention(
     softcap: float | None = None,
     return_lse: bool = False,
     backend: str = "auto",
+    token_order: torch.Tensor | None = None,
 ):
     """Attention restricted to the blocks kept by `mask`.
 
@@ -172,9 +170,16 @@ def block_sparse_attention(
             `"triton-tma"` and `"triton-tma-persistent"` (SM90+), `"torch"`, `"flex"`
             (FlexAttention), `"reference"`, and where their packages import `"flashinfer"` and
             `"fa4"` (FlashAttention-4).
+        token_order: optional long `[N]`, a permutation of the N tokens of q, k and v (Nq = Nk):
+            the mask's row and column i are token `token_order[i]`, i.e. the mask is over
+            `x[:, :, token_order]`, while q, k, v and the result stay in their own order. The
+            Triton backend reads the rows through this index in eager mode (no copy in or out;
+            DraftAttention's tile order); the others, and any backend under `torch.compile`,
+            gather the inputs and scatter the output around the call. Not checked to be a
+            permutation (that would wait for the device): a repeated token leaves rows unwritten.
 
     Returns:
-        `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse`.
+        `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse` (both in q's order).
 
     Note:
         A query row that attends nothing returns 0 with lse = -inf, never NaN.
@@ -215,6 +220,9 @@ def block_sparse_attention(
     if dv != q.shape[-1]:  # MLA (DeepSeek-V2/V3): values of another width than queries and keys
         q, k, v = _common_width(q, k, v)
     backend = resolve_backend(backend, q, k, v, mask).name
+    if token_order is not None:
+        out, lse = _in_token_order(q, k, v, mask, scale, softcap or 0.0, backend, token_order)
+        return (out[..., :dv], lse) if return_lse else out[..., :dv]
     out, lse = torch.ops.mmspec.block_sparse_attention(
         q, k, v,
         mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
@@ -223,6 +231,29 @@ def block_sparse_attention(
     )
     out = out[..., :dv]
     return (out, lse) if return_lse else out
+
+
+def _in_token_order(q, k, v, mask, scale, softcap, backend, order):
+    """`block_sparse_attention` over `x[:, :, order]` with the result in q's order: through the
+    backend's gathered kernel where it has one (eager), else gathered and scattered here."""
+    n = q.shape[2]
+    if (not isinstance(order, torch.Tensor) or order.dtype not in (torch.int32, torch.int64)
+            or tuple(order.shape) != (n,) or order.device != q.device or k.shape[2] != n):
+        raise ValueError(f"token_order must be an int32/int64 [N={n}] permutation on {q.device} "
+                         f"for q and k of N tokens each, got "
+                         f"{getattr(order, 'dtype', type(order).__name__)} "
+                         f"{list(getattr(order, 'shape', []))} for N = {n} and {k.shape[2]}")
+    gathered = get_backend(backend).gathered
+    # the kernel called directly has no autograd node: the op's raises on a backward instead
+    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if gathered is not None and not torch.compiler.is_compiling() and not wants_grad:
+        return gathered(q, k, v, mask, scale, softcap, order)
+    out, lse = torch.ops.mmspec.block_sparse_attention(
+        *(x.index_select(2, order) for x in (q, k, v)),
+        mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
+        mask.partial_masks, mask.block_size[0], mask.block_size[1], scale, softcap, backend)
+    return torch.empty_like(out).index_copy_(2, order, out), \
+        torch.empty_like(lse).index_copy_(2, order, lse)
 
 
 def _common_width(q, k, v):

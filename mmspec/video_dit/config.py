@@ -16,9 +16,16 @@ import torch
 
 from mmspec.kernels import available_backends
 
-from .draft_map import check_mass, check_mode, check_sparsity
-from .sparse_attention import check_draft_kernel
+from .draft_map import check_mass, check_mass_needed, check_mode, check_sparsity
 from .tiles import check_query_tile, check_tile
+
+DRAFT_KERNELS = ("auto", "triton", "torch")
+
+
+def check_draft_kernel(draft_kernel) -> str:
+    if draft_kernel not in DRAFT_KERNELS:
+        raise ValueError(f"draft_kernel must be one of {DRAFT_KERNELS}, got {draft_kernel!r}")
+    return draft_kernel
 
 
 @dataclass(frozen=True)
@@ -69,9 +76,7 @@ class DraftAttentionConfig:
         if not isinstance(self.calibrate, bool):
             raise ValueError(f"calibrate must be a bool, got {self.calibrate!r}")
         adaptive = self.mode == "top_p" or self.calibrate
-        if adaptive and self.mass is None:
-            raise ValueError(f"mode={self.mode!r}, calibrate={self.calibrate} needs mass, the "
-                             f"draft mass to keep (e.g. 0.9), got None")
+        check_mass_needed(self.mode, self.mass, self.calibrate)
         if self.mass is not None:
             if not adaptive:
                 raise ValueError(f"mass={self.mass!r} is read by mode='top_p' or calibrate=True "

@@ -59,6 +59,14 @@ def check_mode(mode) -> str:
     return mode
 
 
+def check_mass_needed(mode: str, mass, calibrate: bool = False) -> None:
+    """The one place that says an adaptive budget needs `mass`: `mode="top_p"` keeps it per row,
+    `calibrate=True` per layer (`DraftAttentionConfig`, `select_blocks`, the fused draft)."""
+    if (mode == "top_p" or calibrate) and mass is None:
+        raise ValueError(f"mode={mode!r}, calibrate={calibrate} needs mass, the draft mass to "
+                         f"keep (e.g. 0.9), got None")
+
+
 def block_budget(num_tiles: int, sparsity: float, num_query_tiles: int | None = None) -> int:
     """Blocks kept per head: (1 - sparsity) of the map, at least the own blocks (one per tile),
     at most all. The map is `[num_query_tiles, num_tiles]` (square by default)."""
@@ -78,6 +86,23 @@ def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     """Mean of the real tokens of each tile: `[B, H, Np, D]` (tile order) -> fp32
     `[B, H, nT, D]`."""
     return _pool(x_tiled, layout.num_tiles, layout.tile_tokens, layout.counts)
+
+
+def pool_untiled(x: torch.Tensor, layout: TileLayout, query: bool = False) -> torch.Tensor:
+    """`pool_tiles(layout.to_tiles(x), layout)` (`query`: `pool_query_tiles`) read from `x`
+    `[B, H, N, D]` in the model's row-major (t, h, w) order, with no copy into tile order:
+    frames of whole query tiles only (`not layout.has_padding`). -> fp32 `[B, H, nT or nQ, D]`."""
+    t, height, width = layout.grid
+    (th, tw), (qh, qw) = layout.tile, layout.query_tile
+    b, heads, _, d = x.shape
+    # [B, H, T, query tile row, tile row in it, token row, query tile col, tile col, token col, D]
+    grid = x.unflatten(2, (t, height // qh, qh // th, th, width // qw, qw // tw, tw))
+    if query:  # a query tile's tokens: every row and column inside it
+        sums = grid.sum((4, 5, 7, 8), dtype=torch.float32)  # [B, H, T, nqh, nqw, D]
+        return sums.reshape(b, heads, -1, d) / layout.query_tile_tokens
+    sums = grid.sum((5, 8), dtype=torch.float32)  # [B, H, T, nqh, a, nqw, c, D]
+    # tile order: query tile row and column, then the tiles inside it (`tile_permutation`)
+    return sums.permute(0, 1, 2, 3, 5, 4, 6, 7).reshape(b, heads, -1, d) / layout.tile_tokens
 
 
 def pool_query_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
@@ -121,9 +146,8 @@ def select_blocks(probs: torch.Tensor, sparsity: float, mode: str = "global",
             raise ValueError(f"a draft map of {nq} query tiles by {n} tiles needs own=[{nq}, {n}] "
                              f"(TileLayout.own_blocks()), the blocks each query tile keeps")
         own = torch.eye(n, dtype=torch.bool, device=probs.device)
+    check_mass_needed(mode, mass)
     if mode == "top_p":
-        if mass is None:
-            raise ValueError("mode='top_p' needs mass, the draft mass each row keeps, got None")
         kept = top_p_blocks(probs, mass, max_density, own)
         return kept if allowed is None else kept & allowed
     if allowed is None:

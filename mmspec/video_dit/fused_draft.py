@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft_map import block_budget, check_mass, check_mode, check_sparsity
+from .draft_map import block_budget, check_mass, check_mass_needed, check_mode, check_sparsity
 from .tiles import TileLayout
 
 try:
@@ -85,38 +85,43 @@ class DraftBlocks:
 if triton is not None:
 
     @triton.jit
-    def _pool_one(X, OUT, COUNTS, tile, b, h, sxb, sxh, sxn, sob, soh, son, D,
-                  TOKENS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _pool_one(X, OUT, COUNTS, ROWS, tile, b, h, sxb, sxh, sxn, sob, soh, son, D,
+                  TOKENS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                  GATHER: tl.constexpr):
         for d0 in range(0, D, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             d_ok = offs_d < D
             acc = tl.zeros([BLOCK_D], tl.float32)
-            base = X + b * sxb + h * sxh + tile * TOKENS * sxn
+            base = X + b * sxb + h * sxh
             for t0 in range(0, TOKENS, BLOCK_T):
                 offs_t = t0 + tl.arange(0, BLOCK_T)
-                x = tl.load(base + offs_t[:, None] * sxn + offs_d[None, :],
-                            mask=(offs_t < TOKENS)[:, None] & d_ok[None, :], other=0.0)
+                t_ok = offs_t < TOKENS
+                slot = tile * TOKENS + offs_t  # tile order
+                if GATHER:  # x in the model's order: the slot's token
+                    slot = tl.load(ROWS + slot, mask=t_ok, other=0)
+                x = tl.load(base + slot[:, None] * sxn + offs_d[None, :],
+                            mask=t_ok[:, None] & d_ok[None, :], other=0.0)
                 acc += tl.sum(x.to(tl.float32), 0)
             # padding slots are zeros, so only real tokens count; a tile of padding pools to 0
             count = tl.maximum(tl.load(COUNTS + tile), 1.0)
             tl.store(OUT + b * sob + h * soh + tile * son + offs_d, acc / count, mask=d_ok)
 
     @triton.jit
-    def _pool_kernel(Q, K, QH, KH, QCOUNTS, KCOUNTS, H, NQ, NT, D,
+    def _pool_kernel(Q, K, QH, KH, QCOUNTS, KCOUNTS, ROWS, H, NQ, NT, D,
                      sqb, sqh, sqn, skb, skh, skn, sob, soh, son, spb, sph, spn,
                      QTOKENS: tl.constexpr, KTOKENS: tl.constexpr, BLOCK_T: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     BLOCK_D: tl.constexpr, GATHER: tl.constexpr):
         tile = tl.program_id(0)
         bh = tl.program_id(1)
         b, h = bh // H, bh % H
         if tl.program_id(2) == 0:
             if tile < NQ:
-                _pool_one(Q, QH, QCOUNTS, tile, b, h, sqb, sqh, sqn, sob, soh, son, D,
-                          QTOKENS, BLOCK_T, BLOCK_D)
+                _pool_one(Q, QH, QCOUNTS, ROWS, tile, b, h, sqb, sqh, sqn, sob, soh, son, D,
+                          QTOKENS, BLOCK_T, BLOCK_D, GATHER)
         else:
             if tile < NT:
-                _pool_one(K, KH, KCOUNTS, tile, b, h, skb, skh, skn, spb, sph, spn, D,
-                          KTOKENS, BLOCK_T, BLOCK_D)
+                _pool_one(K, KH, KCOUNTS, ROWS, tile, b, h, skb, skh, skn, spb, sph, spn, D,
+                          KTOKENS, BLOCK_T, BLOCK_D, GATHER)
 
     @triton.jit
     def _head_key(prio, flat):
@@ -236,11 +241,13 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
                  sparsity: float, mode: str = "global", scale: float | None = None,
                  allowed: torch.Tensor | None = None, allowed_count: int | None = None,
                  mass: float | None = None, max_density: float = 1.0,
-                 return_probs: bool = False) -> DraftBlocks:
+                 return_probs: bool = False, untiled: bool = False) -> DraftBlocks:
     """`pool_query_tiles` + `pool_tiles` + `draft_probs` + `select_blocks` +
     `BlockSparseMask.from_dense`'s index, fused (module docstring), with no host sync.
 
-    q_tiled, k_tiled: `[B, H, Np, D]` in tile order, zeros in the padding slots (`to_tiles`).
+    q_tiled, k_tiled: `[B, H, Np, D]` in tile order, zeros in the padding slots (`to_tiles`);
+    with `untiled`, `[B, H, N, D]` in the model's order instead, read through `layout.perm`
+    (frames of whole tiles: no padding slots), with no copy into tile order.
     allowed: bool `[nQ, nT]` (may be a broadcast view) with its host-side count
     `allowed_count`, as `select_blocks` takes them; the other arguments as there.
     """
@@ -253,9 +260,11 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
     if k_tiled.shape != q_tiled.shape or npad != layout.padded_tokens:
         raise ValueError(f"q_tiled and k_tiled must be [B, H, {layout.padded_tokens}, D] in tile "
                          f"order, got {list(q_tiled.shape)} and {list(k_tiled.shape)}")
+    check_mass_needed(mode, mass)
+    if untiled and layout.has_padding:
+        raise ValueError(f"untiled=True reads frames of whole tiles, got grid {layout.grid} with "
+                         f"tile {layout.tile}: pass to_tiles(q) and to_tiles(k) instead")
     if mode == "top_p":
-        if mass is None:
-            raise ValueError("mode='top_p' needs mass, the draft mass each row keeps, got None")
         mass, max_density = check_mass(mass), check_mass(max_density, "max_density")
     if allowed is not None and allowed_count is None:
         raise ValueError("allowed needs allowed_count, its number of True entries (a host int: "
@@ -268,10 +277,12 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
     k_hat = torch.empty(b, h, nt, d, device=dev, dtype=torch.float32)
     block_d = min(triton.next_power_of_2(d), 128)
     _pool_kernel[(max(nq, nt), b * h, 2)](
-        q_tiled, k_tiled, q_hat, k_hat, layout.query_counts, layout.counts, h, nq, nt, d,
+        q_tiled, k_tiled, q_hat, k_hat, layout.query_counts, layout.counts, layout.perm, h, nq,
+        nt, d,
         *q_tiled.stride()[:3], *k_tiled.stride()[:3], *q_hat.stride()[:3], *k_hat.stride()[:3],
         QTOKENS=layout.query_tile_tokens, KTOKENS=layout.tile_tokens,
-        BLOCK_T=min(triton.next_power_of_2(layout.tile_tokens), 32), BLOCK_D=block_d)
+        BLOCK_T=min(triton.next_power_of_2(layout.tile_tokens), 32), BLOCK_D=block_d,
+        GATHER=untiled)
 
     nt_p2 = max(16, triton.next_power_of_2(nt))
     keys = torch.empty(b, h, nq, nt, device=dev, dtype=torch.int64) if mode != "top_p" else None

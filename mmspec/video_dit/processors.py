@@ -89,16 +89,15 @@ class _DraftProcessor:
         state, cfg = self.state, self.state.config
         on_draft_map = None
         if self.probe:
+            allowed = kwargs.get("allowed")  # (mask, count) or None
             on_draft_map = lambda probs: self.calibrations.append(calibrated_sparsity(
-                probs, cfg.mass, cfg.max_density, kwargs.get("allowed_count")))
+                probs, cfg.mass, cfg.max_density, None if allowed is None else allowed[1]))
         elif state.on_draft_map is not None:  # a callback with the step: one graph per layer
             step, layer = state.step, self.layer
             on_draft_map = lambda probs: state.on_draft_map(step, layer, probs)
         out, density = draft_attention(
-            q, k, v, state.layout, sparsity=0.0 if self.probe else self.sparsity, mode=cfg.mode,
-            backend=cfg.backend, tiled=state.tiled, on_draft_map=on_draft_map, mass=cfg.mass,
-            max_density=cfg.max_density, draft_kernel=cfg.draft_kernel, **kwargs,
-        )
+            q, k, v, state.layout, cfg, sparsity=0.0 if self.probe else self.sparsity,
+            tiled=state.tiled, on_draft_map=on_draft_map, **kwargs)
         self.densities.append(None if self.probe else density)  # the probe computes every block
         return out
 
@@ -160,9 +159,8 @@ class SkyReelsV2DraftAttnProcessor(WanDraftAttnProcessor):
         if state.allowed is None:
             raise ValueError("SkyReelsV2DraftAttnProcessor: an attention_mask came with "
                              "num_frame_per_block=1, where diffusers' SkyReels-V2 passes none")
-        allowed, count = state.allowed  # built by the pre-forward hook (apply.py)
-        return self._sparse(attn, hidden_states, rotary_emb, allowed=allowed,
-                            allowed_count=count)
+        # (mask, count), built by the pre-forward hook (apply.py)
+        return self._sparse(attn, hidden_states, rotary_emb, allowed=state.allowed)
 
 
 class HunyuanVideoDraftAttnProcessor(_DraftProcessor):

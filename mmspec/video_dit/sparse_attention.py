@@ -1,7 +1,11 @@
 """One DraftAttention call: draft map -> block mask -> block-sparse attention (arXiv 2505.14708).
 
-Video tokens are put in tile order (unless the caller already did, once per forward), the draft
-map picks the kept blocks, and `mmspec.kernels.block_sparse_attention` computes only those. Text
+The draft map picks the kept blocks of the video tokens in tile order, and
+`mmspec.kernels.block_sparse_attention` computes only those. Frames of whole tiles in the model's
+order are not copied into tile order: the draft pools them and the kernel reads q, k and v through
+the tile permutation (`token_order=`), writing the output in the model's order. Otherwise (frames
+padded to whole tiles, masked text keys) they are copied into tile order and the output back,
+unless the caller reordered them once per forward (`tiled=True`). Text
 tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
 video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks,
 except text blocks that hold only padding (`key_valid`), which are skipped (`_live_blocks`).
@@ -17,6 +21,7 @@ instead of the CUDA-only Block-Sparse-Attention.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,17 +29,10 @@ import torch
 from mmspec.kernels import BlockSparseMask, block_sparse_attention
 
 from . import fused_draft
-from .draft_map import (check_mode, check_sparsity, draft_probs, live_count, live_tiles,
-                        pool_query_tiles, pool_tiles, select_blocks)
+from .config import DraftAttentionConfig
+from .draft_map import (check_sparsity, draft_probs, live_count, live_tiles, pool_query_tiles,
+                        pool_tiles, pool_untiled, select_blocks)
 from .tiles import TileLayout
-
-DRAFT_KERNELS = ("auto", "triton", "torch")
-
-
-def check_draft_kernel(draft_kernel) -> str:
-    if draft_kernel not in DRAFT_KERNELS:
-        raise ValueError(f"draft_kernel must be one of {DRAFT_KERNELS}, got {draft_kernel!r}")
-    return draft_kernel
 
 
 def _fused(draft_kernel: str, device: torch.device, layout: TileLayout) -> bool:
@@ -42,7 +40,7 @@ def _fused(draft_kernel: str, device: torch.device, layout: TileLayout) -> bool:
     twenty-odd small torch launches cost more than the ops; `"triton"` asks for it anywhere it
     runs (the tests, under TRITON_INTERPRET=1), `"torch"` never. Eager only by default: under
     torch.compile the torch path is traced (and fused by the compiler) instead."""
-    if check_draft_kernel(draft_kernel) == "torch":
+    if draft_kernel == "torch":  # validated by DraftAttentionConfig
         return False
     why = fused_draft.unsupported(device, layout)
     if draft_kernel == "auto":
@@ -168,13 +166,122 @@ def _attend_with_mean_keys(q, k, v, blocks, valid, bs, scale, backend):
     return (out.float() / share.float().clamp_min(1e-30)).to(out.dtype)
 
 
-def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout, *,
-                    sparsity: float, mode: str = "global", text_len: int = 0,
-                    text_first: bool = False, key_valid: torch.Tensor | None = None,
-                    tiled: bool = False, scale: float | None = None, backend: str = "auto",
-                    on_draft_map=None, allowed: torch.Tensor | None = None,
-                    allowed_count: int | None = None, mass: float | None = None,
-                    max_density: float = 1.0, draft_kernel: str = "auto"):
+@functools.lru_cache(maxsize=16)
+def _default_config(tile, query_tile) -> DraftAttentionConfig:
+    return DraftAttentionConfig(tile=tile, query_tile=query_tile)
+
+
+def _config_for(layout: TileLayout, config) -> DraftAttentionConfig:
+    """`config`, or the defaults for the layout's tiles; a config of other tiles is refused."""
+    if config is None:
+        return _default_config(layout.tile, layout.query_tile)
+    if not isinstance(config, DraftAttentionConfig):
+        raise TypeError(f"config must be a DraftAttentionConfig or None, got "
+                        f"{type(config).__name__}")
+    tiles = (config.tile, config.query_tile or config.tile)
+    if tiles != (layout.tile, layout.query_tile):
+        raise ValueError(f"config's tile {config.tile} and query_tile {config.query_tile} must "
+                         f"be the layout's, {layout.tile} and {layout.query_tile}")
+    return config
+
+
+def _check_call(q, video_tokens: int, layout: TileLayout, tiled: bool, text_len: int,
+                key_valid) -> None:
+    expected = layout.padded_tokens if tiled else layout.num_tokens
+    if video_tokens != expected:
+        raise ValueError(
+            f"grid {layout.grid} has {expected} {'tiled ' if tiled else ''}tokens but the sequence "
+            f"has {video_tokens} video tokens ({q.shape[2]} tokens, {text_len} of them text)")
+    shapes = ((q.shape[0], q.shape[2]), (1, q.shape[2]))
+    if key_valid is not None and (key_valid.dtype != torch.bool
+                                  or tuple(key_valid.shape) not in shapes):
+        raise ValueError(f"key_valid must be bool [B={q.shape[0]}, L={q.shape[2]}] in the order "
+                         f"of q, k, v, got {key_valid.dtype} {list(key_valid.shape)}")
+
+
+def _allowed_blocks(allowed, layout: TileLayout, text_len: int):
+    """(bool `[nQ, nT]` or None, its count or None): the model's mask `allowed` (a tensor, or a
+    (tensor, count) pair) checked, with the tiles of padding only left out."""
+    nq, nt = layout.num_query_tiles, layout.num_tiles
+    allowed, count = allowed if isinstance(allowed, tuple) else (allowed, None)
+    if allowed is not None and text_len:
+        raise ValueError("allowed (a mask over video tiles) takes no text tokens; got text_len="
+                         f"{text_len}")
+    if allowed is not None and (not isinstance(allowed, torch.Tensor)
+                                or allowed.dtype != torch.bool or tuple(allowed.shape) != (nq, nt)):
+        raise ValueError(f"allowed must be a bool tensor [{nq}, {nt}] (query tile, key tile), or "
+                         f"such a tensor and its count, got "
+                         f"{getattr(allowed, 'dtype', type(allowed).__name__)} "
+                         f"{list(getattr(allowed, 'shape', []))}")
+    # tiles of padding only (query tiles padding the frames) are no blocks: never drafted, kept,
+    # nor counted in the budget or the density
+    live = live_tiles(layout)  # bool [1, nT], or None
+    if live is not None:
+        if allowed is None:
+            allowed, count = live.expand(nq, nt), live_count(layout)
+        else:  # frame_causal_tiles leaves them out already, so its count stays right
+            allowed = allowed & live
+    if allowed is not None and count is None:
+        count = int(allowed.sum())  # a device sync: pass (allowed, count) to save it
+    return allowed, count
+
+
+def _draft(videos, layout: TileLayout, config, sparsity: float, allowed, allowed_count,
+           on_draft_map, untiled: bool):
+    """The kept blocks bool `[B, H, nQ, nT]` of the draft map, and the fused draft's result (its
+    block index) or None. `videos`: q's and k's video tokens, in tile order or (`untiled`) in
+    the model's order, read through the tile permutation without a copy."""
+    q, k = videos
+    scale = q.shape[-1] ** -0.5
+    if _fused(config.draft_kernel, q.device, layout):
+        drafted = fused_draft.draft_blocks(
+            q, k, layout, sparsity, config.mode, scale, allowed, allowed_count, config.mass,
+            config.max_density, return_probs=on_draft_map is not None, untiled=untiled)
+        if on_draft_map is not None:
+            on_draft_map(drafted.probs)
+        return drafted.kept, drafted
+    if untiled:
+        q_hat, k_hat = pool_untiled(q, layout, query=True), pool_untiled(k, layout)
+    else:
+        q_hat, k_hat = pool_query_tiles(q, layout), pool_tiles(k, layout)  # [B, H, nQ|nT, D]
+    probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nQ, nT]
+    if on_draft_map is not None:
+        on_draft_map(probs)
+    kept = select_blocks(probs, sparsity, config.mode, allowed, allowed_count,
+                         own=layout.own_blocks() if layout.asymmetric else None, mass=config.mass,
+                         max_density=config.max_density)  # [B, H, nQ, nT]
+    return kept, None
+
+
+def _with_text(kept, layout: TileLayout, text_len: int):
+    """bool `[B, H, Mq, Mk]`: the video blocks, then dense rows and columns of text blocks."""
+    b, h, nq, nt = kept.shape
+    mq = nq + math.ceil(text_len / layout.query_tile_tokens)
+    mk = nt + math.ceil(text_len / layout.tile_tokens)
+    if mk == nt:
+        return kept
+    blocks = torch.ones(b, h, mq, mk, dtype=torch.bool, device=kept.device)
+    blocks[:, :, :nq, :nt] = kept
+    if layout.live is not None:  # text queries skip the tiles of padding only too
+        blocks[:, :, nq:, :nt] &= layout.live
+    return blocks
+
+
+def _token_order(layout: TileLayout, text_len: int, text_first: bool) -> torch.Tensor:
+    """long `[N + text_len]`: the model's token of each kernel row (video tiles, then text)."""
+    if not text_len:
+        return layout.perm
+    text = torch.arange(text_len, device=layout.perm.device)
+    if text_first:
+        return torch.cat([layout.perm + text_len, text])
+    return torch.cat([layout.perm, text + layout.num_tokens])
+
+
+def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout,
+                    config: DraftAttentionConfig | None = None, *, sparsity: float | None = None,
+                    text_len: int = 0, text_first: bool = False,
+                    key_valid: torch.Tensor | None = None, tiled: bool = False,
+                    on_draft_map=None, allowed=None):
     """DraftAttention over video tokens plus optional dense text tokens.
 
     Args:
@@ -182,6 +289,10 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             (t, h, w) order, or already in tile order with padding (`tiled=True`, L = Np + text).
         layout: the `TileLayout` of the video grid and tile (and query tile: query blocks of
             `layout.query_tile_tokens` over key blocks of `layout.tile_tokens`).
+        config: the `DraftAttentionConfig` (validated when made): `mode`, `mass`, `max_density`,
+            `backend` and `draft_kernel` are read here, its tiles must be the layout's; None for
+            the defaults at the layout's tiles.
+        sparsity: this call's sparsity, default `config.sparsity` (calibration sets one per layer).
         text_len: text tokens, after the video (HunyuanVideo) or before it (`text_first`, CogVideoX).
         key_valid: optional bool `[B, L]` in the order of q, k, v (model order; tile order with
             padding slots when `tiled`), False for keys to ignore (text padding). A text block
@@ -190,36 +301,28 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         on_draft_map: optional `callback(probs)` with the draft map fp32 `[B, H, nQueryTiles,
             nTiles]` (tile order; square without query tiles) before the blocks are selected,
             e.g. to plot it.
-        allowed: optional bool `[nQueryTiles, nTiles]` (tile order): the video blocks the
-            model's own mask allows (SkyReels-V2's frame-causal diffusion forcing); the draft map
-            and the selection stay inside it, and the budget and density count its blocks only.
-            `allowed_count`: its number of True entries, a host int (no device sync), tiles
-            of padding only left out (`frame_causal_tiles` leaves them out).
+        allowed: optional bool `[nQueryTiles, nTiles]` (tile order), or such a tensor and its
+            number of True entries as a host int (no device sync; `frame_causal_tiles` returns
+            both, tiles of padding only left out): the video blocks the model's own mask allows
+            (SkyReels-V2's frame-causal diffusion forcing); the draft map and the selection stay
+            inside it, and the budget and density count its blocks only.
 
-        mass, max_density: `mode="top_p"`'s draft mass per row and its cap (`select_blocks`).
-        draft_kernel: `"auto"` (the fused Triton draft on CUDA, eager; the torch ops elsewhere),
-            `"triton"` (fused wherever Triton runs) or `"torch"`; the same blocks either way
-            (`fused_draft.py`, ties at the budget's edge aside).
+    Frames of whole tiles in the model's order, with no `key_valid`, are never copied into tile
+    order: the draft pools and the kernel attends through the tile permutation
+    (`block_sparse_attention(token_order=)`), and the output comes back in the model's order.
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
     """
-    b, h, _, d = q.shape
-    bq, bk = layout.query_tile_tokens, layout.tile_tokens
-    nq, nt = layout.num_query_tiles, layout.num_tiles
+    config = _config_for(layout, config)
+    sparsity = config.sparsity if sparsity is None else check_sparsity(sparsity)
     parts = [_split_text(x, text_len, text_first) for x in (q, k, v)]
-    expected = layout.padded_tokens if tiled else layout.num_tokens
-    if parts[0][0].shape[2] != expected:
-        raise ValueError(
-            f"grid {layout.grid} has {expected} {'tiled ' if tiled else ''}tokens but the sequence "
-            f"has {parts[0][0].shape[2]} video tokens ({q.shape[2]} tokens, {text_len} of them text)"
-        )
-    shapes = ((b, q.shape[2]), (1, q.shape[2]))
-    if key_valid is not None and (key_valid.dtype != torch.bool
-                                  or tuple(key_valid.shape) not in shapes):
-        raise ValueError(f"key_valid must be bool [B={b}, L={q.shape[2]}] in the order of q, k, "
-                         f"v, got {key_valid.dtype} {list(key_valid.shape)}")
-    if not tiled:
+    _check_call(q, parts[0][0].shape[2], layout, tiled, text_len, key_valid)
+    allowed, allowed_count = _allowed_blocks(allowed, layout, text_len)
+    untiled = not tiled and not layout.has_padding and key_valid is None
+    if untiled:  # read through the permutation: no copy
+        videos = [p[0] for p in parts]
+    elif not tiled:
         videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
     elif layout.has_padding:
         # reordered once per forward: the padding slots carry hidden states of their own (the
@@ -227,87 +330,78 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         videos = [p[0].masked_fill(~layout.valid[:, None], 0.0) for p in parts]
     else:
         videos = [p[0] for p in parts]
-    scale = d**-0.5 if scale is None else scale
+    kept, drafted = _draft(videos[:2], layout, config, sparsity, allowed, allowed_count,
+                           on_draft_map, untiled)
+    blocks = _with_text(kept, layout, text_len)
+    if key_valid is not None and blocks.shape[-1] > kept.shape[-1]:  # text blocks of padding
+        valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)
+        blocks = blocks & _live_blocks(valid, layout, *blocks.shape[2:])
+    if untiled:
+        out = _attend_untiled(q, k, v, blocks, drafted, layout, config.backend, text_len,
+                              text_first)
+    else:
+        out = _attend_tiled(parts, videos, blocks, drafted, layout, config.backend, text_len,
+                            text_first, key_valid, tiled)
+    # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
+    if allowed is None:
+        return out, torch.count_nonzero(blocks) / blocks.numel()
+    b, h, mq, mk = blocks.shape
+    count = allowed_count
+    if mk > kept.shape[3]:  # the text rows and columns, over the tiles with a real token
+        nq, nt = kept.shape[2:]
+        count += mq * mk - nq * nt - (mq - nq) * (nt - layout.num_live_tiles)
+    return out, torch.count_nonzero(blocks) / (count * b * h)
 
-    sparsity, mode = check_sparsity(sparsity), check_mode(mode)
-    if allowed is not None and text_len:
-        raise ValueError("allowed (a mask over video tiles) takes no text tokens; got text_len="
-                         f"{text_len}")
-    bad_allowed = allowed is not None and (
-        not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool
-        or tuple(allowed.shape) != (nq, nt))
-    if bad_allowed:
-        raise ValueError(f"allowed must be a bool tensor [{nq}, {nt}] (query tile, key tile), got "
-                         f"{getattr(allowed, 'dtype', type(allowed).__name__)} "
-                         f"{list(getattr(allowed, 'shape', []))}")
-    # tiles of padding only (query tiles padding the frames) are no blocks: never drafted, kept,
-    # nor counted in the budget or the density
-    live = live_tiles(layout)  # bool [1, nT], or None
-    if live is not None:
-        if allowed is None:
-            allowed, allowed_count = live.expand(nq, nt), live_count(layout)
-        else:  # frame_causal_tiles leaves them out already, so allowed_count stays right
-            allowed = allowed & live
-    if allowed is not None and allowed_count is None:
-        allowed_count = int(allowed.sum())  # a device sync: pass allowed_count to save it
-    drafted = None
-    if _fused(draft_kernel, q.device, layout):
-        drafted = fused_draft.draft_blocks(
-            videos[0], videos[1], layout, sparsity, mode, scale, allowed, allowed_count, mass,
-            max_density, return_probs=on_draft_map is not None)
-        if on_draft_map is not None:
-            on_draft_map(drafted.probs)
-        kept = drafted.kept
-    else:
-        q_hat = pool_query_tiles(videos[0], layout)  # [B, H, nQ, D]
-        k_hat = pool_tiles(videos[1], layout)  # [B, H, nT, D]
-        probs = draft_probs(q_hat, k_hat, scale, allowed)  # [B, H, nQ, nT]
-        if on_draft_map is not None:
-            on_draft_map(probs)
-        kept = select_blocks(probs, sparsity, mode, allowed, allowed_count,
-                             own=layout.own_blocks() if layout.asymmetric else None, mass=mass,
-                             max_density=max_density)  # [B, H, nQ, nT]
-    mq, mk = nq + math.ceil(text_len / bq), nt + math.ceil(text_len / bk)
-    if mk > nt:  # text rows and columns stay dense
-        blocks = torch.ones(b, h, mq, mk, dtype=torch.bool, device=q.device)
-        blocks[:, :, :nq, :nt] = kept
-        if live is not None:  # text queries skip the tiles of padding only too
-            blocks[:, :, nq:, :nt] &= live
-    else:
-        blocks = kept
+
+def _fused_mask(drafted, blocks, layout: TileLayout, length: int):
+    """The kernel's mask from the fused draft's block index (no text blocks), else None."""
+    if drafted is None or blocks.shape[-1] != layout.num_tiles:
+        return None
+    return BlockSparseMask.from_full_lists(drafted.counts, drafted.indices,
+                                           (layout.query_tile_tokens, layout.tile_tokens),
+                                           length, length)
+
+
+def _attend_untiled(q, k, v, blocks, drafted, layout: TileLayout, backend: str, text_len: int,
+                    text_first: bool):
+    """Every key valid, frames of whole tiles: the kernel reads q, k, v through the tile
+    permutation and writes the output in their order."""
     length = layout.padded_tokens + text_len
+    mask = _fused_mask(drafted, blocks, layout, length)
+    if mask is None:
+        mask = BlockSparseMask.from_dense(
+            blocks, (layout.query_tile_tokens, layout.tile_tokens), length, length)
+    return block_sparse_attention(q, k, v, mask, scale=q.shape[-1] ** -0.5, backend=backend,
+                                  token_order=_token_order(layout, text_len, text_first))
+
+
+def _attend_tiled(parts, videos, blocks, drafted, layout: TileLayout, backend: str,
+                  text_len: int, text_first: bool, key_valid, tiled: bool):
+    """Block-sparse attention over `blocks` on the video tokens in tile order (`videos`) and the
+    text (`parts`), the output restored to the input's order."""
+    bs = (layout.query_tile_tokens, layout.tile_tokens)
+    length = layout.padded_tokens + text_len
+    scale = videos[0].shape[-1] ** -0.5
+    mask = _fused_mask(drafted, blocks, layout, length)
     valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)  # [B|1, length]
-    if key_valid is not None and mk > nt:
-        blocks = blocks & _live_blocks(valid, layout, mq, mk)
     # no .contiguous(): every backend takes strided q, k, v (a copy costs ~5% of a layer on a GPU)
     q_k_v = [torch.cat([vid, p[1]], dim=2) if text_len else vid for vid, p in zip(videos, parts)]
     # without key_valid or padding every key is valid: no device sync to find that out
     # (under torch.compile the exact path runs instead of a data-dependent branch)
     if (key_valid is None and not layout.has_padding) or (
             not torch.compiler.is_compiling() and bool(valid.all())):
-        if drafted is not None and mk == nt:  # the fused draft wrote the kernel's index
-            mask = BlockSparseMask.from_full_lists(drafted.counts, drafted.indices, (bq, bk),
-                                                   length, length)
-        else:
-            mask = BlockSparseMask.from_dense(blocks, (bq, bk), length, length)
+        if mask is None:
+            mask = BlockSparseMask.from_dense(blocks, bs, length, length)
         out = block_sparse_attention(*q_k_v, mask, scale=scale, backend=backend)  # kernel order
     else:
         query_is_padding = torch.cat([~layout.valid, layout.valid.new_zeros(text_len)])
         # without key_valid, the invalid keys are the padding slots, zero-filled by to_tiles
         # (or by the masked_fill above when tiled)
-        out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, (bq, bk),
-                                           scale, backend, zeroed=key_valid is None)
+        out = _attend_without_invalid_keys(*q_k_v, blocks, valid, query_is_padding, bs, scale,
+                                           backend, zeroed=key_valid is None)
     out_video, out_text = out[:, :, : layout.padded_tokens], out[:, :, layout.padded_tokens :]
     if not tiled:
         out_video = layout.from_tiles(out_video)
-    if text_len:
-        out = torch.cat([out_text, out_video] if text_first else [out_video, out_text], dim=2)
-    else:
-        out = out_video
-    # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
-    if allowed is None:
-        return out, torch.count_nonzero(blocks) / blocks.numel()
-    count = allowed_count
-    if mk > nt:  # the text rows and columns, over the tiles with a real token
-        count += mq * mk - nq * nt - (mq - nq) * (nt - layout.num_live_tiles)
-    return out, torch.count_nonzero(blocks) / (count * b * h)
+    if not text_len:
+        return out_video
+    return torch.cat([out_text, out_video] if text_first else [out_video, out_text], dim=2)

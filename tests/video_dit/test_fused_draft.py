@@ -23,6 +23,11 @@ SQUARE = dict(grid=(2, 4, 8), tile=(2, 4), device=DEVICE)
 ASYM = dict(grid=(2, 6, 8), tile=(2, 4), query_tile=(4, 8), device=DEVICE)
 
 
+def _config(layout, draft_kernel):
+    return DraftAttentionConfig(tile=layout.tile, query_tile=layout.query_tile,
+                                draft_kernel=draft_kernel)
+
+
 _SYNCS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
           "aten.masked_select.default"}
 
@@ -93,10 +98,10 @@ def test_draft_attention_builds_its_mask_from_the_fused_index():
     q, k, v = (torch.randn(1, 1, layout.num_tokens, 8, generator=g).to(DEVICE) for _ in range(3))
     maps = []
     with _SyncCounter() as syncs:  # whole tiles: no padding correction, no sync at all
-        out, density = draft_attention(q, k, v, layout, sparsity=0.7, draft_kernel="triton",
+        out, density = draft_attention(q, k, v, layout, _config(layout, "triton"), sparsity=0.7,
                                        on_draft_map=maps.append)
     assert syncs.hits == []
-    ref, ref_density = draft_attention(q, k, v, layout, sparsity=0.7, draft_kernel="torch",
+    ref, ref_density = draft_attention(q, k, v, layout, _config(layout, "torch"), sparsity=0.7,
                                        on_draft_map=maps.append)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
     assert float(density) == float(ref_density) < 1.0
@@ -107,14 +112,14 @@ def test_a_bad_draft_kernel_is_named():
     layout = tile_layout(**SQUARE)
     q = torch.zeros(1, 1, layout.num_tokens, 8, device=DEVICE)
     with pytest.raises(ValueError, match="draft_kernel must be one of .* got 'cuda'"):
-        draft_attention(q, q, q, layout, sparsity=0.5, draft_kernel="cuda")
+        _config(layout, "cuda")
     with pytest.raises(ValueError, match="draft_kernel must be one of .* got 'fused'"):
         DraftAttentionConfig(draft_kernel="fused")
     big = tile_layout((2, 64, 128), (2, 4), device=DEVICE)  # 2,048 tiles: the torch path's
     q_big = torch.zeros(1, 1, big.num_tokens, 8, device=DEVICE)
     with pytest.raises(ValueError, match="draft_kernel='triton' cannot run here: draft maps of "
                                          "at most 1024 tiles a row .* got 2048 x 2048"):
-        draft_attention(q_big, q_big, q_big, big, sparsity=0.5, draft_kernel="triton")
+        draft_attention(q_big, q_big, q_big, big, _config(big, "triton"), sparsity=0.5)
     with pytest.raises(ValueError, match="allowed needs allowed_count"):
         draft_blocks(q, q, layout, 0.5, allowed=torch.ones(8, 8, dtype=torch.bool, device=DEVICE))
 

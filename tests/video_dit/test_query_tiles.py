@@ -144,7 +144,8 @@ def test_mask_keeps_own_tiles_and_the_budget(mode, sparsity):
     assert not kept[..., layout.counts == 0].any()
     budget = round((1 - sparsity) * 12 * 30)
     assert (kept.sum((-1, -2)) == budget).all()
-    _, density = draft_attention(q, k, v, layout, sparsity=sparsity, mode=mode)
+    _, density = draft_attention(q, k, v, layout, DraftAttentionConfig(
+        tile=TILE, query_tile=QTILE, mode=mode), sparsity=sparsity)
     assert float(density) == pytest.approx(budget / (12 * 30))
 
 
@@ -228,7 +229,7 @@ def test_frame_causal_mask_over_query_tiles():
     assert count == int(allowed.sum()) == per_q * live * (2 * 2 + 2 * 4)
     q, k, v = _qkv(length=math.prod(grid), seed=8)
     kept_maps = []
-    out, _ = draft_attention(q, k, v, layout, sparsity=0.5, allowed=allowed, allowed_count=count,
+    out, _ = draft_attention(q, k, v, layout, sparsity=0.5, allowed=(allowed, count),
                              on_draft_map=kept_maps.append)
     assert (kept_maps[0][..., ~allowed] == 0).all()
     dense, _ = draft_attention(q, k, v, layout, sparsity=0.0, allowed=allowed)
@@ -280,7 +281,9 @@ def test_the_triton_kernel_runs_query_tiles(padded):
     valid = torch.ones(2, n + 9, dtype=torch.bool)
     valid[0, n + 4 :] = False
     kw = dict(sparsity=0.5, text_len=9, key_valid=valid)
-    out, density = draft_attention(q, k, v, layout, backend="triton", **kw)
-    ref, ref_density = draft_attention(q, k, v, layout, backend="reference", **kw)
+    config = {name: DraftAttentionConfig(tile=(4, 4), query_tile=(4, 8), backend=name)
+              for name in ("triton", "reference")}
+    out, density = draft_attention(q, k, v, layout, config["triton"], **kw)
+    ref, ref_density = draft_attention(q, k, v, layout, config["reference"], **kw)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     assert float(density) == float(ref_density) < 1.0

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmspec.video_dit import draft_attention, draft_block_mask, tile_layout
+from mmspec.video_dit import DraftAttentionConfig, draft_attention, draft_block_mask, tile_layout
 
 GRID, TILE = (2, 6, 10), (4, 4)  # frames padded to whole tiles
 N = 120
@@ -50,7 +50,8 @@ def _token_mask(kept, layout, text_len, text_first):
 def test_sparse_output_is_attention_over_the_draft_mask(mode, text_len, text_first):
     q, k, v = _qkv(length=N + text_len, seed=3)
     layout = tile_layout(GRID, TILE)
-    out, density = draft_attention(q, k, v, layout, sparsity=0.7, mode=mode, text_len=text_len,
+    out, density = draft_attention(q, k, v, layout, DraftAttentionConfig(tile=TILE, mode=mode),
+                                   sparsity=0.7, text_len=text_len,
                                    text_first=text_first)
     s = slice(text_len, None) if text_first else slice(0, N)
     kept = draft_block_mask(q[:, :, s], k[:, :, s], GRID, TILE, 0.7, mode)
@@ -87,13 +88,20 @@ def test_grid_not_matching_the_tokens():
 @pytest.mark.parametrize("kwargs,message", [
     ({"sparsity": 1.5}, r"sparsity must be a number in \[0, 1\), got 1.5"),
     ({"sparsity": -3.0}, r"sparsity must be a number in \[0, 1\)"),
-    ({"sparsity": 0.5, "mode": "glob"}, r"mode must be one of \('global', 'row', 'top_p'\), got 'glob'"),
 ])
-def test_bad_sparsity_or_mode_is_refused(kwargs, message):
+def test_bad_sparsity_or_config_is_refused(kwargs, message):
     # it used to clamp the sparsity and run row mode for any mode but "global"
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=message):
         draft_attention(q, k, v, tile_layout(GRID, TILE), **kwargs)
+    with pytest.raises(ValueError, match=r"mode must be one of \('global', 'row', 'top_p'\), "
+                                         r"got 'glob'"):  # in the config, once
+        DraftAttentionConfig(tile=TILE, mode="glob")
+    with pytest.raises(ValueError, match=r"config's tile \(8, 16\) and query_tile None must be "
+                                         r"the layout's, \(4, 4\) and \(4, 4\)"):
+        draft_attention(q, k, v, tile_layout(GRID, TILE), DraftAttentionConfig())
+    with pytest.raises(TypeError, match="config must be a DraftAttentionConfig or None, got dict"):
+        draft_attention(q, k, v, tile_layout(GRID, TILE), {"sparsity": 0.5})
 
 
 def test_tiled_padding_slots_do_not_leak_into_the_draft():
@@ -245,8 +253,8 @@ def test_a_frame_causal_mask_bounds_the_selection(mode):
     per_frame = layout.num_tiles // 4
     assert count == per_frame**2 * (2 * 2 + 4 * 2)  # block 0 sees 2 frames, block 1 sees 4
     q, k, v = _qkv(length=math.prod(grid), seed=8)
-    out, density = draft_attention(q, k, v, layout, sparsity=0.5, mode=mode, allowed=allowed,
-                                   allowed_count=count)
+    out, density = draft_attention(q, k, v, layout, DraftAttentionConfig(tile=TILE, mode=mode),
+                                   sparsity=0.5, allowed=(allowed, count))
     assert abs(float(density) - 0.5) <= 1 / layout.num_tiles
     qt, kt = (pool_tiles(layout.to_tiles(x), layout) for x in (q, k))
     kept = select_blocks(draft_probs(qt, kt, 8**-0.5, allowed), 0.5, mode, allowed, count)

@@ -44,9 +44,9 @@ def test_step_section_with_compiled_blocks():
     assert counters["stats"]["unique_graphs"] >= 2  # dense and sparse blocks compiled
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[0] for r in rows] == [
-        "| dense (SDPA)", "| DraftAttention 75%", "| DraftAttention 90%",
-        "| dense, blocks compiled (aot_eager)", "| DraftAttention 75%, blocks compiled",
-        "| DraftAttention 90%, blocks compiled"]
+        "| dense (SDPA)", "| DraftAttention 90%", "| DraftAttention 75%",  # the goals' first
+        "| dense, blocks compiled (aot_eager)", "| DraftAttention 90%, blocks compiled",
+        "| DraftAttention 75%, blocks compiled"]
     assert rows[1].split(" | ")[1] == rows[4].split(" | ")[1]  # same density compiled or not
 
 
@@ -132,9 +132,15 @@ def test_overhead_and_speed_times_dense_and_sparse_in_turn(monkeypatch):
                         logged("sparse", bench.block_sparse_attention))
     monkeypatch.setattr(bench, "draft_attention", logged("whole", bench.draft_attention))
     t = bench.overhead_and_speed((2, 8, 16), (4, 4), heads=1, dim=32, sparsity=0.5, reps=2)
-    # after the mask's own call: warm-up + 2, the whole call with each draft kernel
-    assert calls[1:] == ["dense", "sparse", "whole", "whole"] * 3
+    # after the mask's own call: a first call of each (a call that raises is left out), warm-up
+    # + 2; the sparse call in tile order and through the permutation, the whole call without a
+    # reorder, with one, and with the torch draft
+    # then the no-reorder and the reorder path once more, their outputs compared
+    assert calls[1:] == ["dense", "sparse", "sparse", "whole", "whole", "whole"] * 4 + [
+        "whole", "whole"]
+    assert t["agree"] < 1e-5
     assert t["dense"] > 0 and t["sparse_call"] > 0 and t["whole"] > 0
+    assert t["sparse_call_gathered"] > 0 and t["whole_reorder"] > 0
     assert t["whole_torch_draft"] > 0 and t["fused"] == {}  # no fused timing off CUDA
 
 
@@ -145,3 +151,21 @@ def test_run_speedup_counts_the_dense_warm_up_steps():
     assert run_speedup(1.0) == pytest.approx(1.0)
     assert run_speedup(2.0) == pytest.approx(50 / (15 + 35 / 2))
     assert run_speedup(2.19) == pytest.approx(1.61, abs=0.005)  # BENCHMARKS.md's estimate
+
+
+def test_the_gpu_report_writes_each_part_and_a_failing_part_costs_only_itself(monkeypatch):
+    import benchmarks.draft_attention as bench
+
+    def wan(device, grid, tile, quick, compile=None, draft_kernels=None):
+        if grid == (2, 8, 16):
+            raise RuntimeError("Triton compile failed")
+        return f"wan {grid}"
+
+    monkeypatch.setattr(bench, "overhead_report", lambda device, grid, tile: "overhead")
+    monkeypatch.setattr(bench, "wan_section", wan)
+    bodies = []
+    body = bench.gpu_report("cpu", (2, 8, 16), (4, 4), True, extra_grids=[(2, 8, 32)],
+                            progress=bodies.append)
+    assert bodies[-1] == body and len(bodies) == 3
+    assert body.split("\n") == ["overhead", "(a part failed: RuntimeError: Triton compile "
+                                "failed)", "", "wan (2, 8, 32)"]

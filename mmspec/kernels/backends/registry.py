@@ -1,7 +1,10 @@
 """Backend registry for `block_sparse_attention`, in the style of diffusers' `attention_dispatch.py`.
 
 Each backend is a function `(q, k, v, mask, scale, softcap) -> (out, lse)` (softcap 0 means none)
-registered with declarative constraints. A constraint returns None when it holds and a sentence
+registered with declarative constraints, and optionally a gathered form `(q, k, v, mask, scale,
+softcap, rows)` that reads the mask's row i at token `rows[i]` of q, k and v and writes out and lse
+in their own order (`block_sparse_attention(token_order=)`; the others gather and scatter around
+the plain function). A constraint returns None when it holds and a sentence
 saying why not otherwise. `"auto"` picks the first backend whose constraints all hold, in the order
 of this machine's timing table (`timings.py`: fastest first for the call's device, dtype, head dim
 and density) where it has an entry, then in the fixed order below.
@@ -29,6 +32,7 @@ class Backend:
     name: str
     fn: BackendFn
     constraints: tuple[Constraint, ...] = field(default=())
+    gathered: Callable | None = None  # fn with a row index in its loads, where the kernel has one
 
     def problems(self, q, k, v, mask) -> list[str]:
         return [msg for check in self.constraints if (msg := check(q, k, v, mask)) is not None]
@@ -41,9 +45,10 @@ _AUTO_ORDER = {"cuda": ("triton", "torch")}
 _AUTO_DEFAULT = ("torch",)
 
 
-def register_backend(name: str, constraints: tuple[Constraint, ...] = ()):
+def register_backend(name: str, constraints: tuple[Constraint, ...] = (),
+                     gathered: Callable | None = None):
     def wrap(fn: BackendFn) -> BackendFn:
-        _BACKENDS[name] = Backend(name, fn, tuple(constraints))
+        _BACKENDS[name] = Backend(name, fn, tuple(constraints), gathered)
         return fn
 
     return wrap

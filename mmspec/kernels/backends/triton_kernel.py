@@ -7,6 +7,11 @@ mask, and keeps an online softmax in base 2 (`exp2` with a `log2(e)`-prescaled s
 lse = -inf: the `m == -inf` and `l == 0` cases are guarded, so no NaN appears. With `SOFTCAP` the
 logits are soft-capped first, `s -> softcap * tanh(s / softcap)` (Gemma 2).
 
+With `GATHER` (`triton_attention_gathered`) the mask's row i is token `ROWS[i]` of q, k and v, which
+stay in the model's order: each load goes through that index, and O and lse are stored at the
+model's rows. DraftAttention reads its tile order this way instead of copying q, k and v into it
+and the output back (`mmspec/video_dit/sparse_attention.py`).
+
 Caveats:
 - no autotune: it raises on machines without a GPU driver, which breaks `TRITON_INTERPRET=1`;
   tile sizes are fixed from the block size and head dim instead;
@@ -71,12 +76,15 @@ if triton is not None:
               offs_d, d_ok, pm_ptr, row_in_blk, col0,
               BLOCK_N: tl.constexpr, BK: tl.constexpr, PARTIAL: tl.constexpr,
               UPCAST: tl.constexpr, PRECISION: tl.constexpr, scale_log2,
-              SOFTCAP: tl.constexpr, softcap):
+              SOFTCAP: tl.constexpr, softcap, ROWS, GATHER: tl.constexpr):
         offs_n = start + tl.arange(0, BLOCK_N)
         k_ok = offs_n < kv_len
-        kt = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None],
+        src_n = offs_n
+        if GATHER:  # the model's token of each kernel row
+            src_n = tl.load(ROWS + offs_n, mask=k_ok, other=0)
+        kt = tl.load(K + k_base + src_n[None, :] * stride_kn + offs_d[:, None],
                      mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
-        vt = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
+        vt = tl.load(V + v_base + src_n[:, None] * stride_vn + offs_d[None, :],
                      mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
         if UPCAST:
             kt = kt.to(tl.float32)
@@ -107,7 +115,7 @@ if triton is not None:
 
     @triton.jit
     def _bsa_fwd(
-        Q, K, V, O, LSE,
+        Q, K, V, O, LSE, ROWS,
         FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, PART_MASK,
         scale_log2, softcap, q_len, kv_len, H, GROUP,
         sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh,
@@ -115,7 +123,7 @@ if triton is not None:
         spmb, spmh, spmm, spms,
         BQ: tl.constexpr, BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
-        PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+        PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, GATHER: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -127,8 +135,12 @@ if triton is not None:
         offs_m = row0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :],
-                    mask=(offs_m < q_len)[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+        q_ok = offs_m < q_len
+        src_m = offs_m  # the model's token of each row: q's, O's and lse's row
+        if GATHER:
+            src_m = tl.load(ROWS + offs_m, mask=q_ok, other=0)
+        q = tl.load(Q + b * sqb + h * sqh + src_m[:, None] * sqn + offs_d[None, :],
+                    mask=q_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
         if UPCAST:
             q = q.to(tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -145,7 +157,7 @@ if triton is not None:
                 acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
                                       kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, PART_MASK,
                                       row_in_blk, j * BLOCK_N, BLOCK_N, BK, False, UPCAST,
-                                      PRECISION, scale_log2, SOFTCAP, softcap)
+                                      PRECISION, scale_log2, SOFTCAP, softcap, ROWS, GATHER)
         n_part = tl.load(PART_NUM + b * spnb + h * spnh + mblk * spnm)
         for i in range(0, n_part):
             kb = tl.load(PART_IDX + b * spib + h * spih + mblk * spim + i)
@@ -154,14 +166,13 @@ if triton is not None:
                 acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
                                       kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, pm_ptr,
                                       row_in_blk, j * BLOCK_N, BLOCK_N, BK, True, UPCAST,
-                                      PRECISION, scale_log2, SOFTCAP, softcap)
+                                      PRECISION, scale_log2, SOFTCAP, softcap, ROWS, GATHER)
 
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
-        q_ok = offs_m < q_len
-        tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :],
+        tl.store(O + b * sob + h * soh + src_m[:, None] * son + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=q_ok[:, None] & d_ok[None, :])
-        tl.store(LSE + b * slb + h * slh + offs_m, lse, mask=q_ok)
+        tl.store(LSE + b * slb + h * slh + src_m, lse, mask=q_ok)
 
 
 def launch_configs(bq: int, bk: int, block_d: int) -> list[tuple[int, int, int, int]]:
@@ -187,8 +198,18 @@ _CHOSEN: dict = {}  # (kernel, device, bq, bk, block_d, dtype, softcap) -> the c
 _OUT_OF_RESOURCES = triton.runtime.OutOfResources if triton is not None else RuntimeError
 
 
-@register_backend("triton", constraints=(_constraints_device, _constraints_shape))
-def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0):
+def triton_attention_gathered(q, k, v, mask: BlockSparseMask, scale: float, softcap: float,
+                              rows: torch.Tensor):
+    """`triton_attention` with the mask's row i on token `rows[i]` of q, k and v (a permutation
+    of their N rows, `[N]` int32 or int64 on their device), which are read and written in place:
+    out and lse come back in q's own order (module docstring)."""
+    return triton_attention(q, k, v, mask, scale, softcap, rows)
+
+
+@register_backend("triton", constraints=(_constraints_device, _constraints_shape),
+                  gathered=triton_attention_gathered)
+def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0,
+                     rows: torch.Tensor | None = None):
     b, hq, nq, d = q.shape
     bq, bk = mask.block_size
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -197,9 +218,10 @@ def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: floa
     tables = lookup_tables(mask, b, hq)
 
     block_d = max(16, triton.next_power_of_2(d))
-    key = ("triton", q.device, bq, bk, block_d, q.dtype, bool(softcap))  # softcap: more registers
+    key = ("triton", q.device, bq, bk, block_d, q.dtype, bool(softcap),  # softcap: more registers
+           rows is not None)
     launch_first_fitting(key, launch_configs(bq, bk, block_d), lambda config: _launch(
-        config, q, k, v, out, lse, *tables, scale, softcap, bq, bk, block_d))
+        config, q, k, v, out, lse, rows, tables, scale, softcap, (bq, bk, block_d)))
     return out, lse
 
 
@@ -243,13 +265,15 @@ def lookup_tables(mask: BlockSparseMask, b: int, hq: int):
     return full_num, full_idx, part_num, part_idx, part_mask
 
 
-def _launch(config, q, k, v, out, lse, full_num, full_idx, part_num, part_idx, part_mask, scale,
-            softcap, bq, bk, block_d):
+def _launch(config, q, k, v, out, lse, rows, tables, scale, softcap, blocks):
+    """One launch of `_bsa_fwd`: `tables` from `lookup_tables`, `blocks` = (bq, bk, block_d)."""
+    full_num, full_idx, part_num, part_idx, part_mask = tables
+    bq, bk, block_d = blocks
     block_m, block_n, num_warps, num_stages = config
     b, hq, nq, d = q.shape
     grid = (triton.cdiv(nq, block_m), b * hq)
     _bsa_fwd[grid](
-        q, k, v, out, lse,
+        q, k, v, out, lse, lse if rows is None else rows,  # rows: never read without GATHER
         full_num, full_idx, part_num, part_idx, part_mask,
         scale * 1.4426950408889634, softcap or 1.0, nq, k.shape[2], hq, hq // k.shape[1],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *lse.stride()[:2],
@@ -258,5 +282,5 @@ def _launch(config, q, k, v, out, lse, full_num, full_idx, part_num, part_idx, p
         BQ=bq, BK=bk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=d,
         UPCAST=_INTERPRET or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=bool(softcap),
-        num_warps=num_warps, num_stages=num_stages,
+        GATHER=rows is not None, num_warps=num_warps, num_stages=num_stages,
     )
