@@ -32,7 +32,7 @@ from benchmarks.report import markdown_table, write_section  # noqa: E402
 from mmspec import generate  # noqa: E402
 from mmspec.decoding import static  # noqa: E402
 
-engine = importlib.import_module("mmspec.decoding.generate")  # the package's is the function
+engine = importlib.import_module("mmspec.decoding.loop")  # the round loop: its build_tree is wrapped
 
 _READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
           "aten.masked_select.default"}

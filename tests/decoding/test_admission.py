@@ -58,7 +58,7 @@ def test_a_model_counting_positions_in_cache_slots_takes_the_engines(model_type)
 def test_rows_commit_alike_where_holes_are_not_exact(model_type):
     """MPT's ALiBi and GPT-Neo's local windows count cache slots, so a hole would move every
     later key: the probe finds holes inexact, and the rows of a batch then commit as many tokens
-    as the row that accepted fewest (`generate._even_commit`), leaving no hole. Trees: the main
+    as the row that accepted fewest (`loop.even_commit`), leaving no hole. Trees: the main
     path (no tree mask is exact on them either)."""
     model = arch_sweep.build(model_type)
     probe = admission.probe(model, arch_sweep.PROMPTS[:1], arch_sweep.MASK[:1], ())
