@@ -173,7 +173,8 @@ OVERRIDES = {
     "mimo_v2_flash": dict(num_key_value_heads=2, layer_types=["full_attention", "sliding_attention"]),
     "cohere_compass_text": dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4),
-    "xlstm": dict(num_blocks=2, embedding_dim=64, num_heads=4, qk_dim_factor=0.5, v_dim_factor=1.0),
+    # xLSTMCache sizes its state from qk_dim_factor * hidden_size rounded up to 64: keep it 64
+    "xlstm": dict(num_blocks=2, embedding_dim=64, num_heads=4, qk_dim_factor=1.0, v_dim_factor=1.0),
 }
 _MLA = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "sarvam_mla", "youtu", "axk1", "axk2")
 for _m in _MLA:
