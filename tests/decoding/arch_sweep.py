@@ -224,6 +224,7 @@ OVERRIDES_SECOND = {
     "mimo_v2_flash": dict(num_key_value_heads=3,
                           layer_types=["full_attention", "sliding_attention", "full_attention"]),
     "dots3_note": dict(num_key_value_heads=6), "dots3_note_text": dict(num_key_value_heads=6),
+    "diffllama": dict(num_key_value_heads=2),  # its differential attention needs an even count
     "dbrx": dict(attn_config={"kv_n_heads": 3, "rope_theta": 10000.0, "attn_pdrop": 0.0,
                               "clip_qkv": 8.0}),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=12),
@@ -341,8 +342,8 @@ def sweep_one(model_type: str, kind: str = "causal", compile: bool = False) -> d
         result, notes = {"built": None}, set()
         for case in COLUMNS[kind][:-1]:
             b = 2 if case.endswith("batch") else 1
-            result[case] = _run_case(model, _drafter(case, model, refs[b], MASK[:b]), refs[b],
-                                     PROMPTS[:b], MASK[:b], NEW_TOKENS, compile, notes)
+            result[case] = _run_case(model, lambda: _drafter(case, model, refs[b], MASK[:b]),
+                                     refs[b], PROMPTS[:b], MASK[:b], NEW_TOKENS, compile, notes)
         del model
         middle = time.perf_counter()
         result[SECOND_CASE] = _second(model_type, kind, compile, notes)
@@ -365,20 +366,21 @@ def _second(model_type, kind, compile, notes) -> str:
         ref = _reference(model, PROMPTS_SECOND, MASK_SECOND, NEW_SECOND)
     except Exception as err:  # noqa: BLE001 - any failure of the tiny build is recorded
         return f"not built: {type(err).__name__}: {_one_line(err)[:160]}"
-    drafter = OracleChain(ref, MASK_SECOND, new_tokens=NEW_SECOND)
-    return _run_case(model, drafter, ref, PROMPTS_SECOND, MASK_SECOND, NEW_SECOND, compile, notes)
+    return _run_case(model, lambda: OracleChain(ref, MASK_SECOND, new_tokens=NEW_SECOND), ref,
+                     PROMPTS_SECOND, MASK_SECOND, NEW_SECOND, compile, notes)
 
 
-def _run_case(model, drafter, ref, prompts, mask, new, compile, notes) -> str:
-    """One `mmspec.generate` call against the model's own tokens `ref`, as a table cell's state
-    (and its reason); what the engine warned while it passed goes into `notes`."""
+def _run_case(model, make_drafter, ref, prompts, mask, new, compile, notes) -> str:
+    """One `mmspec.generate` call with `make_drafter()` against the model's own tokens `ref`, as
+    a table cell's state (and its reason); what the engine warned while it passed goes into
+    `notes`."""
     import mmspec
     from mmspec.decoding.admission import UnsupportedTarget
 
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            out = mmspec.generate(model, drafter, prompts, attention_mask=mask,
+            out = mmspec.generate(model, make_drafter(), prompts, attention_mask=mask,
                                   max_new_tokens=new, do_sample=False, pad_token_id=0,
                                   compile=compile)
         notes.update(_NOTES[k] for w in said for k in _NOTES if k in str(w.message))
