@@ -43,3 +43,28 @@ def test_architecture(kind, model_type):
 _FINE = {case: {"pass", "refused", "near-tie"} for case in arch_sweep.COLUMNS["vlm"]}
 _FINE[arch_sweep.SECOND_CASE] = {"pass", "refused", "near-tie", "not built"}
 _TIE = {"near-tie": "pass"}
+
+
+def test_a_flip_at_a_near_tie_is_reported_with_its_gap_and_any_other_is_a_mismatch():
+    """`near_tie` reads the model's own logits where our tokens first leave its greedy ones: a
+    flip between logits 1.7e-4 apart (of a largest logit of 0.5) is a near-tie, 1e-2 apart a
+    mismatch; pads (id 0) are not fed."""
+    import torch
+    from types import SimpleNamespace
+
+    seen = []
+
+    def model_with_gap(gap):
+        def forward(input_ids, use_cache):
+            seen.append(input_ids)
+            logits = torch.zeros(1, input_ids.shape[1], 8)
+            logits[0, -1, 3], logits[0, -1, 4] = 0.5, 0.5 - gap  # the model picks 3
+            return SimpleNamespace(logits=logits)
+        return forward
+
+    ref = torch.tensor([[0, 5, 6, 3, 3], [7, 5, 6, 1, 1]])
+    got = torch.tensor([[0, 5, 6, 3, 4], [7, 5, 6, 1, 1]])
+    line = arch_sweep.near_tie(model_with_gap(1.7e-4), got, ref, prompt_len=3)
+    assert line is not None and "1.7e-04 apart" in line
+    assert seen[-1].tolist() == [[5, 6, 3]]
+    assert arch_sweep.near_tie(model_with_gap(1e-2), got, ref, prompt_len=3) is None
