@@ -225,7 +225,8 @@ OVERRIDES_SECOND = {
                           layer_types=["full_attention", "sliding_attention", "full_attention"]),
     "dots3_note": dict(num_key_value_heads=6), "dots3_note_text": dict(num_key_value_heads=6),
     "diffllama": dict(num_key_value_heads=2),  # its differential attention needs an even count
-    "reformer": dict(axial_pos_embds_dim=[48, 48]),  # they sum to the width
+    # axial position dims sum to the width; one attention kind per layer
+    "reformer": dict(axial_pos_embds_dim=[48, 48], attn_layers=["local", "lsh", "local"]),
     "dbrx": dict(attn_config={"kv_n_heads": 3, "rope_theta": 10000.0, "attn_pdrop": 0.0,
                               "clip_qkv": 8.0}),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=12),
