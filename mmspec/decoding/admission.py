@@ -6,8 +6,14 @@ the positions it gives. Models differ in ways no flag reports (positions taken f
 length instead of `position_ids` in the BART family, ALiBi counted in cache slots in MPT and
 Bloom, attention that bypasses transformers' interface, recurrent state outside the KV cache), so
 instead of trusting a list, the engine *probes* each target once (per dtype and attention
-implementation) on a few tokens of the call's own prompt:
+implementation) on a few tokens of the call's own prompt (one is enough):
 
+- first, what every call needs, refused with one line before the first token whatever the
+  prompt's length: a cache of the transformers `Cache` class (`check_cache_class`: xLSTM keeps
+  its own), and a `chain` x, y, z after a prefill, fed as chains are verified (the model's own
+  attention, a 2-D `attention_mask` over cache and chain) against its own one-token steps. A
+  forward that fails there (Mamba multiplies the new tokens by the whole mask) fails at every
+  shape, so it is tried before any comparison whose verdict a tiny model's numbers could sway.
 - `tree`: a prefill, then one forward of three nodes below the root (siblings x and y, z a child
   of y) through the tree mask, against the model's own plain forwards of `prompt + x` and
   `prompt + y + z`. Tried with `block_sparse_mask` (the shared kernel layer) and, where that is
