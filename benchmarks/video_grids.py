@@ -3,10 +3,12 @@ close to dense there.
 
     python benchmarks/video_grids.py --threads 2 --write [--card]    # the shipped entry
     python benchmarks/video_grids.py --zoo-dir DIR --grids 4x32x32 --dense-only   # another
+    python benchmarks/video_grids.py --tiles 4x4 2x4 --write   # other tiles, side by side
 
 For each grid (frames x height x width in pixels; default the card's `training.grids`) and each
 prompt, a dense video and, unless `--dense-only`, one with DraftAttention at 90% sparsity and the
-zoo's tile (`mmspec.zoo.registry.ZOO_VIDEO_TILE`, defaults otherwise), from the same seed.
+zoo's tile (`mmspec.zoo.registry.ZOO_VIDEO_TILE`, defaults otherwise), from the same seed; with
+`--tiles`, one per tile given (section `video_grids_tiles`; the card takes none of them).
 Reported per grid:
 
 - the frames' pixel mean and standard deviation (in [0, 1], over all pixels of all prompts) and
@@ -58,28 +60,46 @@ def clip_stats(grid) -> dict:
     return frame_stats(((videos + 1) / 2).permute(0, 2, 3, 4, 1).numpy())
 
 
-def measure(pipe, grid, prompts, steps: int, dense_only: bool) -> dict:
+def measure(pipe, grid, prompts, steps: int, dense_only: bool, tiles=(ZOO_VIDEO_TILE,)) -> dict:
+    """The figures of one grid; those of DraftAttention per tile in `tiles` (the first one's
+    also at the top level, as the card holds them)."""
     frames, height, width = grid
     call = dict(num_frames=frames, height=height, width=width, num_inference_steps=steps)
-    dense, sparse, density = [], [], []
+    dense, sparse = [], {tile: ([], []) for tile in tiles}  # tile: (videos, densities)
     for i, prompt in enumerate(prompts):
         dense.append(pipe(prompt, **call, generator=torch.Generator().manual_seed(i)).frames[0])
         if dense_only:
             continue
-        state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.9,
-                                                                 tile=ZOO_VIDEO_TILE))
-        try:
-            sparse.append(pipe(prompt, **call,
-                               generator=torch.Generator().manual_seed(i)).frames[0])
-        finally:
-            remove_draft_attention(pipe)
-        density.append(state.sparse_density())
+        for tile in tiles:
+            state = apply_draft_attention(pipe, DraftAttentionConfig(sparsity=0.9, tile=tile))
+            try:
+                sparse[tile][0].append(pipe(prompt, **call,
+                                            generator=torch.Generator().manual_seed(i)).frames[0])
+            finally:
+                remove_draft_attention(pipe)
+            sparse[tile][1].append(state.sparse_density())
     out = {"dense": frame_stats(np.stack(dense)), "clips": clip_stats(grid)}
-    if sparse:
-        scores = [psnr(to_uint8(d), to_uint8(s)) for d, s in zip(dense, sparse)]
-        out.update(sparse=frame_stats(np.stack(sparse)), psnr_90_mean=float(np.mean(scores)),
-                   psnr_90_min=float(np.min(scores)), sparse_density=float(np.mean(density)))
+    if dense_only:
+        return out
+    out["tiles"] = {}
+    for tile, (videos, density) in sparse.items():
+        scores = [psnr(to_uint8(d), to_uint8(s)) for d, s in zip(dense, videos)]
+        out["tiles"]["x".join(map(str, tile))] = dict(
+            sparse=frame_stats(np.stack(videos)), psnr_90_mean=float(np.mean(scores)),
+            psnr_90_min=float(np.min(scores)), sparse_density=float(np.mean(density)))
+    out.update(out["tiles"]["x".join(map(str, tiles[0]))])
     return out
+
+
+def parse_tile(text: str) -> tuple[int, int]:
+    try:
+        tile = tuple(int(v) for v in text.split("x"))
+    except ValueError:
+        tile = ()
+    if len(tile) != 2 or min(tile) < 1:
+        raise argparse.ArgumentTypeError(f"must be HEIGHTxWIDTH in latent tokens such as 4x4, "
+                                         f"got {text!r}")
+    return tile
 
 
 def parse_grid(text: str) -> tuple[int, int, int]:
@@ -103,13 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dense-only", action="store_true", help="frame statistics only")
+    p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
+                   help="DraftAttention tiles side by side (default: the zoo's); with any, "
+                        "--write writes section video_grids_tiles and --card is refused")
     p.add_argument("--card", action="store_true", help="write the figures into the card")
     p.add_argument("--write", action="store_true", help="write section video_grids")
     return p
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tiles is not None and args.card:
+        parser.error("--card records the zoo's tile; run it without --tiles")
+    tiles = args.tiles or [ZOO_VIDEO_TILE]
     torch.set_num_threads(args.threads)
     entry = load("video-dit", args.zoo_dir)
     pipe = entry.model
@@ -120,7 +147,8 @@ def main(argv=None) -> None:
     results = {}
     for grid in grids:
         start = time.time()
-        results["%dx%dx%d" % grid] = measure(pipe, grid, prompts, args.steps, args.dense_only)
+        results["%dx%dx%d" % grid] = measure(pipe, grid, prompts, args.steps, args.dense_only,
+                                             tuple(tiles))
         print(f"{grid}: {results['%dx%dx%d' % grid]} ({time.time() - start:.0f} s)", flush=True)
     trained = {tuple(g) for g in pipe.trained_grids}
 
@@ -131,16 +159,20 @@ def main(argv=None) -> None:
                                                                  " (not trained)"),
                  f"{d['mean']:.3f} / {c['mean']:.3f}", f"{d['std']:.3f} / {c['std']:.3f}",
                  f"{d['roughness']:.3f} / {c['roughness']:.3f}"]
-        if "psnr_90_mean" in r:
-            cells += [f"{r['sparse_density']:.3f}",
-                      f"{r['psnr_90_mean']:.2f} / {r['psnr_90_min']:.2f}"]
+        for t in r.get("tiles", {}).values():
+            cells += [f"{t['sparse_density']:.3f}",
+                      f"{t['psnr_90_mean']:.2f} / {t['psnr_90_min']:.2f}"]
         return cells
 
     head = ["size", "mean, dense / clips", "std, dense / clips", "roughness, dense / clips"]
+    names = ["x".join(map(str, t)) for t in tiles]
     if not args.dense_only:
-        head += ["kept-block density (sparse steps)", "PSNR dB at 90% (mean / min)"]
+        for name in names:
+            suffix = "" if args.tiles is None else f", {name} tiles"
+            head += [f"kept-block density (sparse steps){suffix}",
+                     f"PSNR dB at 90% (mean / min){suffix}"]
     table = markdown_table(head, [row(k, r) for k, r in results.items()])
-    tile = "x".join(map(str, ZOO_VIDEO_TILE))
+    tile = " / ".join(names) + (" (the zoo's)" if args.tiles is None else "")
     where = Path(os.path.relpath(args.zoo_dir.resolve(), Path(__file__).resolve().parent.parent))
     body = (f"Model: `video-dit` from {where}, trained at "
             f"{', '.join('x'.join(map(str, g)) for g in pipe.trained_grids)} (frames x height x "
@@ -148,21 +180,25 @@ def main(argv=None) -> None:
             f"{len(prompts)} prompts, seeds 0..{len(prompts) - 1}, {args.steps} Euler steps, "
             f"CFG 3. Frame statistics of the dense videos in [0, 1] beside those of the 16 "
             f"held-out training clips at the same size; DraftAttention at 90% sparsity with "
-            f"{tile} tiles (the zoo's), first 30% of steps and layer 0 dense, against dense from "
+            f"{tile} tiles, first 30% of steps and layer 0 dense, against dense from "
             f"the same seed. Threads: {args.threads}; load average at the start {load0:.1f} on "
             f"{os.cpu_count()} CPUs; {time.time() - t0:.0f} s.\n\n{table}\n")
     print(body)
-    if args.write:
+    if args.write and args.tiles is None:
         write_section("video_grids", "The zoo video DiT at its trained sizes "
                       "(`benchmarks/video_grids.py`)", body)
+    elif args.write:
+        write_section("video_grids_tiles", "The zoo video DiT at its trained sizes, tiles side "
+                      "by side (`benchmarks/video_grids.py --tiles`)", body)
     if args.card:
         card = read_card(entry.path)
         card["quality"] = {
             "note": f"benchmarks/video_grids.py: {len(prompts)} prompts, {args.steps} steps, CFG "
                     f"3; frame mean / std / roughness of the dense videos beside the held-out "
-                    f"clips'; PSNR of DraftAttention (90%, {tile} tiles) against dense",
+                    f"clips'; PSNR of DraftAttention (90%, {names[0]} tiles) against dense",
             **{k: {kk: (round(vv, 4) if isinstance(vv, float) else
-                        {a: round(b, 4) for a, b in vv.items()}) for kk, vv in r.items()}
+                        {a: round(b, 4) for a, b in vv.items()})
+                   for kk, vv in r.items() if kk != "tiles"}
                for k, r in results.items()}}
         write_card(entry.path, card)
 

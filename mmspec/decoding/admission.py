@@ -6,8 +6,14 @@ the positions it gives. Models differ in ways no flag reports (positions taken f
 length instead of `position_ids` in the BART family, ALiBi counted in cache slots in MPT and
 Bloom, attention that bypasses transformers' interface, recurrent state outside the KV cache), so
 instead of trusting a list, the engine *probes* each target once (per dtype and attention
-implementation) on a few tokens of the call's own prompt:
+implementation) on a few tokens of the call's own prompt (one is enough):
 
+- first, what every call needs, refused with one line before the first token whatever the
+  prompt's length: a cache of the transformers `Cache` class (`check_cache_class`: xLSTM keeps
+  its own), and a `chain` x, y, z after a prefill, fed as chains are verified (the model's own
+  attention, a 2-D `attention_mask` over cache and chain) against its own one-token steps. A
+  forward that fails there (Mamba multiplies the new tokens by the whole mask) fails at every
+  shape, so it is tried before any comparison whose verdict a tiny model's numbers could sway.
 - `tree`: a prefill, then one forward of three nodes below the root (siblings x and y, z a child
   of y) through the tree mask, against the model's own plain forwards of `prompt + x` and
   `prompt + y + z`. Tried with `block_sparse_mask` (the shared kernel layer) and, where that is
@@ -108,19 +114,28 @@ def check_length(model, length: int, chunks_masked: bool = False) -> None:
 _RECURRENT = "recurrent state (linear attention, SSM or convolution)"
 
 
+def check_cache_class(model, cache) -> Cache:
+    """Refuse, by its class's name, a cache that is not a transformers `Cache` (xLSTM keeps an
+    `xLSTMCache` of its own, which no `DynamicCache` the engine hands it can stand in for), or
+    none; returns the decoder's self-attention cache."""
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    if cache is None or not isinstance(cache, Cache):
+        kind = "no cache" if cache is None else f"a {type(cache).__name__}"
+        raise UnsupportedTarget(
+            f"{type(model).__name__} returns {kind} from its forward, not a transformers Cache "
+            f"of key/value layers; speculative decoding must roll rejected tokens back out of "
+            f"it: use target.generate for this model")
+    return cache
+
+
 def check_cache(model, cache) -> bool:
     """After the prefill: refuse a cache holding state that the engine cannot roll back to the
     accepted length (`kv_cache.commit_path` gathers and crops `DynamicLayer`s; `recurrent.py`
     replays linear-attention layers). Returns whether it holds recurrent state."""
     name = type(model).__name__
     fix = "use target.generate for this model"
-    if isinstance(cache, EncoderDecoderCache):
-        cache = cache.self_attention_cache
-    if cache is None or not isinstance(cache, Cache):
-        kind = "no cache" if cache is None else f"a {type(cache).__name__}"
-        raise UnsupportedTarget(
-            f"{name} returns {kind} from its forward, not a transformers Cache of key/value "
-            f"layers; speculative decoding must roll rejected tokens back out of it: {fix}")
+    cache = check_cache_class(model, cache)
     if type(cache) is not DynamicCache:
         raise UnsupportedTarget(
             f"{name} keeps state in a {type(cache).__name__} beyond its key/value layers, which "
@@ -153,7 +168,7 @@ _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def probe(target, input_ids, attention_mask, windows) -> Probe | None:
     """The target's `Probe`, measured once per (dtype, attention implementation), before the
-    engine switches its attention; None where the prompt has fewer than two text tokens to probe
+    engine switches its attention; None where the prompt has no text token to probe
     with (trees then go through `block_sparse_mask` under the audit of
     `require_block_sparse_mask`). Raises `UnsupportedTarget` where the switch alone changes a
     plain forward or the model cannot verify several tokens after its cache at all."""
@@ -193,7 +208,7 @@ def _probe_tokens(target, input_ids, attention_mask) -> torch.Tensor | None:
                 special.add(value)
     if special:
         row = row[~torch.isin(row, torch.tensor(sorted(special), device=row.device))]
-    if len(row) < 2:
+    if len(row) < 1:
         return None
     prompt = row[-12:]
     extra = torch.stack([prompt[0], prompt[len(prompt) // 2], prompt[-1]])
@@ -237,53 +252,23 @@ def _measure(target, input_ids, attention_mask, windows):
     name = type(target).__name__
     try:
         with torch.no_grad():
+            # a model with its own cache class, before any DynamicCache is handed to it
+            check_cache_class(target, _prefill(target, ids[:, :n], windows))
             plain, ref_yz, want = reference_logits(target, ids)
             steps = _own_steps(target, ids)  # [2, 3, V]: several tokens at once, one by one
-            if windows and not _close(steps[1][:1], plain[-1:]):  # x, one step after the prompt
-                return UnsupportedTarget(
-                    f"{name}: its own cached decoding disagrees with its full forward past its "
-                    f"sliding window {windows} (its cache drops keys its attention mask keeps), "
-                    f"so no verification can equal its generate; use target.generate")
-            if not _generate_agrees(target, ids[:, :n], plain):
-                return UnsupportedTarget(
-                    f"{name}: its own generate picks other tokens than its forward's argmax on "
-                    f"the same sequence (its generation does something its forward does not), "
-                    f"so verification by forward cannot equal its generate; use "
-                    f"target.generate")
-            if not _close(steps[0], steps[1], fp32_tol=1e-3):  # another summation order
-                return UnsupportedTarget(
-                    f"{name}: its own forward over several new tokens after its cache gives "
-                    f"other logits than its one-token steps (which its generate runs), so no "
-                    f"verification forward can equal its generate; use target.generate")
             restore = use_block_sparse_attention(target)
             try:
-                if not _close(_plain(target, ids[:, :n + 1]), plain):
-                    return UnsupportedTarget(
-                        f"{name}: switching its attention to {target.config._attn_implementation}"
-                        f" changes a plain forward on the prompt (its layers compute something "
-                        f"the kernel layer lacks); use target.generate")
-                tree_ok, why = {}, []
-                for mode in ("block_sparse", "dense_4d"):
-                    if mode == "dense_4d" and windows:
-                        break
-                    try:
-                        got = _tree_forward(target, ids, windows, mode)
-                    except _FAILURES as err:  # e.g. a layer that cannot take a 4-D mask
-                        got = f"its forward failed ({type(err).__name__})"
-                    tree_ok[mode] = isinstance(got, torch.Tensor) and _close(got, want)
-                    if tree_ok[mode]:
-                        break
-                    why.append(f"{mode}: " + (got if isinstance(got, str)
-                                              else "other logits than its own forward"))
-                mode = next((m for m, ok in tree_ok.items() if ok), None)
-                try:
-                    holes = (mode == "block_sparse") if windows else _close(
-                        _hole_forward(target, ids), ref_yz)
-                except _FAILURES:  # a recurrent layer's state cannot take the hole
-                    holes = False
+                # first, as chains run it: a forward that fails fails at every shape
+                chain = None if windows else _chain_forward(target, ids)
+                refusal = _refusal(target, ids, windows, plain, steps, chain)
+                if refusal is not None:
+                    return refusal
+                mode, holes, why = _tree_modes(target, ids, windows, want, ref_yz)
             finally:
                 restore()
-    except _FAILURES as err:
+    except UnsupportedTarget as err:
+        return err
+    except _FAILURES as err:  # whatever the shapes: a forward verification runs cannot run
         line = (str(err).splitlines() or [""])[0][:200]
         return UnsupportedTarget(
             f"{name}: a forward of several new tokens after its cache, as verification runs it, "
@@ -294,6 +279,64 @@ def _measure(target, input_ids, attention_mask, windows):
     elif not holes:
         why.append("rows with holes: other logits than its own forward")
     return Probe(mode, holes, "; ".join(why))
+
+
+def _refusal(target, ids, windows, plain, steps, chain) -> UnsupportedTarget | None:
+    """Why no verification forward can equal the model's generate, or None: its one-token steps
+    against its full forward (windows), its generate, its multi-token forward after its cache,
+    the attention switch, and the `chain` forward (`_chain_forward`); under the switch."""
+    n, name = ids.shape[1] - 3, type(target).__name__
+    if windows and not _close(steps[1][:1], plain[-1:]):  # x, one step after the prompt
+        return UnsupportedTarget(
+            f"{name}: its own cached decoding disagrees with its full forward past its "
+            f"sliding window {windows} (its cache drops keys its attention mask keeps), "
+            f"so no verification can equal its generate; use target.generate")
+    if not _generate_agrees(target, ids[:, :n], plain):
+        return UnsupportedTarget(
+            f"{name}: its own generate picks other tokens than its forward's argmax on "
+            f"the same sequence (its generation does something its forward does not), "
+            f"so verification by forward cannot equal its generate; use target.generate")
+    if not _close(steps[0], steps[1], fp32_tol=1e-3):  # another summation order
+        return UnsupportedTarget(
+            f"{name}: its own forward over several new tokens after its cache gives "
+            f"other logits than its one-token steps (which its generate runs), so no "
+            f"verification forward can equal its generate; use target.generate")
+    if not _close(_plain(target, ids[:, :n + 1]), plain):
+        return UnsupportedTarget(
+            f"{name}: switching its attention to {target.config._attn_implementation}"
+            f" changes a plain forward on the prompt (its layers compute something "
+            f"the kernel layer lacks); use target.generate")
+    if chain is not None and not _close(chain, steps[1], fp32_tol=1e-3):
+        return UnsupportedTarget(
+            f"{name}: its forward of a chain after its cache, given the 2-D attention_mask "
+            f"over cache and chain that verification passes, gives other logits than its "
+            f"one-token steps (which its generate runs); use target.generate")
+    return None
+
+
+def _tree_modes(target, ids, windows, want, ref_yz):
+    """Under the switch: the first tree mode that gives the nodes' own logits `want` (None if
+    none), whether a row with a hole gives `ref_yz`, and what the failed modes saw."""
+    tree_ok, why = {}, []
+    for mode in ("block_sparse", "dense_4d"):
+        if mode == "dense_4d" and windows:
+            break
+        try:
+            got = _tree_forward(target, ids, windows, mode)
+        except _FAILURES as err:  # e.g. a layer that cannot take a 4-D mask
+            got = f"its forward failed ({type(err).__name__})"
+        tree_ok[mode] = isinstance(got, torch.Tensor) and _close(got, want)
+        if tree_ok[mode]:
+            break
+        why.append(f"{mode}: " + (got if isinstance(got, str)
+                                  else "other logits than its own forward"))
+    mode = next((m for m, ok in tree_ok.items() if ok), None)
+    try:
+        holes = (mode == "block_sparse") if windows else _close(
+            _hole_forward(target, ids), ref_yz)
+    except _FAILURES:  # a recurrent layer's state cannot take the hole
+        holes = False
+    return mode, holes, why
 
 
 def _generate_agrees(target, prompt, plain) -> bool:
@@ -330,6 +373,19 @@ def _own_steps(target, ids):
                                      use_cache=True, return_dict=True, **kwargs).logits[0]
                               for c in chunks]))
     return torch.stack(out)
+
+
+def _chain_forward(target, ids):
+    """Logits `[3, V]` of x, y, z verified as a chain after a prefill of the prompt, as the engine
+    verifies chains without sliding windows (`generate._verify_forward`): the model's own causal
+    attention, given the 2-D `attention_mask` `[1, n + 3]` over the cached prompt and the chain
+    (Mamba's mixers multiply the new tokens by it and fail on the longer mask)."""
+    n = ids.shape[1] - 3
+    cache = _prefill(target, ids[:, :n], ())
+    out = target(input_ids=ids[:, n:], attention_mask=torch.ones_like(ids),
+                 position_ids=_positions(target, ids)[..., n:],
+                 **cache_kwargs(target.forward, cache), use_cache=True, return_dict=True)
+    return out.logits[0]
 
 
 def _prefill(target, ids, windows):

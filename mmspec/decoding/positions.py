@@ -21,9 +21,11 @@ import torch
 def prefill_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          model_kwargs: dict) -> torch.Tensor:
     """long `[B, L]` or `[A, B, L]`: what `model.generate` would use for the prompt."""
-    if "position_ids" not in inspect.signature(model.forward).parameters:
-        # `generate` then passes none (its rule), and the model counts cache slots, left padding
-        # included (Whisper's and the BART family's decoders): positions are slot indices
+    if ("position_ids" not in inspect.signature(model.forward).parameters
+            or _generate_passes_no_positions(model, input_ids, attention_mask)):
+        # `generate` then passes none, and the model counts cache slots, left padding included
+        # (Whisper's and the BART family's decoders; HyperCLOVAX-Vision-V2 and EXAONE 4.5,
+        # whose `prepare_inputs_for_generation` drops them): positions are slot indices
         return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     prepare = getattr(model, "_prepare_position_ids_for_generation", None)
     if prepare is None:  # transformers < 5: no hook, text models use the cumsum rule
@@ -31,6 +33,16 @@ def prefill_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.T
         return pos.masked_fill(attention_mask == 0, 0)
     kwargs = {**model_kwargs, "attention_mask": attention_mask, "input_ids": input_ids}
     return prepare(input_ids, kwargs)
+
+
+def _generate_passes_no_positions(model, input_ids, attention_mask) -> bool:
+    """Whether the model's `prepare_inputs_for_generation` drops the `position_ids` it is
+    given, so that its own `generate` never passes any."""
+    given = torch.zeros_like(input_ids)
+    inputs = model.prepare_inputs_for_generation(input_ids, attention_mask=attention_mask,
+                                                 position_ids=given, use_cache=True,
+                                                 is_first_iteration=True)
+    return inputs.get("position_ids") is None
 
 
 # position embeddings that the BART family's decoders add to their token embeddings, as

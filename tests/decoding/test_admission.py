@@ -139,3 +139,39 @@ def test_the_probe_runs_once_per_model(monkeypatch):
     for _ in range(2):
         _call(model, mmspec.PromptLookupDrafter())
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("width,layers,prompt_len", [(64, 2, 11), (48, 1, 5), (32, 1, 24), (48, 1, 1)])
+def test_a_forward_that_fails_as_verification_runs_it_is_refused_at_every_shape(
+        width, layers, prompt_len):
+    """Mamba's mixers multiply the new tokens by the 2-D attention_mask, which covers the cache
+    too: every chain verification fails inside transformers. Its one-token steps and multi-token
+    forward agree within the probe's tolerance at some shapes (48 wide, one layer), so the probe
+    must run the chain as the engine does: refused with one line at every shape, in chains,
+    trees and batches, never a traceback from modeling_mamba.py."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    config = MambaConfig(vocab_size=arch_sweep.VOCAB, hidden_size=width, intermediate_size=2 * width,
+                         num_hidden_layers=layers, state_size=8, conv_kernel=4, time_step_rank=8,
+                         pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(0)
+    model = MambaForCausalLM(config).eval()
+    prompt = (torch.arange(prompt_len) % 20 + 9)[None]
+    batch = torch.cat([torch.cat([prompt[:, :1], prompt], 1),  # the second row left-padded
+                       torch.cat([torch.zeros_like(prompt[:, :1]), prompt], 1)])
+    mask = (batch > 0).long()
+    for drafter, ids in ((mmspec.PromptLookupDrafter(), prompt), (mmspec.PromptLookupDrafter(), batch),
+                         (ModelDrafter(model, num_tokens=6, top_k=2, depth=3), prompt)):
+        with pytest.raises(UnsupportedTarget, match="^MambaForCausalLM: a forward of several new "
+                                                    "tokens after its cache[^\n]*$"):
+            mmspec.generate(model, drafter, ids, attention_mask=mask[:len(ids), -ids.shape[1]:],
+                            max_new_tokens=4, do_sample=False, pad_token_id=0)
+
+
+def test_a_model_with_its_own_cache_class_is_refused_by_name():
+    """xLSTM keeps an xLSTMCache, not a transformers Cache: the engine's probe handed it a
+    DynamicCache (AttributeError: no rnn_state); refused with one line naming the class."""
+    model = arch_sweep.build("xlstm")
+    for drafter in (mmspec.PromptLookupDrafter(), ModelDrafter(model, num_tokens=4, top_k=1)):
+        with pytest.raises(UnsupportedTarget, match="^xLSTMForCausalLM returns a xLSTMCache"):
+            _call(model, drafter)

@@ -158,6 +158,18 @@ def test_sampling_draws_from_the_target_joint(setting, tree):
     assert _chi2(torch.bincount(cells, minlength=vocab ** new), joint) > P_MIN
 
 
+def _tree_of_four():
+    """root 0, then 1 <- 0, 2 <- 1, 3 <- 0 (a sibling branch): depth `[2, 4]`, anc `[2, 4, 4]`."""
+    parents = [-1, 0, 1, 0]
+    depth = torch.tensor([[0, 1, 2, 1]] * 2)
+    anc = torch.zeros(4, 4, dtype=torch.bool)
+    for i in range(4):
+        j = i
+        while j >= 0:
+            anc[i, j], j = True, parents[j]
+    return depth, anc.expand(2, -1, -1)
+
+
 def test_each_tree_node_is_processed_with_its_own_path_as_prefix():
     from transformers.generation.logits_process import (
         LogitsProcessorList,
@@ -168,23 +180,41 @@ def test_each_tree_node_is_processed_with_its_own_path_as_prefix():
     torch.manual_seed(0)
     vocab = 12
     seq = torch.tensor([[3, 3, 5, 0, 0, 0, 0], [0, 7, 1, 4, 0, 0, 0]])  # committed: 3 and 4 long
-    # root 0, then 1 <- 0, 2 <- 1, 3 <- 0 (a sibling branch)
     tokens = torch.tensor([[5, 8, 9, 2], [4, 2, 2, 11]])
-    parents = [-1, 0, 1, 0]
-    depth = torch.tensor([[0, 1, 2, 1]] * 2)
-    anc = torch.zeros(4, 4, dtype=torch.bool)
-    for i in range(4):
-        j = i
-        while j >= 0:
-            anc[i, j], j = True, parents[j]
+    depth, anc = _tree_of_four()
     procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.7),
                                  NoRepeatNGramLogitsProcessor(2)])
     logits = torch.randn(2, 4, vocab)
     lengths = [[3 + d for d in (0, 1, 2, 1)], [4 + d for d in (0, 1, 2, 1)]]
-    got = NodeProcessors(procs, False).tree(logits, tokens, anc.expand(2, -1, -1), depth, seq,
+    got = NodeProcessors(procs, False).tree(logits, tokens, anc, depth, seq,
                                             lengths)
     for b, committed in enumerate((3, 4)):
         for i in range(4):
-            path = tokens[b, [j for j in range(1, 4) if anc[i, j]]]
+            path = tokens[b, [j for j in range(1, 4) if anc[b, i, j]]]
             prefix = torch.cat([seq[b, :committed], path])[None]
             torch.testing.assert_close(got[b, i], procs(prefix, logits[b, i][None].clone())[0])
+
+
+def test_each_tree_node_keeps_its_own_rows_processor_state():
+    """transformers' repetition penalty skips each row's left padding (`prompt_ignore_length`, one
+    entry per row): a left-padded two-row tree, every node compared with the processor of its
+    own row applied to its own prefix (another row's entry would penalise the pad id in row 0
+    and spare row 1's first tokens)."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    torch.manual_seed(0)
+    vocab, penalty = 12, 1.7
+    seq = torch.tensor([[PAD, PAD, 5, 6, 0, 0], [7, 8, 9, 10, 0, 0]])  # row 0 left-padded
+    ignore = torch.tensor([2, 0])
+    tokens = torch.tensor([[6, 3, 4, 1], [10, 1, 3, 4]])
+    depth, anc = _tree_of_four()
+    logits = torch.randn(2, 4, vocab).abs() + 0.5  # positive: a penalty divides
+    lengths = [[4 + int(d) for d in depth[0]]] * 2
+    proc = RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=ignore)
+    got = NodeProcessors([proc], False).tree(logits, tokens, anc, depth, seq, lengths)
+    for b in range(2):
+        own = RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=ignore[b:b + 1])
+        for i in range(4):
+            path = tokens[b, [j for j in range(1, 4) if anc[b, i, j]]]
+            prefix = torch.cat([seq[b, :4], path])[None]
+            torch.testing.assert_close(got[b, i], own(prefix, logits[b, i][None].clone())[0])

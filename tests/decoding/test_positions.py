@@ -53,3 +53,24 @@ def test_the_unused_next_position_ids_is_gone():
     from mmspec.decoding import positions
 
     assert not hasattr(positions, "next_position_ids")
+
+
+def test_a_model_whose_generate_drops_position_ids_counts_slots_in_padded_rows():
+    """HyperCLOVAX-Vision-V2's `prepare_inputs_for_generation` sets `position_ids` to None: its
+    own generate gives every token its slot index, left padding included. The engine's positions
+    (the cumsum rule) were 5 behind in a row with 5 pads and flipped its tokens (the sweep's
+    second configuration): they must be slot indices too."""
+    import arch_sweep
+
+    from mmspec.decoding.positions import prefill_position_ids
+
+    model = arch_sweep.build("hyperclovax_vision_v2", "vlm", second=True)
+    prompts, mask = arch_sweep.PROMPTS_SECOND, arch_sweep.MASK_SECOND
+    assert torch.equal(prefill_position_ids(model, prompts, mask, {}),
+                       torch.arange(prompts.shape[1]).expand_as(prompts))
+    with torch.no_grad():
+        ref = model.generate(prompts, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                             pad_token_id=0)
+    out = generate(model, arch_sweep.OracleChain(ref, mask, new_tokens=8), prompts,
+                   attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(out.sequences, ref)

@@ -94,3 +94,50 @@ def test_what_the_format_cannot_hold_gets_one_line(target, tmp_path):
         (path / "config.json").write_text(json.dumps({**good, **change}))
         with pytest.raises(ValueError, match=message):
             EagleDrafter.from_pretrained(path, target)
+
+
+def _wide_eagle3_state(d, seed=3):
+    """An EAGLE-3 head `d` wide (not the target's width) in SafeAILab's names, its embedding
+    included (`eagle3_state`'s layout)."""
+    from .test_eagle import DRAFT_VOCAB, VOCAB, D, _layer
+
+    g = torch.Generator().manual_seed(seed)
+    state = eagle3_state(seed)
+    state = {k: v for k, v in state.items() if k in ("d2t", "t2d")}
+    state.update({"fc.weight": torch.randn(d, 3 * D, generator=g) * (3 * D) ** -0.5,
+                  "norm.weight": 1 + 0.1 * torch.randn(d, generator=g),
+                  "lm_head.weight": torch.randn(DRAFT_VOCAB, d, generator=g) * d ** -0.5,
+                  "midlayer.hidden_norm.weight": 1 + 0.1 * torch.randn(d, generator=g),
+                  "embed_tokens.weight": torch.randn(VOCAB, d, generator=g)})
+    state.update(_layer(g, "midlayer.", 2 * d, first_eagle1=False, d=d))
+    return state
+
+
+def test_a_round_trip_keeps_every_config_field(target, tmp_path):
+    """A drafter whose every `EagleConfig` field differs from its default (and whose width
+    differs from the target's) exported and loaded back has the same config: a field the export
+    drops comes back as its default, which a round trip of defaults cannot see."""
+    from dataclasses import asdict, fields
+
+    from mmspec.vision.eagle_head import EagleConfig
+
+    tree = dict(depth=3, top_k=2, total_tokens=5)
+    config = _config(True, d=48, rms_norm_eps=3e-5, rope_theta=250000.0, hidden_act="gelu",
+                     rope_scaling={"type": "linear", "factor": 2.0}, target_hidden_size=32)
+    first = EagleDrafter.from_pretrained(write(tmp_path / "safeailab", config,
+                                               _wide_eagle3_state(48)), target, **tree)
+    path = first.save_pretrained(tmp_path / "spec")  # then other feature layers than the default
+    fields_json = json.loads((path / "config.json").read_text())
+    fields_json["eagle_aux_hidden_state_layer_ids"] = [1, 3, 6]
+    (path / "config.json").write_text(json.dumps(fields_json))
+    before = EagleDrafter.from_pretrained(path, target, **tree)
+    after = EagleDrafter.from_pretrained(before.save_pretrained(tmp_path / "again"), target, **tree)
+    # fc_bias and qkv_bias are EAGLE-1/2's: the EAGLE-3 head has no biases, the format none
+    eagle12_only = {"fc_bias", "qkv_bias"}
+    defaults = {f.name: f.default for f in fields(EagleConfig) if f.name not in eagle12_only}
+    same_as_default = [k for k, v in defaults.items() if getattr(before.config, k) == v]
+    assert not same_as_default, f"fields left at their default: {same_as_default}"
+    assert before.config.hidden_size != before.config.target_hidden_size
+    want = {k: v for k, v in asdict(before.config).items() if k not in eagle12_only}
+    got = {k: v for k, v in asdict(after.config).items() if k not in eagle12_only}
+    assert got == want

@@ -572,6 +572,41 @@ def test_ctrl_c_says_how_many_videos_are_done_and_the_rerun_finishes(model_dir, 
     assert len(list((tmp_path / "out").glob("*.json"))) == 3
 
 
+def test_a_kill_during_an_mp4_write_leaves_no_marker_without_its_files(model_dir, tmp_path,
+                                                                      capsys, monkeypatch):
+    """A video's JSON marks it finished and is written after its mp4 and png: interrupted while
+    the second video's mp4 is being written (its frames half encoded), every JSON there has its
+    mp4 and png, the second has none, and the rerun makes it."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\na dog\na bird\n")
+    out = tmp_path / "out"
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *COMMON, "--steps", "1",
+            "--dense", "--out", str(out)]
+    real, calls = generate.write_mp4, []
+
+    def killed_on_the_second(path, frames, fps=16):
+        calls.append(path)
+        if len(calls) == 2:  # a kill mid-encode: the partial file is there, the mp4 is not
+            Path(str(path) + ".partial").write_bytes(b"\x00\x00\x00\x18ftypisom")
+            raise KeyboardInterrupt
+        real(path, frames, fps=fps)
+
+    monkeypatch.setattr(generate, "write_mp4", killed_on_the_second)
+    assert generate.run_command(generate.main, args) == 130
+    markers = sorted(out.glob("*.json"))
+    assert [m.stem for m in markers] == ["0000"]
+    for marker in markers:
+        assert len(read_video(marker.with_suffix(".mp4"))) == 5
+        assert marker.with_suffix(".png").stat().st_size > 0
+    assert not (out / "0001.mp4").exists()
+    monkeypatch.setattr(generate, "write_mp4", real)
+    assert generate.main(args) == 0
+    assert "resuming: 1 of 3" in capsys.readouterr().out
+    for i in range(3):
+        assert len(read_video(out / f"{i:04d}.mp4")) == 5 and (out / f"{i:04d}.png").exists()
+        assert json.loads((out / f"{i:04d}.json").read_text())["frames"] == 5
+
+
 def test_model_takes_a_zoo_name_and_names_a_text_model_given_instead(tmp_path):
     from mmspec.zoo.paths import ZOO_DIR
 
