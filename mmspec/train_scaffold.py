@@ -4,11 +4,16 @@ on accelerate and transformers' schedulers; each trainer keeps its model, data a
 - **Schedules** are transformers': `cosine_schedule` (warm-up, then cosine down to 10%, the zoo)
   and `linear_schedule` (warm-up, then linear decay, ViSpec).
 - **A run** (`TrainLoop`) is an `accelerate.Accelerator` that `prepare`s model, optimizer and
-  scheduler; a step is `accelerator.backward`, `clip_grad_norm_` and the optimizer and scheduler
-  steps, which a Ctrl-C cannot split (`mmspec.interrupt.uninterrupted`). A checkpoint is the
-  accelerator's `save_state` folder (model, optimizer, scheduler, RNG states) plus `trainer.pt`
-  (step, losses, wall time, the run's settings), written whole beside the previous one and
-  swapped in by renames (`save_swapped`), every `save_every_s` seconds and on Ctrl-C.
+  scheduler; a step is `accelerator.backward` (once, or once per sample), clipping (by norm, or
+  by value) and the optimizer and scheduler steps, which a Ctrl-C cannot split
+  (`mmspec.interrupt.uninterrupted`). A checkpoint is the accelerator's `save_state` folder
+  (model, optimizer, scheduler, RNG states, the trainer's `states`; or the model as the trainer
+  writes it, `save_model`) plus `trainer.pt` (step, losses, wall time, the run's settings),
+  written whole beside the previous one and swapped in by renames (`save_swapped`), every
+  `save_every_s` seconds, on Ctrl-C or when the trainer asks.
+- **Several processes** (`accelerate launch`, torchrun) train as one with `sum_grads`: each
+  backwards its share of the step and the gradients are summed by one all-reduce (not DDP);
+  process 0 writes the checkpoints.
 - **The command** a card records and an interrupted run prints to resume: `command`.
 - **Refusals** stay on top: a run never resumes another run's checkpoint (`refuse_other_run`),
   one already past its `--steps` (`refuse_past_steps`) or a checkpoint of the one-file format
@@ -176,7 +181,7 @@ def zero_missing_grads(params: list) -> None:
     """A zero gradient for each parameter the step did not reach (an adaptor on a step without
     images): AdamW skips a parameter without one (no moment decay, no weight decay) but steps one
     with zeros, so one process would train otherwise than N, whose summed gradients always exist.
-    Zeros in both, as under DeepSpeed."""
+    Zeros in both, as under DeepSpeed (ViSpec's trainer)."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

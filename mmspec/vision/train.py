@@ -29,9 +29,11 @@ the windows themselves and no answers are made (how the zoo's `text-eagle3` was 
 `--intermediate-size`, `--heads` and `--kv-heads` shape a layer smaller than the target's.
 
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
-(`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,
-accelerate's saved state and the step, swapped in whole) resume with `--resume` (without it an
-existing checkpoint is refused, never overwritten); the answers are saved as they come.
+(`mmspec.train_scaffold.linear_schedule`), on the trainers' shared loop
+(`mmspec.train_scaffold.TrainLoop`). Checkpoints (`<out>/checkpoint`, every
+`--checkpoint-every` steps: the drafter as `save_pretrained` writes it, accelerate's saved state
+and the step, swapped in whole) resume with `--resume` (without it an existing checkpoint is
+refused, never overwritten); the answers are saved as they come.
 Held-out tau (with bonus, EAGLE's convention) every `--eval-every` steps through
 `mmspec.generate`.
 
@@ -615,7 +617,8 @@ def _resumed_step(loop: TrainLoop, drafter, sched, cfg: TrainConfig) -> int:
                           f"states in {META}, not accelerate's files): it cannot be resumed; "
                           f"finish it with the mmspec that wrote it, or delete it")
     _load_drafter_weights(drafter, loop.ckpt)
-    # a checkpoint of this trainer before it ran on the shared loop holds the step alone
+    # a checkpoint of this trainer before it ran on the shared loop holds the step alone (its
+    # losses are in log.jsonl only)
     meta = {"losses": [], "elapsed": 0.0, **torch.load(loop.ckpt / META, weights_only=True)}
     start = loop.resume(meta)
     saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
