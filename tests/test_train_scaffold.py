@@ -193,8 +193,8 @@ def test_a_loop_that_saves_its_model_itself_checkpoints_it_and_its_states(tmp_pa
     assert "pytorch_model.bin" not in names
     again = _Stream()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    TrainLoop(model, opt, linear_schedule(opt, 1, 3), tmp_path / "ckpt", {}, save_model=lambda folder: None,
-              states=(again,)).resume(read_meta(tmp_path / "ckpt"))
+    TrainLoop(model, opt, linear_schedule(opt, 1, 3), tmp_path / "ckpt", {},
+              save_model=lambda folder: None, states=(again,)).resume(read_meta(tmp_path / "ckpt"))
     assert again.n == 5
 
 
