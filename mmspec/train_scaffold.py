@@ -4,11 +4,16 @@ on accelerate and transformers' schedulers; each trainer keeps its model, data a
 - **Schedules** are transformers': `cosine_schedule` (warm-up, then cosine down to 10%, the zoo)
   and `linear_schedule` (warm-up, then linear decay, ViSpec).
 - **A run** (`TrainLoop`) is an `accelerate.Accelerator` that `prepare`s model, optimizer and
-  scheduler; a step is `accelerator.backward`, `clip_grad_norm_` and the optimizer and scheduler
-  steps, which a Ctrl-C cannot split (`mmspec.interrupt.uninterrupted`). A checkpoint is the
-  accelerator's `save_state` folder (model, optimizer, scheduler, RNG states) plus `trainer.pt`
-  (step, losses, wall time, the run's settings), written whole beside the previous one and
-  swapped in by renames (`save_swapped`), every `save_every_s` seconds and on Ctrl-C.
+  scheduler; a step is `accelerator.backward` (once, or once per sample), clipping (by norm, or
+  by value) and the optimizer and scheduler steps, which a Ctrl-C cannot split
+  (`mmspec.interrupt.uninterrupted`). A checkpoint is the accelerator's `save_state` folder
+  (model, optimizer, scheduler, RNG states, the trainer's `states`; or the model as the trainer
+  writes it, `save_model`) plus `trainer.pt` (step, losses, wall time, the run's settings),
+  written whole beside the previous one and swapped in by renames (`save_swapped`), every
+  `save_every_s` seconds, on Ctrl-C or when the trainer asks.
+- **Several processes** (`accelerate launch`, torchrun) train as one with `sum_grads`: each
+  backwards its share of the step and the gradients are summed by one all-reduce (not DDP);
+  process 0 writes the checkpoints.
 - **The command** a card records and an interrupted run prints to resume: `command`.
 - **Refusals** stay on top: a run never resumes another run's checkpoint (`refuse_other_run`),
   one already past its `--steps` (`refuse_past_steps`) or a checkpoint of the one-file format
@@ -172,23 +177,69 @@ def saved_model_state(ckpt: Path) -> dict:
     return torch.load(Path(ckpt) / f"{MODEL_NAME}.bin", weights_only=True)
 
 
+def zero_missing_grads(params: list) -> None:
+    """A zero gradient for each parameter the step did not reach (an adaptor on a step without
+    images): AdamW skips a parameter without one (no moment decay, no weight decay) but steps one
+    with zeros, so one process would train otherwise than N, whose summed gradients always exist.
+    Zeros in both, as under DeepSpeed (ViSpec's trainer)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def sum_grads(accelerator, params: list) -> None:
+    """Sum the gradients of `params` over the processes (one flat `accelerator.reduce`). Not DDP:
+    a model that trains through other methods than `forward` never arms DDP's hooks."""
+    flat = accelerator.reduce(torch.cat([p.grad.reshape(-1) for p in params]), "sum")
+    for p, chunk in zip(params, flat.split([p.numel() for p in params])):
+        p.grad = chunk.view_as(p).clone()
+
+
 class TrainLoop:
-    """One run of a single-process trainer: `accelerator.prepare`d model, optimizer and scheduler,
-    the update step, the losses and the checkpoint folder `ckpt`.
+    """One run of a trainer: `accelerator.prepare`d model, optimizer and scheduler, the update
+    step, the losses and the checkpoint folder `ckpt` (None: a run without checkpoints).
 
     done: steps whose update is in the weights; losses: one per step, resumed with them; extra:
-    what the trainer records besides (JSON-like, saved in trainer.pt)."""
+    what the trainer records besides (JSON-like, saved in trainer.pt).
 
-    def __init__(self, model, optimizer, scheduler, ckpt: Path, run: dict,
-                 save_every_s: float = 120.0, clip_norm: float = 1.0, cpu: bool = True):
+    The options a trainer declares beside the defaults (the zoo's: one process, `forward`, norm
+    clipping, the model in accelerate's state):
+    - clip_norm / clip_value: gradients clipped to total norm `clip_norm`, or each entry to
+      [-clip_value, clip_value] (give one, the other None).
+    - sum_grads: a multi-process update without DDP: each process backwards its share of the
+      step's loss (`backward`, as often as it likes) and the gradients are summed over the
+      processes before clipping, a parameter the step did not reach getting zeros in every
+      process (`zero_missing_grads`, `sum_grads`).
+    - save_model: `save_model(folder)` writes the model into each checkpoint itself (a
+      `save_pretrained` folder that the trainer reads back before `resume`); the accelerator
+      then neither wraps nor saves it.
+    - states: objects with `state_dict`/`load_state_dict` (a sample stream) saved and resumed
+      with the accelerator's state.
+    Whatever the number of processes, process 0 alone writes checkpoints and shows progress."""
+
+    def __init__(self, model, optimizer, scheduler, ckpt: Path | None, run: dict,
+                 save_every_s: float = 120.0, clip_norm: float | None = 1.0, cpu: bool = True,
+                 *, clip_value: float | None = None, sum_grads: bool = False,
+                 save_model=None, states=()):
         from accelerate import Accelerator
 
+        if (clip_norm is None) == (clip_value is None):
+            raise ValueError(f"TrainLoop: give one of clip_norm and clip_value, the other None; "
+                             f"got clip_norm={clip_norm!r}, clip_value={clip_value!r}")
         # the scheduler steps once per update, however many processes (not once per process)
         self.accelerator = Accelerator(cpu=cpu, step_scheduler_with_optimizer=False)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
-            model, optimizer, scheduler)
-        self.ckpt, self.run, self.extra = Path(ckpt), run, {}
-        self.save_every_s, self.clip_norm = save_every_s, clip_norm
+        if save_model is None:
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+                model, optimizer, scheduler)
+        else:
+            self.model = model
+            self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
+        for state in states:
+            self.accelerator.register_for_checkpointing(state)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ckpt, self.run, self.extra = (Path(ckpt) if ckpt is not None else None), run, {}
+        self.save_every_s, self.clip_norm, self.clip_value = save_every_s, clip_norm, clip_value
+        self.sum_grads, self.save_model = sum_grads, save_model
         self.done, self.losses, self.elapsed = 0, [], 0.0
         self.t0 = self.last_save = time.time()
 
@@ -201,29 +252,52 @@ class TrainLoop:
         self.extra = meta.get("extra", {})
         return self.done
 
-    def steps(self, total: int, desc: str, mininterval: float = 10.0):
-        """The progress bar over the steps left; the wall time counts from here."""
+    def steps(self, total: int, desc: str, mininterval: float = 10.0, file=None):
+        """The progress bar over the steps left (on `file`, default stdout; process 0's alone);
+        the wall time counts from here."""
         import sys
 
         from tqdm import tqdm
 
         self.t0 = self.last_save = time.time()
         return tqdm(range(self.done, total), initial=self.done, total=total, desc=desc,
-                    mininterval=mininterval, file=sys.stdout)
+                    mininterval=mininterval, file=file or sys.stdout,
+                    disable=not self.accelerator.is_main_process)
 
     def wall_time(self) -> float:
         return self.elapsed + time.time() - self.t0
 
     def update(self, loss, step: int, bar, digits: int = 3) -> None:
-        """Backward, gradients clipped to norm `clip_norm`, then optimizer and scheduler step with
-        the loss record and step count (not split by a Ctrl-C); a save every `save_every_s`."""
+        """Step `step` on `loss`: `zero_grad`, `backward(loss)`, then `apply(loss.item(), ...)`."""
+        self.zero_grad()
+        self.backward(loss)
+        self.apply(loss.item(), step, bar, digits)
+
+    def zero_grad(self) -> None:
+        """Forget the gradients of the last update (before the first `backward` of a step)."""
         self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss) -> None:
+        """Add `loss`'s gradients to the step's (a step may backward once per sample)."""
         self.accelerator.backward(loss)
-        self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+
+    def apply(self, loss: float, step: int, bar, digits: int = 3) -> None:
+        """The update of step `step` from the gradients backwarded since `zero_grad` (summed over
+        the processes with `sum_grads`), clipped, then optimizer and scheduler step with the
+        record of `loss` and the step count (not split by a Ctrl-C); a save every
+        `save_every_s`."""
+        if self.sum_grads:
+            zero_missing_grads(self.params)
+            if self.accelerator.num_processes > 1:
+                sum_grads(self.accelerator, self.params)
+        if self.clip_norm is not None:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        else:
+            self.accelerator.clip_grad_value_(self.params, self.clip_value)
         with uninterrupted():
             self.optimizer.step()
             self.scheduler.step()
-            self.losses.append(loss.item())
+            self.losses.append(loss)
             self.done = step + 1
         recent = self.losses[-20:]
         bar.set_postfix(loss=f"{sum(recent) / len(recent):.{digits}f}", refresh=False)
@@ -231,16 +305,21 @@ class TrainLoop:
             self.save()
 
     def save(self) -> None:
-        """The checkpoint of step `done`, swapped in whole."""
+        """The checkpoint of step `done`, swapped in whole (by process 0)."""
+        if self.ckpt is None:
+            raise ValueError("TrainLoop.save: this run has no checkpoint folder (ckpt None)")
         meta = {"step": self.done, "elapsed": self.wall_time(), "losses": self.losses,
                 "run": self.run, "extra": self.extra}
 
         def write(folder: Path) -> None:
+            if self.save_model is not None:
+                self.save_model(folder)
             # torch.save, not safetensors: tied embeddings share their storage
             self.accelerator.save_state(str(folder), safe_serialization=False)
             torch.save(meta, folder / META)
 
-        save_swapped(self.ckpt, write)
+        if self.accelerator.is_main_process:
+            save_swapped(self.ckpt, write)
         self.last_save = time.time()
 
     def finish(self) -> None:

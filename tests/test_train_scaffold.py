@@ -123,3 +123,88 @@ def test_the_trainers_share_one_scaffold():
     for module in (train_text, train_video, train_vlm, vision_train):
         for own in ("lr_at", "_schedule", "_command", "_all_reduce_grads"):  # each had its own
             assert not hasattr(module, own), (module, own)
+
+
+class _Stream:
+    """A `states` entry: a counter that accelerate checkpoints beside the optimizer."""
+
+    def __init__(self):
+        self.n = 0
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def _two_part_model():
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.used, model.unused = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    return model
+
+
+def test_value_clipping_and_summed_grads_update_as_a_hand_written_step(tmp_path):
+    # vision.train's update: per-sample backward, zeros for the parameters the step did not
+    # reach (AdamW then decays them), each gradient entry clipped to [-0.01, 0.01]
+    def batch(step):
+        return torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(step))
+
+    model = _two_part_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    loop = TrainLoop(model, opt, linear_schedule(opt, 1, 3), tmp_path / "ckpt", {}, clip_norm=None,
+                     clip_value=0.01, sum_grads=True)
+    bar = loop.steps(3, "test")
+    for step in bar:
+        loop.zero_grad()
+        for x in batch(step):
+            loop.backward(model.used(x).square().mean() / 2)
+        loop.apply(float(step), step, bar)
+
+    ref = _two_part_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    sched = linear_schedule(ref_opt, 1, 3)
+    for step in range(3):
+        ref_opt.zero_grad()
+        for x in batch(step):
+            (ref.used(x).square().mean() / 2).backward()
+        for p in ref.unused.parameters():
+            p.grad = torch.zeros_like(p)
+        torch.nn.utils.clip_grad_value_(ref.parameters(), 0.01)
+        ref_opt.step()
+        sched.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 ref.state_dict().values()))
+    assert loop.losses == [0.0, 1.0, 2.0] and loop.done == 3
+
+
+def test_a_loop_that_saves_its_model_itself_checkpoints_it_and_its_states(tmp_path):
+    model, stream = _two_part_model(), _Stream()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    loop = TrainLoop(model, opt, linear_schedule(opt, 1, 3), tmp_path / "ckpt", {},
+                     save_model=lambda folder: torch.save(model.state_dict(), folder / "w.pt"),
+                     states=(stream,))
+    assert loop.model is model  # not wrapped: the trainer owns its saving
+    stream.n = 5
+    loop.save()
+    names = {p.name for p in (tmp_path / "ckpt").iterdir()}
+    assert {"w.pt", "custom_checkpoint_0.pkl", "optimizer.bin", META} <= names
+    assert "pytorch_model.bin" not in names
+    again = _Stream()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    TrainLoop(model, opt, linear_schedule(opt, 1, 3), tmp_path / "ckpt", {},
+              save_model=lambda folder: None, states=(again,)).resume(read_meta(tmp_path / "ckpt"))
+    assert again.n == 5
+
+
+@pytest.mark.parametrize("clips", [{"clip_value": 0.5}, {"clip_norm": None}])
+def test_a_loop_takes_one_clipping(tmp_path, clips):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match=r"^TrainLoop: give one of clip_norm and clip_value, the "
+                                         r"other None; got clip_norm="):
+        TrainLoop(model, opt, linear_schedule(opt, 1, 3), tmp_path, {}, **clips)
+    loop = TrainLoop(model, opt, linear_schedule(opt, 1, 3), None, {})
+    with pytest.raises(ValueError, match=r"no checkpoint folder \(ckpt None\)"):
+        loop.save()

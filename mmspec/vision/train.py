@@ -29,9 +29,11 @@ the windows themselves and no answers are made (how the zoo's `text-eagle3` was 
 `--intermediate-size`, `--heads` and `--kv-heads` shape a layer smaller than the target's.
 
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
-(`mmspec.train_scaffold.linear_schedule`). Checkpoints (`<out>/checkpoint`: the drafter,
-accelerate's saved state and the step, swapped in whole) resume with `--resume` (without it an
-existing checkpoint is refused, never overwritten); the answers are saved as they come.
+(`mmspec.train_scaffold.linear_schedule`), on the trainers' shared loop
+(`mmspec.train_scaffold.TrainLoop`). Checkpoints (`<out>/checkpoint`, every
+`--checkpoint-every` steps: the drafter as `save_pretrained` writes it, accelerate's saved state
+and the step, swapped in whole) resume with `--resume` (without it an existing checkpoint is
+refused, never overwritten); the answers are saved as they come.
 Held-out tau (with bonus, EAGLE's convention) every `--eval-every` steps through
 `mmspec.generate`.
 
@@ -65,8 +67,8 @@ from mmspec.atomic import save_atomic
 from mmspec.decoding import generate
 from mmspec.decoding.settings import eos_ids, sampling_config
 from mmspec.interrupt import Interrupted, run_command
-from mmspec.train_scaffold import (META, RunExists, RunRefused, checkpoint_dirs, linear_schedule,
-                                   rates_at_resume, save_swapped, settle)
+from mmspec.train_scaffold import (META, RunExists, RunRefused, TrainLoop, checkpoint_dirs,
+                                   linear_schedule, settle)
 
 from mmspec.eagle.checkpoint import check_state, read_config, read_weights
 from mmspec.eagle.drafter import EagleDrafter
@@ -455,24 +457,6 @@ def _noise_generator(seed: int, step: int, slot: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def _zero_missing_grads(params: list) -> None:
-    """A zero gradient for each parameter the step did not reach (the adaptor on a step without
-    images): AdamW skips a parameter without one (no moment decay, no weight decay) but steps one
-    with zeros, so one process would train otherwise than N, whose summed gradients always exist.
-    Zeros in both, as under DeepSpeed, ViSpec's trainer."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-
-
-def _sum_grads(accelerator, params: list) -> None:
-    """Sum the gradients over the processes (one flat `accelerator.reduce`). Not DDP: the
-    drafter trains through `run` and `logits`, not `forward`, where DDP arms its hooks."""
-    flat = accelerator.reduce(torch.cat([p.grad.reshape(-1) for p in params]), "sum")
-    for p, chunk in zip(params, flat.split([p.numel() for p in params])):
-        p.grad = chunk.view_as(p).clone()
-
-
 class _SampleStream:
     """The run's `random.Random` of sample picks, as accelerate checkpoints an object."""
 
@@ -486,19 +470,19 @@ class _SampleStream:
         self.rng.setstate(state["state"])
 
 
-def _accelerator(device: torch.device):
-    """The accelerator of a run on `device`; refused if it counts other processes than the
+def _process_state(device: torch.device):
+    """accelerate's state of a run on `device`; refused if it counts other processes than the
     launched ones (a CPU process group that accelerate's state was not told of)."""
     import torch.distributed as dist
-    from accelerate import Accelerator
+    from accelerate import PartialState
 
-    accelerator = Accelerator(cpu=device.type == "cpu", step_scheduler_with_optimizer=False)
+    state = PartialState(cpu=device.type == "cpu")
     launched = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if launched != accelerator.num_processes:
+    if launched != state.num_processes:
         raise ValueError(f"torch.distributed runs {launched} processes but accelerate's state "
-                         f"counts {accelerator.num_processes}: on CPUs create it with "
+                         f"counts {state.num_processes}: on CPUs create it with "
                          f"accelerate.PartialState(cpu=True) before training")
-    return accelerator
+    return state
 
 
 class ResumeError(RunRefused):
@@ -508,8 +492,8 @@ class ResumeError(RunRefused):
 def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: TrainConfig,
           held_out: list | None = None, out_dir=None, resume: bool = False,
           fit_vocabulary: bool = False) -> list:
-    """Train `drafter` in place; returns the per-step losses. `out_dir` gets checkpoints,
-    the answer cache and the final drafter.
+    """Train `drafter` in place; returns the losses of the steps this call made. `out_dir` gets
+    checkpoints, the answer cache and the final drafter.
 
     fit_vocabulary: an EAGLE-3 drafter's draft vocabulary (`d2t`) and the start of its lm_head
     are set from the target's answers first (`eagle3_train.fit_draft_vocabulary`), as for a new
@@ -525,45 +509,37 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
                          "supervises the answers only (supervise='answers')")
     if held_out:
         check_samples(held_out, "held_out")
-    accelerator = _accelerator(drafter.embed_weight.device)
+    state = _process_state(drafter.embed_weight.device)
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and not resume:
         refuse_to_overwrite(out_dir)
     target.eval().requires_grad_(False)
     if held_out:  # `held_out_tau` runs mmspec.generate: refuse its settings now, not at the eval
         sampling_config(target, False, None, None, None)
-    answers = _all_answers(drafter, target, samples, cfg, out_dir, accelerator)
+    answers = _all_answers(drafter, target, samples, cfg, out_dir, state)
     if fit_vocabulary:  # every process has every answer: the same vocabulary everywhere
         supervised = answers if cfg.supervise == "answers" else target_argmax(target, samples,
                                                                               answers)
         fit_draft_vocabulary(drafter, supervised)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
-    sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
     rng = random.Random(cfg.seed)  # the same stream in every process
-    opt, prepared_sched = accelerator.prepare(opt, sched)
-    accelerator.register_for_checkpointing(_SampleStream(rng))
-    start = _resumed_step(drafter, accelerator, sched, cfg, out_dir) if resume and out_dir else 0
-    run = _Run(drafter, target, samples, answers, cfg, accelerator, params, opt, prepared_sched)
+    loop, sched = _train_loop(drafter, cfg, out_dir, rng)
+    start = _resumed_step(loop, drafter, sched, cfg) if resume and out_dir else 0
+    first = len(loop.losses)  # the losses of earlier calls, resumed
+    run = _Run(drafter, target, samples, answers, cfg, loop)
     log = _step_log(out_dir, start) if out_dir is not None and run.rank == 0 else None
-    bar = tqdm(range(start, cfg.steps), desc="train vispec", initial=start, total=cfg.steps,
-               disable=run.rank != 0)
+    bar = loop.steps(cfg.steps, "train vispec", mininterval=0.1, file=sys.stderr)
     drafter.train()
-    losses = []
     try:
         for step in bar:
-            losses.append(run.step(step, [rng.randrange(len(samples)) for _ in range(run.batch)]))
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            done = step + 1
+            run.step(step, [rng.randrange(len(samples)) for _ in range(run.batch)], bar)
             if log is not None:
-                log.write(json.dumps({"step": done, "loss": losses[-1], "time": time.time()})
-                          + "\n")
+                log.write(json.dumps({"step": loop.done, "loss": loop.losses[-1],
+                                      "time": time.time()}) + "\n")
                 log.flush()
-            if held_out and cfg.eval_every and done % cfg.eval_every == 0:
-                run.evaluate(held_out, done, bar, log)
-            if out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
-                    and run.rank == 0:
-                _save_checkpoint(drafter, accelerator, done, out_dir)
+            if held_out and cfg.eval_every and loop.done % cfg.eval_every == 0:
+                run.evaluate(held_out, loop.done, bar, log)
+            if out_dir and cfg.checkpoint_every and loop.done % cfg.checkpoint_every == 0:
+                loop.save()
     except KeyboardInterrupt:
         if out_dir is None:
             raise
@@ -574,20 +550,39 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
         if log is not None:
             log.close()
     drafter.eval()
-    if out_dir and run.rank == 0:
-        _save_checkpoint(drafter, accelerator, cfg.steps, out_dir)
-        drafter.save_pretrained(out_dir)
-    accelerator.wait_for_everyone()  # the drafter is on disk before any process returns
-    return losses
+    if out_dir:
+        loop.save()
+        if run.rank == 0:
+            drafter.save_pretrained(out_dir)
+    loop.accelerator.wait_for_everyone()  # the drafter is on disk before any process returns
+    return loop.losses[first:]
+
+
+def _train_loop(drafter, cfg: TrainConfig, out_dir: Path | None, rng: random.Random) -> tuple:
+    """(the shared `TrainLoop` of ViSpec's update, its scheduler unwrapped): AdamW, the linear
+    schedule, gradients summed over the processes (no DDP: the drafter trains through `run` and
+    `logits`, not `forward`) and clipped by value; checkpoints in `<out_dir>/checkpoint` hold
+    the drafter as `save_pretrained` writes it (its config checked on resume) and the sample
+    stream `rng` beside accelerate's states, written every `checkpoint_every` steps by `train`
+    (never by the clock)."""
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
+    sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
+    ckpt = _checkpoint_dirs(out_dir)[0] if out_dir is not None else None
+    loop = TrainLoop(drafter, opt, sched, ckpt, dataclasses.asdict(cfg), save_every_s=math.inf,
+                     clip_norm=None, cpu=drafter.embed_weight.device.type == "cpu",
+                     clip_value=cfg.grad_clip, sum_grads=True,
+                     save_model=drafter.save_pretrained, states=(_SampleStream(rng),))
+    return loop, sched
 
 
 def _all_answers(drafter, target, samples: list, cfg: TrainConfig, out_dir: Path | None,
-                 accelerator) -> list:
-    """The target's answer to every sample, in every process (each makes its share, cached in
-    `out_dir`), and one start for the drafter in every process."""
+                 state) -> list:
+    """The target's answer to every sample, in every process of accelerate's `state` (each
+    makes its share, cached in `out_dir`), and one start for the drafter in every process."""
     from accelerate.utils import broadcast, gather_object
 
-    world, rank = accelerator.num_processes, accelerator.process_index
+    world, rank = state.num_processes, state.process_index
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         own, others = answer_cache_paths(out_dir, rank, world)
@@ -607,23 +602,33 @@ def _all_answers(drafter, target, samples: list, cfg: TrainConfig, out_dir: Path
     return answers
 
 
-def _resumed_step(drafter, accelerator, sched, cfg: TrainConfig, out_dir: Path) -> int:
-    """Load the checkpoint in `out_dir` (if any) into the drafter, optimizer, scheduler and sample
+def _resumed_step(loop: TrainLoop, drafter, sched, cfg: TrainConfig) -> int:
+    """Load the checkpoint of `loop` (if any) into the drafter, optimizer, scheduler and sample
     stream; its step, refused (ResumeError) when this run's --lr or --steps cannot continue it."""
-    if accelerator.process_index == 0:
-        settle(_checkpoint_dirs(out_dir)[0])
-    accelerator.wait_for_everyone()
-    start = _load_checkpoint(drafter, accelerator, out_dir)
+    from accelerate.utils import OPTIMIZER_NAME
+
+    if loop.accelerator.is_main_process:
+        settle(loop.ckpt)
+    loop.accelerator.wait_for_everyone()
+    if not (loop.ckpt / META).is_file():
+        return 0
+    if not (loop.ckpt / f"{OPTIMIZER_NAME}.bin").is_file():  # trainer.pt held the states
+        raise ResumeError(f"resume: the checkpoint in {loop.ckpt} is of an earlier mmspec (its "
+                          f"states in {META}, not accelerate's files): it cannot be resumed; "
+                          f"finish it with the mmspec that wrote it, or delete it")
+    _load_drafter_weights(drafter, loop.ckpt)
+    # a checkpoint of this trainer before it ran on the shared loop holds the step alone (its
+    # losses are in log.jsonl only)
+    meta = {"losses": [], "elapsed": 0.0, **torch.load(loop.ckpt / META, weights_only=True)}
+    start = loop.resume(meta)
     saved_lr = sched.base_lrs[0]  # the checkpoint's: loading quietly replaced this run's
-    if start and not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
-        raise ResumeError(f"resume: the checkpoint in {out_dir} was trained with --lr "
-                         f"{saved_lr:g}, this run's is {cfg.lr:g}: resume it with the "
-                         f"settings it was started with")
+    if not math.isclose(saved_lr, cfg.lr, rel_tol=1e-9):
+        raise ResumeError(f"resume: the checkpoint in {loop.ckpt.parent} was trained with --lr "
+                          f"{saved_lr:g}, this run's is {cfg.lr:g}: resume it with the "
+                          f"settings it was started with")
     if start > cfg.steps:  # it rewrote the checkpoint as step cfg.steps, states of `start`
-        raise ResumeError(f"resume: the checkpoint in {out_dir} is at step {start}, past "
-                         f"--steps {cfg.steps}; give --steps >= {start} to continue it")
-    if start:
-        rates_at_resume(sched)  # this run's --steps may differ from the saving run's
+        raise ResumeError(f"resume: the checkpoint in {loop.ckpt.parent} is at step {start}, "
+                          f"past --steps {cfg.steps}; give --steps >= {start} to continue it")
     return start
 
 
@@ -642,57 +647,49 @@ def _step_log(out_dir: Path, start: int):
 @dataclass
 class _Run:
     """What every step of one `train` call shares: the models, the data and answers, the settings
-    and the accelerator's optimizer and scheduler."""
+    and the shared training loop."""
 
     drafter: ViSpecDrafter | EagleDrafter
     target: object
     samples: list
     answers: list
     cfg: TrainConfig
-    accelerator: object
-    params: list
-    opt: object
-    sched: object
+    loop: TrainLoop
 
     @property
     def rank(self) -> int:
-        return self.accelerator.process_index
+        return self.loop.accelerator.process_index
 
     @property
     def batch(self) -> int:
         """Samples per step over every process (the global batch)."""
-        return self.cfg.batch_size * self.accelerator.num_processes
+        return self.cfg.batch_size * self.loop.accelerator.num_processes
 
-    def step(self, step: int, picks: list) -> float:
+    def step(self, step: int, picks: list, bar) -> None:
         """One update on the step's global batch `picks` (sample indices; this process takes its
-        slots): the mean loss over the global batch."""
-        cfg, accelerator = self.cfg, self.accelerator
-        self.opt.zero_grad()
-        total = torch.zeros((), dtype=torch.float64, device=self.params[0].device)  # NCCL: GPU
+        slots), recording the mean loss over the global batch."""
+        cfg, loop = self.cfg, self.loop
+        loop.zero_grad()
+        total = torch.zeros((), dtype=torch.float64, device=loop.params[0].device)  # NCCL: GPU
         for slot in range(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size):
             i = picks[slot]
             loss, _ = sample_loss(self.drafter, self.target, self.samples[i], self.answers[i],
                                   cfg, _noise_generator(cfg.seed, step, slot))
-            accelerator.backward(loss / self.batch)  # the mean over the step's global batch
+            loop.backward(loss / self.batch)  # the mean over the step's global batch
             total += float(loss.detach())
-        _zero_missing_grads(self.params)
-        if accelerator.num_processes > 1:
-            _sum_grads(accelerator, self.params)
-            total = accelerator.reduce(total, "sum")
-        torch.nn.utils.clip_grad_value_(self.params, cfg.grad_clip)
-        self.opt.step()
-        self.sched.step()
-        return float(total) / self.batch
+        if loop.accelerator.num_processes > 1:
+            total = loop.accelerator.reduce(total, "sum")
+        loop.apply(float(total) / self.batch, step, bar, digits=4)
 
     def evaluate(self, held_out: list, done: int, bar, log) -> None:
         """Held-out tau after `done` steps, each process its share (none waits on another's
         eval: NCCL timeout), written to the bar and the log by process 0."""
-        share = held_out[self.rank::self.accelerator.num_processes]
+        share = held_out[self.rank::self.loop.accelerator.num_processes]
         self.drafter.eval()
         counts = torch.tensor(_held_out_counts(self.drafter, self.target, share,
                                                self.cfg.eval_new_tokens),
-                              device=self.params[0].device)
-        counts = self.accelerator.reduce(counts, "sum")
+                              device=self.loop.params[0].device)
+        counts = self.loop.accelerator.reduce(counts, "sum")
         self.drafter.train()
         if self.rank == 0:
             tau = int(counts[0]) / max(int(counts[1]), 1)
@@ -726,35 +723,13 @@ def _checkpoint_dirs(out_dir: Path) -> tuple[Path, Path, Path]:
     return checkpoint_dirs(out_dir / "checkpoint")
 
 
-def _save_checkpoint(drafter, accelerator, step: int, out_dir: Path) -> None:
-    """Everything a resumed run needs to continue exactly as an uninterrupted one: the drafter
-    (`save_pretrained`, its config checked on resume), accelerate's state (optimizer, scheduler,
-    RNG states and the sample stream) and the step, swapped in whole (`save_swapped`)."""
-    def write(folder: Path) -> None:
-        drafter.save_pretrained(folder)
-        accelerator.save_state(str(folder), safe_serialization=False)
-        torch.save({"step": step}, folder / META)
-
-    save_swapped(_checkpoint_dirs(out_dir)[0], write)
-
-
-def _load_checkpoint(drafter, accelerator, out_dir: Path) -> int:
-    """The step to continue from (0 without a checkpoint); `settle` first."""
-    from accelerate.utils import OPTIMIZER_NAME
-
-    ckpt = _checkpoint_dirs(out_dir)[0]
-    if not (ckpt / META).is_file():
-        return 0
-    if not (ckpt / f"{OPTIMIZER_NAME}.bin").is_file():  # trainer.pt held the states
-        raise ResumeError(f"resume: the checkpoint in {ckpt} is of an earlier mmspec (its "
-                          f"states in {META}, not accelerate's files): it cannot be resumed; "
-                          f"finish it with the mmspec that wrote it, or delete it")
+def _load_drafter_weights(drafter, ckpt: Path) -> None:
+    """The drafter saved in checkpoint folder `ckpt` into `drafter`, refused (ResumeError) when
+    it is not this run's kind of drafter."""
     if isinstance(drafter, EagleDrafter):
         _load_eagle3_weights(drafter, ckpt)
     else:
         _load_vispec_weights(drafter, ckpt)
-    accelerator.load_state(str(ckpt))
-    return int(torch.load(ckpt / META, weights_only=True)["step"])
 
 
 def _load_eagle3_weights(drafter: EagleDrafter, ckpt: Path) -> None:

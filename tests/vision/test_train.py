@@ -1,6 +1,7 @@
 """Training: a few steps lower the loss, checkpoints resume exactly, the command line runs."""
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -83,6 +84,41 @@ def test_resume_continues_exactly(tmp_path, llava, samples, monkeypatch, interru
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_train_makes_vispecs_update_written_out_by_hand(llava, samples):
+    # the loop is the shared TrainLoop's; the update stays ViSpec's: AdamW on the linear schedule,
+    # a backward per sample of its share of the mean, zeros for unreached parameters, gradient
+    # values clipped, the feature noise of each (step, slot), the picks of one seeded stream
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 3, "batch_size": 2, "noise": 0.2,
+                         "grad_clip": 0.05})
+    trained = _fresh(llava)
+    losses = train(trained, llava, samples, cfg)
+
+    ref = _fresh(llava).train()
+    answers = target_answers(llava, samples, cfg.answer_tokens, None)
+    params = [p for p in ref.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
+    sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
+    rng, expected = random.Random(cfg.seed), []
+    for step in range(cfg.steps):
+        opt.zero_grad()
+        picks, total = [rng.randrange(len(samples)) for _ in range(2)], 0.0
+        for slot, i in enumerate(picks):
+            loss, _ = sample_loss(ref, llava, samples[i], answers[i], cfg,
+                                  train_mod._noise_generator(cfg.seed, step, slot))
+            (loss / 2).backward()
+            total += float(loss.detach())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        expected.append(total / 2)
+    assert losses == expected
+    a, b = trained.state_dict(), ref.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_step_without_images_steps_the_adaptor_as_several_processes_do(tmp_path, llava):
     # one process left the unused adaptor without a gradient (AdamW skipped it) while the
     # all-reduce of several gave it zeros (AdamW decays it): zeros in both now
@@ -154,23 +190,11 @@ def test_resume_with_a_bf16_target_keeps_fp32_master_weights(tmp_path, samples):
     train(drafter, target, samples, cfg, out_dir=tmp_path)
     saved = ViSpecDrafter.from_pretrained(tmp_path / "checkpoint", target, dtype=torch.float32)
     resumed = _fresh(target).float()
-    train_mod._load_checkpoint(resumed, _accelerator_with_states(resumed), tmp_path)
+    train_mod._load_drafter_weights(resumed, tmp_path / "checkpoint")
     a, b = saved.state_dict(), resumed.state_dict()
     assert a["head.fc.weight"].dtype == torch.float32
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], a[k].bfloat16().float()) for k in a)  # fp32 detail kept
-
-
-def _accelerator_with_states(drafter):
-    """An accelerator holding what `train` registers (optimizer, scheduler, sample stream), to
-    load a checkpoint into."""
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
-    opt = torch.optim.AdamW(drafter.parameters())
-    accelerator.prepare(opt, linear_schedule(opt, 1, 4))
-    accelerator.register_for_checkpointing(train_mod._SampleStream(__import__("random").Random(0)))
-    return accelerator
 
 
 def test_answer_cache_knows_the_image_and_the_length(tmp_path, llava, samples):
