@@ -99,7 +99,7 @@ def test_what_the_format_cannot_hold_gets_one_line(target, tmp_path):
 def _wide_eagle3_state(d, seed=3):
     """An EAGLE-3 head `d` wide (not the target's width) in SafeAILab's names, its embedding
     included (`eagle3_state`'s layout)."""
-    from .test_eagle import DRAFT_VOCAB, VOCAB, D, _layer
+    from .test_drafter import DRAFT_VOCAB, VOCAB, D, _layer
 
     g = torch.Generator().manual_seed(seed)
     state = eagle3_state(seed)
@@ -119,7 +119,7 @@ def test_a_round_trip_keeps_every_config_field(target, tmp_path):
     drops comes back as its default, which a round trip of defaults cannot see."""
     from dataclasses import asdict, fields
 
-    from mmspec.vision.eagle_head import EagleConfig
+    from mmspec.eagle.head import EagleConfig
 
     tree = dict(depth=3, top_k=2, total_tokens=5)
     config = _config(True, d=48, rms_norm_eps=3e-5, rope_theta=250000.0, hidden_act="gelu",
