@@ -201,12 +201,14 @@ def _attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float, per
     block_d = max(16, triton.next_power_of_2(d))
     key = ("triton-tma", q.device, bq, bk, block_d, q.dtype, bool(softcap), persistent)
     triton_kernel.launch_first_fitting(key, launch_configs(bq, bk, block_d), lambda config: _launch(
-        config, persistent, q, k, v, out, lse, tables, scale, softcap, bq, bk, block_d))
+        config, persistent, q, k, v, out, lse, tables, scale, softcap, (bq, bk, block_d)))
     return out, lse
 
 
-def _launch(config, persistent, q, k, v, out, lse, tables, scale, softcap, bq, bk, block_d):
+def _launch(config, persistent, q, k, v, out, lse, tables, scale, softcap, blocks):
+    """`blocks`: the mask's (query, key) block sizes and the head size padded to a power of 2."""
     block_m, block_n, num_warps, num_stages, warp_specialize = config
+    bq, bk, block_d = blocks
     full_num, full_idx, part_num, part_idx, part_mask = tables
     b, hq, nq, _ = q.shape
     kv_len = k.shape[2]
