@@ -222,6 +222,17 @@ class _DuckTyped(Drafter):
 _MISSING = object()
 
 
+def require_bound_target(drafter, target) -> None:
+    """`check_target` of a drafter made for one model (`drafter.target`: its embedding, LM head
+    or hidden layers are that model's): ValueError (one line) for any other model. A model
+    wrapped by `torch.compile` counts as itself."""
+    if target is drafter.target or getattr(target, "_orig_mod", None) is drafter.target:
+        return
+    name = type(drafter).__name__
+    raise ValueError(f"target: this {name} was loaded for another "
+                     f"{type(drafter.target).__name__}; load it with "
+                     f"{name}.from_pretrained(path, target) for this one")
+
 def as_drafter(drafter) -> Drafter:
     """`drafter` as a `Drafter`: itself when it subclasses it, else a `_DuckTyped` view. Raises a
     TypeError naming what arrived when it has no `propose` method."""

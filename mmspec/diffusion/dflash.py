@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult
+from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult, require_bound_target
 from mmspec.decoding.sampling import target_probs
 from mmspec.hub import resolve_model
 
@@ -112,11 +112,7 @@ class DFlashDrafter(nn.Module, Drafter):
     def check_target(self, target) -> None:
         """ValueError unless `target` is the model this drafter was loaded for (its embedding,
         LM head and hidden layers are that model's)."""
-        if target is self.target or getattr(target, "_orig_mod", None) is self.target:
-            return
-        raise ValueError(f"target: this DFlashDrafter was loaded for another "
-                         f"{type(self.target).__name__}; load it with "
-                         f"DFlashDrafter.from_pretrained(path, target) for this one")
+        require_bound_target(self, target)
 
     # --- the drafter contract ---
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult
+from mmspec.decoding.draft import Draft, Drafter, DraftState, VerifyResult, require_bound_target
 from mmspec.decoding.dynamic_tree import dynamic_tree
 from mmspec.hub import resolve_model
 
@@ -136,11 +136,7 @@ class EagleDrafter(nn.Module, Drafter):
     def check_target(self, target) -> None:
         """ValueError unless `target` is the model this drafter was loaded for (its embeddings,
         lm_head and feature layers are that model's)."""
-        if target is self.target or getattr(target, "_orig_mod", None) is self.target:
-            return
-        raise ValueError(f"target: this {type(self).__name__} was loaded for another "
-                         f"{type(self.target).__name__}; load it with "
-                         f"{type(self).__name__}.from_pretrained(path, target) for this one")
+        require_bound_target(self, target)
 
     def propose(self, state: DraftState) -> Draft:
         if state.target_hidden is None:
