@@ -101,3 +101,20 @@ def test_eagle3_reading_entries_that_fit_is_token_identical(models):
     model = models("longcat_flash", second=True)
     torch.manual_seed(0)
     token_identical(model, new_eagle3_drafter(model, layers=(0, 1, 2), intermediate_size=64))
+
+
+def test_check_hidden_names_the_entry_and_both_shapes():
+    from mmspec.decoding.hidden import check_hidden
+
+    plain, target = torch.zeros(1, 11, 64), torch.nn.Linear(1, 1)
+    check_hidden(target, (plain, plain), (0, -1), None, 1, 11)  # any width when none is declared
+    cases = [((plain, torch.zeros(1, 11, 4, 64)), None, r"entry 1 is \[1, 11, 4, 64\], .* = "
+                                                        r"\[1, 11, 'width'\]"),
+             ((plain, plain), 32, r"entry 0 is \[1, 11, 64\], .* = \[1, 11, 32\]"),
+             ((plain, torch.zeros(1, 10, 64)), None, r"entry 1 is \[1, 10, 64\]"),
+             ((plain, plain), 64, r"entry -3 .* returns 2 entries \(ids in \[-2, 2\)\)"),
+             (None, 64, r"^Linear: its forward returns no hidden_states")]
+    for states, width, match in cases:
+        layers = (0, -3) if "-3" in match else (0, 1)
+        with pytest.raises(UnsupportedTarget, match=match):
+            check_hidden(target, states, layers, width, 1, 11)
