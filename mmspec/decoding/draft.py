@@ -136,7 +136,9 @@ class Drafter:
 
     - before the prefill: `check_target(target)`, `vocab_size` with `match_target_width(width)`
       and `top_k`, `check_inputs(model_kwargs)`, then `needs_target_hidden` and
-      `target_hidden_layers`;
+      `target_hidden_layers` with `target_hidden_size`;
+    - after the prefill's forward, before the first token: the target's hidden states there are
+      checked against those two (`hidden.py`);
     - every round: `propose(state)` and `update(result)`;
     - at the end of the call (also when it raises): `end()`.
 
@@ -151,6 +153,12 @@ class Drafter:
     """Entries of transformers' `hidden_states` tuple handed over when `needs_target_hidden`,
     concatenated on the feature dim: `(-1,)` is the last, normed layer; EAGLE-3 fuses a low, a
     middle and a high layer."""
+
+    target_hidden_size: int | None = None
+    """Width of each `target_hidden_layers` entry the drafter was made for (the target's hidden
+    size). After the prefill's forward, before the first token, the engine refuses
+    (`UnsupportedTarget`) a target whose entries are missing or not `[batch, prompt tokens,
+    target_hidden_size]` (`hidden.py`); None: any width, still `[batch, prompt tokens, width]`."""
 
     vocab_size: int | None = None
     """Width of the drafter's token distributions. `generate` refuses a drafter whose width is
@@ -197,8 +205,9 @@ class Drafter:
 
 
 # the members `as_drafter` takes from a drafter that does not subclass `Drafter`
-CAPABILITIES = ("needs_target_hidden", "target_hidden_layers", "vocab_size", "top_k", "end",
-                "check_target", "check_inputs", "match_target_width", "to")
+CAPABILITIES = ("needs_target_hidden", "target_hidden_layers", "target_hidden_size",
+                "vocab_size", "top_k", "end", "check_target", "check_inputs",
+                "match_target_width", "to")
 
 
 class _DuckTyped(Drafter):

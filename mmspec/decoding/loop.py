@@ -23,6 +23,7 @@ from . import kv_cache
 from . import recurrent as rec
 from .clock import Clock, fill_times
 from .draft import Draft, Drafter, DraftState, VerifyResult
+from .hidden import check_hidden, gather_hidden
 from .positions import prefill_position_ids
 from .processors import NodeProcessors
 from .rows import Rows, Slots
@@ -93,17 +94,12 @@ def _pick(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
     return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
 
 
-def _hidden(out, layers):
-    """The drafter's features: hidden states of `layers`, concatenated
-    `[B, L, H * len(layers)]`."""
-    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
-
-
-def prefill(target, input_ids, attention_mask, model_kwargs, layers, cache):
+def prefill(target, input_ids, attention_mask, model_kwargs, layers, cache, width=None):
     """The prompt forward, as `target.generate` runs it (no mask without padding, last logits
     only), into `cache` (`Verifier.prefill_cache`; None: the model's own). -> the last logits
     `[B, V]`, the cache it returned, the prompt's positions and the drafter's features (or
-    None)."""
+    None). `layers`, `width`: the drafter's `target_hidden_layers` (empty: it reads none) and
+    `target_hidden_size`, checked on this forward (`hidden.check_hidden`)."""
     position_ids = prefill_position_ids(target, input_ids, attention_mask, model_kwargs)
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
         model_kwargs = {"logits_to_keep": 1, **model_kwargs}
@@ -113,7 +109,10 @@ def prefill(target, input_ids, attention_mask, model_kwargs, layers, cache):
         use_cache=True, is_first_iteration=True, **model_kwargs,
         **cache_kwargs(target.prepare_inputs_for_generation, cache))
     out = target(**inputs, output_hidden_states=bool(layers), return_dict=True)
-    hidden = _hidden(out, layers) if layers else None
+    hidden = None
+    if layers:
+        check_hidden(target, out.hidden_states, layers, width, *input_ids.shape)
+        hidden = gather_hidden(out.hidden_states, layers)
     return out.logits[:, -1], output_cache(out), position_ids, hidden
 
 
@@ -130,6 +129,7 @@ class Loop:
         self.start, self.compiled_before = time.perf_counter(), compile_seconds()
         self.stats = SpecStats()
         self.layers = tuple(drafter.target_hidden_layers) if drafter.needs_target_hidden else ()
+        self.hidden_size = drafter.target_hidden_size
         self.vocab = vocab_size(target)
 
     def prefill(self, input_ids, attention_mask) -> None:
@@ -139,7 +139,7 @@ class Loop:
         p0 = clock.now()
         logits, cache, prompt_pos, self.hidden = prefill(
             self.target, input_ids, attention_mask, self.model_kwargs, self.layers,
-            self.verifier.prefill_cache())
+            self.verifier.prefill_cache(), self.hidden_size)
         self.recurrent = self.verifier.adopt(cache)
         self.state_layers = rec.recurrent_layers(self.verifier.cache) if self.recurrent else []
         # where trees or holes do not verify exactly: each draft's main path, and the rows of
@@ -254,7 +254,7 @@ class Loop:
         k = max(d for d, alive in zip(acc.depth_h, acc.live_h) if alive) + 1
         keep, keep_valid = acc.keep[:, :k], acc.keep_valid[:, :k]
         if self.layers:  # before a replay: a compiled call's outputs live until the next call
-            h = _hidden(out, self.layers)  # [B, N, H']
+            h = gather_hidden(out.hidden_states, self.layers)  # [B, N, H']
             self.hidden = h.gather(1, keep[..., None].expand(-1, -1, h.shape[-1]))  # [B, K, H']
         if self.recurrent:  # a chain, rows alike: replay the committed tokens after a rejection
             self._roll_back(tree, k)

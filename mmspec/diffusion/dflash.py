@@ -78,6 +78,11 @@ class DFlashDrafter(nn.Module, Drafter):
         # entry 0 of transformers' hidden_states is the embedding output (the reference's offset)
         return tuple(i + 1 for i in self.config.target_layer_ids)
 
+    @property
+    def target_hidden_size(self) -> int:
+        # each layer's share of the context projection `fc` (the target's hidden size)
+        return self.model.fc.in_features // len(self.config.target_layer_ids)
+
     @classmethod
     def from_pretrained(cls, path, target, path_search: CPSConfig | None = None) -> DFlashDrafter:
         """Load a DFlash or DFlash2 checkpoint folder for `target`, in the target's dtype and

@@ -72,6 +72,10 @@ class EagleDrafter(nn.Module, Drafter):
     def target_hidden_layers(self) -> tuple:
         return self.config.feature_layers
 
+    @property
+    def target_hidden_size(self) -> int:
+        return self.config.target_hidden_size
+
     @classmethod
     def from_pretrained(cls, path, target, *, depth: int = 8, top_k: int = 10,
                         total_tokens: int = 60) -> EagleDrafter:

@@ -205,6 +205,11 @@ class ViSpecDrafter(nn.Module, Drafter):
         the last one, or the config's `feature_layers` (EAGLE-3's multi-layer features)."""
         return self.config.feature_layers or (-1,)
 
+    @property
+    def target_hidden_size(self) -> int:
+        """The width of each entry (`Drafter`): the target's hidden size."""
+        return self.config.hidden_size
+
     def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's hidden states at `target_hidden_layers`, side by side `[..., k d]` ->
         the drafter's features `[..., d]` (fused where there are several layers)."""

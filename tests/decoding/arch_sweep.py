@@ -249,9 +249,13 @@ SECOND_CASE = "2nd config"
 # logit) is a near-tie: the probe's fp32 tolerance for summation orders (admission.py)
 NEAR_TIE = 1e-3
 CASES = ("chain", "tree", "lookup batch", "tree batch")
-# the VLM section adds an untrained `ViSpecDrafter.from_target` (text-only prompt) where ViSpec
-# has an adapter for the class; its column does not count in the outcome
-COLUMNS = {"causal": CASES + (SECOND_CASE,), "vlm": CASES + ("vispec", SECOND_CASE)}
+# the chain of the left-padded batch, staggered, from a drafter that reads the target's hidden
+# states (`HiddenChain`); like the VLM section's untrained `ViSpecDrafter.from_target`
+# (text-only prompt, where ViSpec has an adapter for the class), its column does not count in
+# the outcome
+HIDDEN_CASE = "hidden batch"
+COLUMNS = {"causal": CASES + (HIDDEN_CASE, SECOND_CASE),
+           "vlm": CASES + (HIDDEN_CASE, "vispec", SECOND_CASE)}
 # generation-config settings some classes ship (Whisper, BART) that `mmspec.generate` refuses on
 # their own: the sweep is about the architecture, so it switches them off on both sides
 _SETTINGS_OFF = ("forced_eos_token_id", "forced_bos_token_id", "begin_suppress_tokens",
@@ -308,6 +312,21 @@ class OracleChain:
         pass
 
 
+class HiddenChain(OracleChain):
+    """`OracleChain` staggered, declared as a hidden-state drafter as DFlash reads a target:
+    the `hidden_states` entries of its first and last layers, each the text config's
+    `hidden_size` wide. The engine checks them on the prefill's forward and gathers the
+    committed slots' every round (`mmspec/decoding/hidden.py`)."""
+
+    needs_target_hidden = True
+
+    def __init__(self, model, ref, prompt_mask):
+        super().__init__(ref, prompt_mask, stagger=True)
+        text = model.config.get_text_config(decoder=True)
+        self.target_hidden_layers = (1, text.num_hidden_layers)
+        self.target_hidden_size = getattr(text, "hidden_size", None)
+
+
 def _drafter(case, model, ref, mask):
     from mmspec.decoding import ModelDrafter, PromptLookupDrafter
 
@@ -318,6 +337,8 @@ def _drafter(case, model, ref, mask):
         return ViSpecDrafter.from_target(model)  # refused with one line where unsupported
     if case == "chain":
         return OracleChain(ref, mask)
+    if case == HIDDEN_CASE:
+        return HiddenChain(model, ref, mask)
     if case == "lookup batch":
         return PromptLookupDrafter(num_tokens=3)
     return ModelDrafter(model, num_tokens=6, top_k=2, depth=3)  # the target drafts for itself
@@ -521,8 +542,13 @@ def write_table(results: dict, seconds: float, path: Path = TABLE) -> None:
         f"counted in cache slots, layers that take no mask), each tree is verified along its "
         f"main path, and where holes are not exact, a batch's rows commit alike (as many "
         f"tokens as the row that accepted fewest); both stay token-identical, with fewer tokens "
-        f"accepted. `2nd config`: a second tiny configuration of the class (96 wide, 6 heads "
-        f"with 3 for keys and values, 3 layers) decoding the chain on a left-padded batch of "
+        f"accepted. `hidden batch`: the chain on the batch, rows accepting different numbers, "
+        f"from a drafter that reads the target's hidden states as a DFlash drafter does (the "
+        f"`hidden_states` entries of its first and last layers, `hidden_size` wide; the engine "
+        f"refuses, before the first token, a target whose entries are not [batch, tokens, "
+        f"hidden_size]); it does not count in the outcome. `2nd config`: a second tiny "
+        f"configuration of the class (96 wide, 6 heads with 3 for keys and values, 3 layers) "
+        f"decoding the chain on a left-padded batch of "
         f"two with a {PROMPTS_SECOND.shape[1]}-token prompt, so the engine's admission meets "
         f"other shapes (`not built` there: untested, not refused). `near-tie`: a greedy token "
         f"that differs from the model's own where its top two logits are within {NEAR_TIE:g} "

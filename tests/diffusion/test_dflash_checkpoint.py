@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from mmspec import DFlashDrafter, generate
+from mmspec import DFlashDrafter, UnsupportedTarget, generate
 
 from .dflash_reference import dflash_raw_config, random_state, write_checkpoint
 from .test_dflash import tiny_llama, tiny_qwen3
@@ -107,8 +107,8 @@ def test_another_target_instance_is_refused(tmp_path):
 
 def test_targets_whose_embeddings_or_hidden_states_do_not_fit_are_named(tmp_path):
     """From the architecture sweep: RemBERT embeds 256 wide below a 64-wide model (refused at
-    load); Qwen4Exp's hidden states are wider than its hidden_size (refused at the first draft,
-    one line, instead of a shape error inside torch)."""
+    load); Qwen4Exp's hidden states are wider than its hidden_size (refused by the engine after
+    the prefill's forward, before the first token, one line; `tests/decoding/test_hidden.py`)."""
     from tests.decoding import arch_sweep
 
     rembert = arch_sweep.build("rembert")
@@ -121,6 +121,8 @@ def test_targets_whose_embeddings_or_hidden_states_do_not_fit_are_named(tmp_path
     raw = dflash_raw_config(exp, mask=5, layer_ids=[0, 1])
     drafter = DFlashDrafter.from_pretrained(write_checkpoint(tmp_path / "q", raw,
                                                              random_state(raw)), exp)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UnsupportedTarget) as err:
         generate(exp, drafter, arch_sweep.PROMPTS[:1], max_new_tokens=4, pad_token_id=0)
-    assert "state.target_hidden is [1, 11, 320], expected [batch, slots, 128]" in one_line(err)
+    assert ("Qwen4ExpForCausalLM: its hidden_states entry 1 is [1, 11, 256], but the drafter "
+            "(target_hidden_layers [1, 2]) reads [batch, prompt tokens, width] = [1, 11, 64]"
+            in one_line(err))
