@@ -131,3 +131,16 @@ def test_a_layer_config_written_as_a_diff_loads(tmp_path):
     assert back.config == drafter.config
     assert all(torch.equal(a, b) for a, b in zip(drafts(drafter, target)[1],
                                                   drafts(back, target)[1]))
+
+
+def test_a_layer_config_without_layer_types_takes_them_from_its_layer_count(tmp_path):
+    """Written by a transformers without `layer_types`: not the default config's 36 layers."""
+    target = tiny_qwen3(0, layers=4)
+    drafter, _, _ = drafter_for(tmp_path, target, kind="DFlashDraftModel", layer_ids=[0, 2],
+                                is_causal=None)
+    path = drafter.save_pretrained(tmp_path / "spec", format="speculators")
+    fields = json.loads((path / "config.json").read_text())
+    layer = {k: v for k, v in fields["transformer_layer_config"].items()
+             if k not in ("layer_types", "sliding_window")}
+    (path / "config.json").write_text(json.dumps({**fields, "transformer_layer_config": layer}))
+    assert DFlashDrafter.from_pretrained(path, target).config == drafter.config
