@@ -74,7 +74,7 @@ def held_out_tau(drafter, target, stream: torch.Tensor) -> float:
 
     committed = forwards = 0
     for window in eval_windows(stream, 128, HELD_OUT):
-        out = generate(target, drafter, window[None], torch.ones_like(window[None]),
+        out = generate(target, drafter, window[None], attention_mask=torch.ones_like(window[None]),
                        max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=[])
         committed, forwards = committed + out.stats.committed, forwards + out.stats.rounds
     return committed / max(forwards, 1)
