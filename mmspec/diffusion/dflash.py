@@ -37,6 +37,7 @@ from mmspec.hub import resolve_model
 from .cps import CPSConfig, search
 from .dflash_checkpoint import check_fits, check_weights, dflash_config, read_config, read_weights
 from .dflash_model import DFlashConfig, DFlashModel, qwen3_config
+from .dflash_speculators import is_speculators, read_speculators, write_speculators
 from .ngram_proxy import NgramProxy
 from .path_tree import paths_to_tree
 
@@ -88,12 +89,17 @@ class DFlashDrafter(nn.Module, Drafter):
         """Load a DFlash or DFlash2 checkpoint folder for `target`, in the target's dtype and
         device. The folder must have been made for this target (its layers and hidden size).
         `path`: a folder, a zoo entry name or a hub id (`mmspec.hub.resolve_model`).
-        `path_search`: draft a tree instead of the chain (`_search_tree`)."""
+        `path_search`: draft a tree instead of the chain (`_search_tree`). A folder in vLLM's
+        speculators layout (`save_pretrained(format="speculators")`) is read as well."""
         path = resolve_model(path, "path")
-        raw = read_config(path)
+        if is_speculators(path):
+            state = read_weights(path)
+            raw = read_speculators(path, state, target)
+        else:
+            raw, state = read_config(path), None
         cfg = dflash_config(raw, path)
         check_fits(raw, cfg, target, path)
-        state = read_weights(path)
+        state = read_weights(path) if state is None else state
         model = DFlashModel(qwen3_config(raw), cfg)
         own = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
         check_weights(own, state, cfg, path)
@@ -102,9 +108,19 @@ class DFlashDrafter(nn.Module, Drafter):
         return cls(model.eval(), target, raw, path_search).to(device=weight.device,
                                                               dtype=weight.dtype)
 
-    def save_pretrained(self, path, dtype: torch.dtype | None = None) -> Path:
-        """Write config.json and model.safetensors in the authors' layout (what
-        `from_pretrained` and their `DFlashDraftModel.from_pretrained` read)."""
+    def save_pretrained(self, path, dtype: torch.dtype | None = None, format: str = "dflash",
+                        verifier: str | None = None) -> Path:
+        """Write config.json and model.safetensors to the folder `path`, both of which
+        `from_pretrained` reads back. format "dflash": the authors' layout (what their
+        `DFlashDraftModel.from_pretrained` reads); "speculators": vLLM's speculators layout
+        (`dflash_speculators`, speculators 0.9.0), with `verifier` (default: the target's
+        `name_or_path`) recorded as the target `vllm serve` loads. dtype: the weights' dtype on
+        disk (None: the drafter's)."""
+        if format not in ("dflash", "speculators"):
+            raise ValueError(f"format must be 'dflash' or 'speculators', got {format!r}")
+        if format == "speculators":
+            verifier = verifier or getattr(self.target.config, "name_or_path", "") or None
+            return write_speculators(self, path, verifier, dtype)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()

@@ -12,6 +12,14 @@ held-out split stays for evaluation. Seeded and resumable like the zoo's trainer
 folder `<out>/ckpt` every `--save-every-s` seconds; a rerun of the command continues it. At the
 end `<out>/final` holds the drafter (fp32) and `--zoo-name NAME` also writes the zoo entry
 `assets/zoo/NAME` (fp16, with a card whose tau is measured on the shipped weights).
+
+`--distill N` trains on the target's own greedy continuations instead of corpus windows (the
+authors' data: what the drafter must predict is what the target says): N windows of
+`--distill-prefix` train-split tokens, each followed by `--distill-new` greedy target tokens
+(`mmspec.zoo.training.distill`, cached under `<out>/distill`); the windows are then
+prefix + new tokens long and `--seq-len` does not apply. `--init-from REV:DIR` starts from a
+committed DFlash entry's weights (`mmspec.zoo.training.committed`), so a run may overwrite the
+entry it continues.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from mmspec.diffusion.dflash import DFlashDrafter
 from mmspec.diffusion.dflash_train import new_drafter, training_loss
 from mmspec.train_scaffold import (TrainLoop, command, cosine_schedule, read_meta,
                                    refuse_other_run, refuse_past_steps, run_refusals_as_exit)
+from mmspec.zoo.training.committed import committed_card, committed_state, load_committed
 from mmspec.zoo.paths import ZOO_DIR, model_path, positive_int
 
 MODULE = "mmspec.zoo.training.train_dflash"
@@ -65,10 +74,20 @@ def held_out_tau(drafter, target, stream: torch.Tensor) -> float:
 
     committed = forwards = 0
     for window in eval_windows(stream, 128, HELD_OUT):
-        out = generate(target, drafter, window[None], torch.ones_like(window[None]),
+        out = generate(target, drafter, window[None], attention_mask=torch.ones_like(window[None]),
                        max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=[])
         committed, forwards = committed + out.stats.committed, forwards + out.stats.rounds
     return committed / max(forwards, 1)
+
+
+def distill_data(args, target, stream: torch.Tensor) -> torch.Tensor:
+    """long `[N, P + new]`: `--distill N` train windows of `--distill-prefix` tokens and the
+    target's `--distill-new` greedy tokens after each (cached under `<out>/distill`)."""
+    from mmspec.zoo.training.distill import target_continuations
+
+    return target_continuations(target, stream, args.distill, args.distill_prefix,
+                                args.distill_new, args.out / "distill", seed=args.seed,
+                                save_every_s=args.save_every_s)
 
 
 def train(args) -> DFlashDrafter:
@@ -80,7 +99,11 @@ def train(args) -> DFlashDrafter:
                           layers=args.layers, block_size=args.block_size,
                           target_layer_ids=args.layer_ids,
                           intermediate_size=args.intermediate_size).float().train()
+    if args.init_from:
+        load_committed(drafter.model, committed_state(args.init_from), args.init_from,
+                       ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq"))
     stream = token_stream(tokenizer, "train")
+    data = distill_data(args, target, stream) if args.distill else None
     optimizer = torch.optim.AdamW(drafter.model.parameters(), lr=args.lr, weight_decay=0.0)
     run = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
            if k not in ("resume", "threads", "zoo_name", "budget", "argv")}  # torch.load-safe
@@ -94,11 +117,21 @@ def train(args) -> DFlashDrafter:
     bar = loop.steps(args.steps, "dflash")
     for step in bar:
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        ids = random_windows(stream, args.batch_size, args.seq_len, g)
+        ids = (random_windows(stream, args.batch_size, args.seq_len, g) if data is None
+               else data[torch.randint(0, len(data), (args.batch_size,), generator=g)])
         loop.update(training_loss(drafter, ids, args.anchors, g, args.gamma), step, bar)
     loop.finish()
     drafter.eval().save_pretrained(args.out / "final")
     return drafter
+
+
+def data_note(args) -> str:
+    if args.distill:
+        return (f"{args.distill} windows of {args.distill_prefix} tokens of the stdlib corpus's "
+                f"training split, each followed by {args.distill_new} greedy tokens of the "
+                f"target; {args.anchors} anchor blocks each")
+    return (f"random {args.seq_len}-token windows of the stdlib corpus's training split, "
+            f"{args.anchors} anchor blocks each")
 
 
 def export_zoo(args, drafter: DFlashDrafter, losses: list, elapsed: float) -> Path:
@@ -127,8 +160,7 @@ def export_zoo(args, drafter: DFlashDrafter, losses: list, elapsed: float) -> Pa
             "size_bytes": size, "dtype": "float16",
             "config": {"target_layer_ids": list(cfg.target_layer_ids),
                        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id},
-            "data": f"random {args.seq_len}-token windows of the stdlib corpus's training split, "
-                    f"{args.anchors} anchor blocks each",
+            "data": data_note(args),
             "results": {"steps": args.steps,
                         "final_train_loss": round(sum(tail) / len(tail), 4),
                         "final_train_loss_note": "mean of the last 100 steps (the anchor-block "
@@ -142,6 +174,8 @@ def export_zoo(args, drafter: DFlashDrafter, losses: list, elapsed: float) -> Pa
                         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs "
                                    f"(shared)"},
             "command": command(MODULE, [a for a in args.argv if a != "--resume"]),
+            **({"init_from": {"ref": args.init_from, "card": committed_card(args.init_from)}}
+               if args.init_from else {}),
             **({"budget": args.budget} if args.budget else {}),
         })
     print(f"exported {out_dir}: {size} bytes, held-out tau {tau:.3f}")
@@ -165,6 +199,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--seq-len", type=positive_int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--init-from", metavar="REV:DIR",
+                   help="start from a committed DFlash entry, e.g. HEAD:assets/zoo/text-dflash")
+    p.add_argument("--distill", type=int, default=0, metavar="N",
+                   help="train on N windows of the target's greedy continuations")
+    p.add_argument("--distill-prefix", type=positive_int, default=128)
+    p.add_argument("--distill-new", type=positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every-s", type=float, default=120.0)
     p.add_argument("--threads", type=int, default=1)

@@ -1,0 +1,35 @@
+"""The DFlash trainer's data and start: `--distill` trains on the target's own continuations,
+`--init-from` starts from a committed entry's weights."""
+
+import torch
+from safetensors.torch import load_file
+
+from mmspec.zoo.training import data, train_dflash
+from mmspec.zoo.training.committed import committed_state
+
+SHIPPED = "HEAD:assets/zoo/text-dflash"
+
+
+def test_distill_and_init_from(monkeypatch, tmp_path, heldout_stream):
+    monkeypatch.setattr(data, "token_stream", lambda tok, split: heldout_stream[:20000])
+    seen = []
+    loss = train_dflash.training_loss
+    monkeypatch.setattr(train_dflash, "training_loss",
+                        lambda drafter, ids, *a: seen.append(ids) or loss(drafter, ids, *a))
+    out = tmp_path / "run"
+    train_dflash.main(["--target", "text-target", "--out", str(out), "--steps", "2",
+                       "--batch-size", "2", "--anchors", "2", "--lr", "0", "--warmup", "0",
+                       "--layer-ids", "1", "3", "5", "--init-from", SHIPPED, "--distill", "3",
+                       "--distill-prefix", "12", "--distill-new", "10"])
+    # lr 0: the weights are the committed ones, read back from the final folder
+    final = load_file(str(out / "final" / "model.safetensors"))
+    assert final.keys() == committed_state(SHIPPED).keys()
+    assert all(torch.equal(final[k].half(), v.half()) for k, v in committed_state(SHIPPED).items())
+    # the windows are the target's greedy continuations of 12 corpus tokens
+    (cache,) = (out / "distill").glob("continuations-*.pt")
+    rows = torch.load(cache, weights_only=True).long()
+    assert rows.shape == (3, 22) and all(ids.shape == (2, 22) for ids in seen)
+    assert all(any(torch.equal(r, row) for row in rows) for ids in seen for r in ids)
+    target, _ = train_dflash.load_target("text-target")
+    assert torch.equal(target.generate(rows[:1, :12], max_new_tokens=10, do_sample=False,
+                                       eos_token_id=[]), rows[:1])
