@@ -471,8 +471,9 @@ def main() -> None:
             + ("no block mask reaches 0.9 on these maps either" if bound < 0.9 else
                "a block mask can reach 0.9 on these maps")
             + f": this {model_steps(card)}-step "
-            f"model's heads spread their mass {'far more' if bound < 0.8 else 'about as'} evenly "
-            f"than the synthetic heads (section `draft_attention`). Recall at 90% ranks "
+            f"model's heads spread their mass "
+            f"{'far more evenly than' if bound < 0.8 else 'more evenly than, or as evenly as,'} "
+            f"the synthetic heads (section `draft_attention`). Recall at 90% ranks "
             f"{' > '.join(order)}; draft-global keeps {f90['draft-global']['recall'] / bound:.0%} "
             f"of the bound.")
 

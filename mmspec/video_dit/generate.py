@@ -84,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("global", "row"), default="global")
     p.add_argument("--tile", type=int, nargs=2, default=None, metavar=("TH", "TW"),
                    help="latent tokens (after the VAE and the patch embedding) per tile and "
-                        "kernel block, at most a frame's (default 8 16, the paper's; 4 4 on the "
+                        "kernel block, at most a frame's (default 8 16, the paper's; 2 4 on the "
                         "zoo video-dit, mmspec.zoo.registry.ZOO_VIDEO_TILE)")
     p.add_argument("--query-tile", type=int, nargs=2, default=None, metavar=("QH", "QW"),
                    help="query tiles of whole tiles, e.g. --tile 4 8 --query-tile 8 8: 64-token "

@@ -184,8 +184,11 @@ ZOO_TREE = {"depth": 10, "top_k": 1, "total_tokens": 11}
 # tokens: `video_dit.generate`'s default on it, the demo's and BENCHMARKS.md `video`'s (its plot
 # names it). The paper's (8, 16), sized for Wan's 30x52-token frames, leaves 2 tiles a 32x32
 # frame here, too coarse to select blocks by (BENCHMARKS.md, "Figures taken out of package
-# comments").
-ZOO_VIDEO_TILE = (4, 4)
+# comments"); 8-token 2x4 tiles keep more of this model's attention at equal density than 4x4
+# ones at every trained size, for about the same CPU time end to end (BENCHMARKS.md
+# `video_grids_tiles`, `video_grids_speed`). On a GPU blocks under 16 tokens take the torch
+# backend, not the Triton kernel: this is the CPU demo model; Wan-sized models keep their own tiles.
+ZOO_VIDEO_TILE = (2, 4)
 
 # ADL's block range for the zoo DLM (DiffuSpec's is [20, 30], sized for a GPU where verifying 30
 # tokens costs about one decode step). On a CPU verifying 20 tokens costs several decode steps and

@@ -640,6 +640,6 @@ def test_the_zoo_video_dit_runs_at_the_zoo_tile_by_default(tmp_path):
     def tile(*model):
         return tuple(generate.parse_args(["--model", *model, "--prompts", "p", "--out", "o"]).tile)
 
-    assert tile("video-dit") == ZOO_VIDEO_TILE == (4, 4)
+    assert tile("video-dit") == ZOO_VIDEO_TILE == (2, 4)
     assert tile(str(tmp_path)) == generate.PAPER_TILE == (8, 16)  # any other pipeline folder
     assert tile("video-dit", "--tile", "2", "2") == (2, 2)
