@@ -1091,7 +1091,8 @@ def _target_and_samples(p: argparse.ArgumentParser, args) -> tuple:
     except (OSError, ValueError) as err:  # no such folder or hub id, no weights, not a VLM
         where = "" if Path(args.target).is_dir() else " (no such folder; tried as a hub id)"
         kind = {"eagle3": "a vision-language or causal LM",
-                "dflash": "a causal LM"}.get(args.arch, "a vision-language model")
+                "dflash": "a causal LM (--arch dflash trains drafters for text-only causal LM "
+                          "targets)"}.get(args.arch, "a vision-language model")
         p.error(f"--target {args.target}: cannot load it as {kind}{where}: "
                 f"{str(err).strip().splitlines()[0]}")
     if dflash and getattr(target.config, "vision_config", None) is not None:
