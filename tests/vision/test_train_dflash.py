@@ -80,6 +80,14 @@ def test_blocks_are_drawn_where_the_labels_are_supervised(target, monkeypatch):
     assert any(int(a.min()) < 8 for _, a in seen)
 
 
+def test_samples_too_short_for_a_block_are_named(capsys):
+    target = no_eos(tiny_qwen3(0, vocab=VOCAB).requires_grad_(False))
+    samples = [{"input_ids": p} for p in (_prompts(1, 0)[0], _prompts(1, 1, length=3)[0])]
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 2, "supervise": "all", "answer_tokens": 0})
+    train(_fresh(target), target, samples, cfg)  # 4 tokens: anchors from 1 leave 3 rows
+    assert "1 of 2 samples hold no DFlash block of 4 rows" in capsys.readouterr().err
+
+
 def test_resume_equals_an_uninterrupted_run(target, tmp_path, monkeypatch, interrupt_on_call):
     samples = [{"input_ids": p} for p in _prompts(3, 2)]
     cfg = TrainConfig(**{**CFG.__dict__, "steps": 6, "checkpoint_every": 3})
