@@ -80,6 +80,18 @@ def test_blocks_are_drawn_where_the_labels_are_supervised(target, monkeypatch):
     assert any(int(a.min()) < 8 for _, a in seen)
 
 
+def test_a_bf16_target_trains_fp32_master_weights(tmp_path):
+    target = no_eos(tiny_qwen3(0, vocab=VOCAB).to(torch.bfloat16).requires_grad_(False))
+    drafter = _fresh(target)
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 20})
+    losses = train(drafter, target, [{"input_ids": p} for p in _prompts(3, 0)], cfg,
+                   out_dir=tmp_path / "run")
+    assert sum(losses[-5:]) < sum(losses[:5]) and drafter.model.fc.weight.dtype == torch.float32
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["dtype"] == "float32"
+    assert DFlashDrafter.from_pretrained(tmp_path / "run", target).model.fc.weight.dtype == \
+        torch.bfloat16  # as the target, at decoding time
+
+
 def test_samples_too_short_for_a_block_are_named(capsys):
     target = no_eos(tiny_qwen3(0, vocab=VOCAB).requires_grad_(False))
     samples = [{"input_ids": p} for p in (_prompts(1, 0)[0], _prompts(1, 1, length=3)[0])]
