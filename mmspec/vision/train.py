@@ -46,8 +46,10 @@ the target's answers (`answers-<rank>.pt`), each step takes `--batch-size` sampl
 and the gradients are averaged (`accelerator.reduce`), so N processes train as one with an N
 times larger batch.
 
-Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
-or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.
+Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor;
+{"prompt": text} for a causal LM target, through its tokenizer's chat template, or as plain text
+when it has none), or a `.pt` list of ready samples {"input_ids": long [1, L], **processor
+outputs}.
 """
 
 from __future__ import annotations
@@ -841,10 +843,9 @@ def _data_path(data: Path, image: str) -> Path:
     return beside if not image.is_absolute() and beside.exists() else image
 
 
-def _load_jsonl(path: Path, processor, suffix: str) -> list:
-    from PIL import Image
-
-    samples = []
+def _jsonl_rows(path: Path, text_only: bool = False):
+    """(where, row) for each non-empty line of the `--data` file `path`: a JSON object with a
+    text "prompt" and (unless `text_only`: none) an "image"; ValueError naming the line."""
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -853,16 +854,43 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not JSON ({err})") from None
-        if not isinstance(row, dict) or not {"image", "prompt"} <= set(row):
+        keys = {"prompt"} if text_only else {"image", "prompt"}
+        if not isinstance(row, dict) or not keys <= set(row) or (text_only and "image" in row):
             got = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f'{where}: expected {{"image": path or [paths], "prompt": text}}, '
-                             f"got {got}")
+            expected = ('{"prompt": text} (a text-only target: no "image")' if text_only
+                        else '{"image": path or [paths], "prompt": text}')
+            raise ValueError(f"{where}: expected {expected}, got {got}")
+        if not isinstance(row["prompt"], str):
+            raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
+        yield where, row
+
+
+def _load_text_jsonl(path: Path, tokenizer, suffix: str) -> list:
+    """Samples of a causal LM target: each prompt (with `suffix`) as a user turn of the
+    tokenizer's chat template, or as plain text when it has none (a base model)."""
+    samples = []
+    for _, row in _jsonl_rows(path, text_only=True):
+        text = f"{row['prompt']} {suffix}".strip()
+        if tokenizer.chat_template:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=not tokenizer.chat_template,
+                        return_tensors="pt")["input_ids"]
+        samples.append({"input_ids": ids})
+    if not samples:
+        raise ValueError(f"--data {path}: no samples, the file has no non-empty line")
+    return samples
+
+
+def _load_jsonl(path: Path, processor, suffix: str) -> list:
+    from PIL import Image
+
+    samples = []
+    for where, row in _jsonl_rows(path):
         paths = row["image"] if isinstance(row["image"], list) else [row["image"]]
         if not paths or not all(isinstance(p, str) for p in paths):
             raise ValueError(f'{where}: "image" must be a path or a non-empty list of paths, '
                              f"got {row['image']!r}")
-        if not isinstance(row["prompt"], str):
-            raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
         try:
             # relative paths: from the .jsonl's folder (a dataset folder moves as one), else
             # from the working directory (as before)
@@ -900,11 +928,16 @@ def start_from_saved(path, target, text_only: bool) -> ViSpecDrafter:
     return drafter
 
 
-def load_samples(path: Path, target_path: str, suffix: str) -> list:
+def load_samples(path: Path, target_path: str, suffix: str, text_only: bool = False) -> list:
     """The samples of `--data`: a `.pt` list as saved, or a `.jsonl` through the target's
-    processor; ValueError naming the file (and line or sample) when they are not samples."""
+    processor (`text_only`, a causal LM target: its tokenizer); ValueError naming the file (and
+    line or sample) when they are not samples."""
     if path.suffix == ".pt":
         samples = torch.load(path, weights_only=True)
+    elif text_only:
+        from transformers import AutoTokenizer
+
+        samples = _load_text_jsonl(path, AutoTokenizer.from_pretrained(target_path), suffix)
     else:
         from transformers import AutoProcessor
 
@@ -934,8 +967,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="path or hub id of the target VLM")
     p.add_argument("--data", required=True, type=Path,
-                   help=".jsonl (image, prompt; image paths relative to the .jsonl's folder) "
-                        "or .pt samples")
+                   help=".jsonl (image, prompt; image paths relative to the .jsonl's folder; "
+                        "a prompt alone for a causal LM target) or .pt samples")
     p.add_argument("--out", required=True, type=Path,
                    help="folder for checkpoints, the answer cache and the drafter")
     p.add_argument("--drafter", help="start from this saved drafter: a ViSpec one as saved; a "
@@ -944,8 +977,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
     p.add_argument("--arch", default="vispec", choices=["vispec", "eagle3", "dflash"],
                    help="vispec: a ViSpec drafter (a VLM target); eagle3: an EAGLE-3 drafter "
-                        "(a VLM or a causal LM target; .pt samples for the latter); dflash: a "
-                        "DFlash drafter (a causal LM target, .pt samples)")
+                        "(a VLM or a causal LM target); dflash: a DFlash drafter (a causal LM "
+                        "target)")
     p.add_argument("--draft-vocab-size", type=int, default=DRAFT_VOCAB_SIZE,
                    help="eagle3: the draft vocabulary, the answers' most frequent tokens "
                         "(default: %(default)s, EAGLE-3's, at most the target's vocabulary)")
@@ -1098,9 +1131,10 @@ def _target_and_samples(p: argparse.ArgumentParser, args) -> tuple:
     if dflash and getattr(target.config, "vision_config", None) is not None:
         p.error(f"--target {args.target}: a vision-language model ({type(target).__name__}); "
                 f"--arch dflash trains drafters for text-only causal LM targets")
+    text_only = getattr(target.config, "vision_config", None) is None
     try:
         samples = [{k: v.to(args.device) for k, v in s.items()}
-                   for s in load_samples(args.data, args.target, args.suffix)]
+                   for s in load_samples(args.data, args.target, args.suffix, text_only)]
     except ValueError as err:  # names --data and the line or sample
         p.error(str(err))
     n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0

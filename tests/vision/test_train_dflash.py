@@ -125,7 +125,7 @@ def test_resume_equals_an_uninterrupted_run(target, tmp_path, monkeypatch, inter
 
 @pytest.fixture(scope="module")
 def cli_files(tmp_path_factory):
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     root = tmp_path_factory.mktemp("dflash_cli")
@@ -133,8 +133,12 @@ def cli_files(tmp_path_factory):
     target.save_pretrained(root / "target")
     target.save_pretrained(root / "bare")  # no tokenizer
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
-    PreTrainedTokenizerFast(tokenizer_object=words, mask_token=f"w{MASK}").save_pretrained(
-        root / "target")
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, mask_token=f"w{MASK}")
+    tokenizer.chat_template = ("{% for m in messages %}w1 {{ m['content'] }} w2{% endfor %}"
+                               "{% if add_generation_prompt %} w3{% endif %}")
+    tokenizer.save_pretrained(root / "target")
+    (root / "prompts.jsonl").write_text('{"prompt": "w5 w6 w7"}\n\n{"prompt": "w8 w9"}\n')
     torch.save([{"input_ids": p} for p in _prompts(5, 1, length=15)], root / "windows.pt")
     return root, target
 
@@ -169,6 +173,26 @@ def test_the_command_line_trains_and_exports_both_layouts(cli_files, tmp_path, c
     layer = loaded.model.layers[0]
     assert (layer.mlp.up_proj.out_features, layer.self_attn.k_proj.out_features) == (16, 8)
     _exact(target, loaded, ids)
+
+
+def test_the_command_line_reads_text_prompts_through_the_chat_template(cli_files, tmp_path,
+                                                                       capsys):
+    root, target = cli_files
+    argv = _argv(root, tmp_path / "run", "--held-out", "0", "--eval-every", "0", "--suffix", "",
+                 "--answer-tokens", "12")
+    main([str(root / "prompts.jsonl") if a.endswith("windows.pt") else a for a in argv])
+    answers = torch.load(tmp_path / "run" / "answers.pt", weights_only=True)
+    prompts = [[1, 5, 6, 7, 2, 3], [1, 8, 9, 2, 3]]  # "w1 {prompt} w2 w3", ids as named
+    want = [target.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):]
+            for p in prompts]
+    assert sorted(map(list, answers.values())) == sorted(map(list, want))
+    DFlashDrafter.from_pretrained(tmp_path / "run", target)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "w5", "image": "cat.png"}\n')
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "bad.jsonl") if a.endswith("windows.pt") else a
+              for a in _argv(root, tmp_path / "bad", "--held-out", "0")])
+    assert (f'--data {tmp_path / "bad.jsonl"} line 1: expected {{"prompt": text}} (a text-only '
+            f"target: no \"image\"), got ['image', 'prompt']") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message", [
