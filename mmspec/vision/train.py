@@ -76,14 +76,15 @@ from mmspec.interrupt import Interrupted, run_command
 from mmspec.train_scaffold import (META, RunExists, RunRefused, TrainLoop, checkpoint_dirs,
                                    linear_schedule, settle)
 
+from mmspec.diffusion.dflash import DFlashDrafter
+from mmspec.diffusion.dflash_speculators import check_exportable
+from mmspec.diffusion.dflash_train import sample_loss as dflash_sample_loss
 from mmspec.eagle.checkpoint import check_state, read_config, read_weights
 from mmspec.eagle.drafter import EagleDrafter
 from mmspec.eagle.eagle3_train import (DRAFT_VOCAB_SIZE, PASS_DECAY, ROLLOUT_STEPS, eagle3_loss,
                                        feature_layers, fit_draft_vocabulary, new_eagle3_drafter,
                                        target_argmax)
 from mmspec.eagle.speculators import read_speculators
-from mmspec.diffusion.dflash import DFlashDrafter
-from mmspec.diffusion.dflash_train import sample_loss as dflash_sample_loss
 
 from . import train_dflash
 from .drafter import ViSpecDrafter
@@ -589,9 +590,15 @@ def _check_kind(drafter, cfg: TrainConfig, save_format: str | None) -> None:
     if cfg.supervise == "all" and isinstance(drafter, ViSpecDrafter):
         raise ValueError("cfg.supervise 'all' trains EAGLE-3 and DFlash drafters; a ViSpec "
                          "drafter's loss supervises the answers only (supervise='answers')")
-    if save_format is not None and not isinstance(drafter, DFlashDrafter):
+    if save_format is None:
+        return
+    if not isinstance(drafter, DFlashDrafter):
         raise ValueError(f"save_format: a {_kind(drafter)} drafter saves in its one layout; "
                          f"save_format is for DFlash drafters, got {save_format!r}")
+    if save_format not in ("dflash", "speculators"):
+        raise ValueError(f"save_format must be 'dflash' or 'speculators', got {save_format!r}")
+    if save_format == "speculators":  # refused now, not after the training
+        check_exportable(drafter)
 
 
 class UnfitData(ValueError):
@@ -965,7 +972,8 @@ def _parser() -> argparse.ArgumentParser:
     """The command line: the run's own options, then one per `TrainConfig` field."""
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="path or hub id of the target VLM")
+    p.add_argument("--target", required=True,
+                   help="path or hub id of the target VLM (or causal LM: --arch eagle3, dflash)")
     p.add_argument("--data", required=True, type=Path,
                    help=".jsonl (image, prompt; image paths relative to the .jsonl's folder; "
                         "a prompt alone for a causal LM target) or .pt samples")

@@ -92,6 +92,16 @@ def test_a_bf16_target_trains_fp32_master_weights(tmp_path):
         torch.bfloat16  # as the target, at decoding time
 
 
+def test_save_formats_are_checked_before_training(target):
+    samples = [{"input_ids": p} for p in _prompts(1, 0)]
+    last = new_drafter(target, mask_token_id=MASK, layers=1, block_size=4,
+                       target_layer_ids=[2]).float()  # the tiny targets have 3 layers
+    with pytest.raises(ValueError, match=r"format: 'speculators' reads the target's last layer"):
+        train(last, target, samples, CFG, save_format="speculators")
+    with pytest.raises(ValueError, match="save_format must be 'dflash' or 'speculators', got 'x'"):
+        train(_fresh(target), target, samples, CFG, save_format="x")
+
+
 def test_samples_too_short_for_a_block_are_named(capsys):
     target = no_eos(tiny_qwen3(0, vocab=VOCAB).requires_grad_(False))
     samples = [{"input_ids": p} for p in (_prompts(1, 0)[0], _prompts(1, 1, length=3)[0])]
