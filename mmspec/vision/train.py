@@ -1021,6 +1021,10 @@ def _parser() -> argparse.ArgumentParser:
         if f.name == "warmup_steps":  # default None: min(the config's, --steps), as the zoo does
             p.add_argument("--warmup-steps", type=int, default=None,
                            help=f"linear warm-up steps (default: {f.default}, at most --steps)")
+        elif f.name == "lr":  # default None: per --arch
+            p.add_argument("--lr", type=float, default=None,
+                           help=f"peak learning rate (default: {f.default} for vispec and eagle3, "
+                                f"ViSpec's; {train_dflash.LR} for dflash, the authors')")
         elif f.name == "rollout_steps":  # default None: per --arch
             p.add_argument("--rollout-steps", type=int, default=None,
                            help=f"passes that feed the drafter its own outputs (default: "
@@ -1086,6 +1090,8 @@ def _train_config(p: argparse.ArgumentParser, args) -> TrainConfig:
                 "saved drafter's")
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
+    if args.lr is None:
+        args.lr = train_dflash.LR if args.arch == "dflash" else TrainConfig.lr
     if args.warmup_steps is None:  # a warm-up longer than the run never reaches the peak LR
         args.warmup_steps = min(TrainConfig.warmup_steps, args.steps)
     elif args.warmup_steps > args.steps:

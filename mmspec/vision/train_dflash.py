@@ -2,7 +2,7 @@
 (`mmspec.diffusion.dflash_train`) trained for a causal LM target on the shared trainer.
 
     python -m mmspec.vision.train --arch dflash --target PATH --data samples.pt --out run \
-        --lr 6e-4 --block-size 16 --draft-layers 5 [--format speculators]
+        --block-size 16 --draft-layers 5 [--format speculators]
 
 The data and the rest of the run (the target's answers or `--supervise all --answer-tokens 0`
 windows, checkpoints, `--resume`, `--eval-every` held-out tau) are the trainer's. A step on a
@@ -13,9 +13,10 @@ authors' layout (what `DFlashDrafter.from_pretrained` and their loader read), or
 `--format speculators` in vLLM's speculators layout; checkpoints are always in the authors'.
 
 Defaults are the authors': blocks of 16 and 5 draft layers (their `*-DFlash-b16` drafters), the
-decay 7 for blocks of 16 (paper), 512 anchors per sample (SpecForge's `num_anchors`); their
-learning rate, 6e-4, is not the trainer's default (ViSpec's): give `--lr`. The draft layers start
-from the target's top layer where the shapes agree (`new_drafter`).
+decay 7 for blocks of 16, 512 anchors per sample and the learning rate 6e-4 (SpecForge's Qwen3-8B
+DFlash recipe). Deliberate differences: the trainer's AdamW betas, linear schedule and gradient
+value clipping (ViSpec's) instead of SpecForge's 4% warm-up and norm clipping at 1.0, and the
+draft layers start from the target's top layer where the shapes agree (`new_drafter`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from mmspec.diffusion.dflash_train import new_drafter
 
 BLOCK_SIZE = 16  # z-lab's *-DFlash-b16 drafters
 DRAFT_LAYERS = 5  # z-lab's Qwen3-8B-DFlash-b16 (paper: "a lightweight 5-layer drafter")
+LR = 6e-4  # SpecForge's Qwen3-8B DFlash recipe (the trainer keeps its schedule and clipping)
 # settings of ViSpec's and EAGLE-3's that the DFlash loss and drafter do not read
 NOT_DFLASH = ("noise", "feature_weight", "tv_weight", "rank_weight", "ce_weight", "rank_top",
               "draft_vocab_size")

@@ -241,6 +241,19 @@ def _tiny_gemma3():
     return Gemma3ForConditionalGeneration(cfg)
 
 
+def test_the_learning_rate_defaults_per_arch(cli_files, tmp_path, monkeypatch):
+    root, _ = cli_files
+    seen = []
+    monkeypatch.setattr(train_mod, "train", lambda d, t, s, cfg, **kw: seen.append(cfg.lr))
+    argv = [a for a in _argv(root, tmp_path / "run", "--held-out", "0", "--answer-tokens", "4")
+            if a not in ("--lr", "3e-3")]
+    main(argv)
+    main([*argv, "--lr", "1e-3"])
+    main(["--arch", "eagle3", *argv[2:10], "--answer-tokens", "4", "--held-out", "0",
+          "--feature-layers", "0", "1", "2"])
+    assert seen == [6e-4, 1e-3, 3e-6]  # SpecForge's DFlash recipe; ViSpec's for the others
+
+
 def test_command_line_refusals_of_the_target_and_the_other_archs(cli_files, tmp_path, capsys):
     root, _ = cli_files
     argv = _argv(root, tmp_path / "run", "--held-out", "0", "--answer-tokens", "4")
