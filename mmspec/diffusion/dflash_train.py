@@ -151,8 +151,7 @@ def anchored_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors: torch.Tens
     masks = [block_mask(anchors, s, bs)] * len(model.layers)
     out = model(noise * cfg.input_embedding_scale, label_pos,
                 model.context_kv(features, positions), masks)
-    head = target.get_output_embeddings()
-    logits = model.logits(out.to(head.weight.dtype), head).float()  # [B, A * bs, V]
+    logits = model.logits(out, target.get_output_embeddings()).float()  # [B, A * bs, V]
     k = offsets.repeat(a)  # row k of its block; row 0 is the anchor's own token
     weight = (k > 0).float() * (torch.exp(-(k - 1).clamp_min(0) / gamma) if gamma else 1.0)
     labels = ids.gather(1, label_pos)

@@ -83,10 +83,12 @@ def test_blocks_are_drawn_where_the_labels_are_supervised(target, monkeypatch):
 def test_a_bf16_target_trains_fp32_master_weights(tmp_path):
     target = no_eos(tiny_qwen3(0, vocab=VOCAB).to(torch.bfloat16).requires_grad_(False))
     drafter = _fresh(target)
-    cfg = TrainConfig(**{**CFG.__dict__, "steps": 20})
-    losses = train(drafter, target, [{"input_ids": p} for p in _prompts(3, 0)], cfg,
-                   out_dir=tmp_path / "run")
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 20, "eval_every": 20, "eval_new_tokens": 8})
+    samples = [{"input_ids": p} for p in _prompts(4, 0)]
+    losses = train(drafter, target, samples[1:], cfg, held_out=samples[:1],
+                   out_dir=tmp_path / "run")  # the held-out tau drafts in fp32 too
     assert sum(losses[-5:]) < sum(losses[:5]) and drafter.model.fc.weight.dtype == torch.float32
+    assert "held_out_tau" in (tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["dtype"] == "float32"
     assert DFlashDrafter.from_pretrained(tmp_path / "run", target).model.fc.weight.dtype == \
         torch.bfloat16  # as the target, at decoding time
