@@ -6,9 +6,10 @@
 
 The data and the rest of the run (the target's answers or `--supervise all --answer-tokens 0`
 windows, checkpoints, `--resume`, `--eval-every` held-out tau) are the trainer's. A step on a
-sample draws up to `--anchors` blocks whose labels are all supervised (the answer's tokens, or
-every token after the first with `--supervise all`) and scores them with the authors' anchor-block
-loss, the rows of a block weighted exp(-(k - 1) / `--gamma`). The drafter is written in the
+sample draws up to `--anchors` blocks whose labels are all supervised (the answer's tokens; with
+`--supervise all` the window's from its third on, as an anchor needs a token before it) and
+scores them with the authors' anchor-block loss, the rows of a block weighted
+exp(-(k - 1) / `--gamma`). The drafter is written in the
 authors' layout (what `DFlashDrafter.from_pretrained` and their loader read), or with
 `--format speculators` in vLLM's speculators layout; checkpoints are always in the authors'.
 
