@@ -212,8 +212,9 @@ class DFlashModel(nn.Module):
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """The target's LM head, times `output_multiplier`, soft-capped when the config says so."""
-        logits = lm_head(hidden) * self.dflash.output_multiplier
+        """The target's LM head, times `output_multiplier`, soft-capped when the config says so;
+        `hidden` is cast to the head's dtype (fp32 master weights over a bf16 target)."""
+        logits = lm_head(hidden.to(lm_head.weight.dtype)) * self.dflash.output_multiplier
         cap = self.dflash.final_logit_softcapping
         if cap is not None and cap > 0:
             logits = torch.tanh(logits / cap) * cap

@@ -66,7 +66,8 @@ def _sliding_non_causal(drafter) -> bool:
     return sliding == {False}
 
 
-def _check_exportable(drafter) -> None:
+def check_exportable(drafter) -> None:
+    """ValueError (one line) when the format cannot say `drafter` (the module doc's list)."""
     cfg = drafter.config
     if cfg.is_dflash2:
         raise ValueError("format: 'speculators' writes DFlash (DFlashDraftModel) drafters; this "
@@ -90,7 +91,7 @@ def write_speculators(drafter, path, verifier: str | None, dtype: torch.dtype | 
     """Write `drafter` (a DFlash `DFlashDrafter`) to the folder `path`; see the module doc.
     verifier: recorded as the model `vllm serve` loads as the target; dtype: the weights' dtype
     on disk (None: the drafter's)."""
-    _check_exportable(drafter)
+    check_exportable(drafter)
     cfg, raw, target = drafter.config, drafter.raw_config, drafter.target
     dtype = drafter.model.fc.weight.dtype if dtype is None else dtype
     layer = {k: v for k, v in raw.items() if k not in ZLAB_ONLY}

@@ -112,3 +112,61 @@ def training_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors_per_row: in
     loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.gather(1, label_pos).flatten(),
                            reduction="none").view(b, -1)
     return (loss * weight).sum() / (weight.sum() * b)
+
+
+# --- one sample of any length, supervised from a position on (`mmspec.vision.train --arch dflash`)
+
+
+def supervised_anchors(first: int, seq_len: int, block_size: int, anchors: int,
+                       generator: torch.Generator) -> torch.Tensor:
+    """long `[A]`: up to `anchors` distinct sorted anchors of a `seq_len`-token sequence whose
+    tokens from `first` on are supervised (the target's answer; 0: all of them). An anchor's
+    block labels the tokens after it, so it lies in [max(1, first - 1), seq_len - block_size]:
+    every label supervised and inside the sequence (SpecForge draws from its loss mask the same
+    way). Fewer than `anchors` when fewer fit; none when no block does."""
+    low, high = max(1, first - 1), seq_len - block_size
+    span = max(high - low + 1, 0)
+    picks = torch.rand(span, generator=generator).argsort()[:anchors]
+    return picks.sort().values + low
+
+
+def anchored_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors: torch.Tensor,
+                  gamma: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, accuracy of the drafted rows) of `drafter` on `ids` `[B, S]` with the blocks at
+    `anchors` `[B, A]`: `training_loss` with the anchors given. The target may run in another
+    dtype than the drafter (fp32 master weights over a bf16 target)."""
+    target, cfg, model = drafter.target, drafter.config, drafter.model
+    b, s = ids.shape
+    bs, a = cfg.block_size, anchors.shape[1]
+    dtype = model.fc.weight.dtype
+    with torch.no_grad():
+        hidden = target(ids, output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i] for i in drafter.target_hidden_layers], -1).to(dtype)
+    offsets = torch.arange(bs, device=ids.device)
+    label_pos = (anchors[..., None] + offsets).flatten(1)  # [B, A * bs]
+    block_ids = torch.full_like(label_pos, cfg.mask_token_id)
+    block_ids[:, ::bs] = ids.gather(1, anchors)
+    noise = F.embedding(block_ids, target.get_input_embeddings().weight).to(dtype)
+    positions = torch.arange(s, device=ids.device).expand(b, -1)
+    masks = [block_mask(anchors, s, bs)] * len(model.layers)
+    out = model(noise * cfg.input_embedding_scale, label_pos,
+                model.context_kv(features, positions), masks)
+    logits = model.logits(out, target.get_output_embeddings()).float()  # [B, A * bs, V]
+    k = offsets.repeat(a)  # row k of its block; row 0 is the anchor's own token
+    weight = (k > 0).float() * (torch.exp(-(k - 1).clamp_min(0) / gamma) if gamma else 1.0)
+    labels = ids.gather(1, label_pos)
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(b, -1)
+    hit = (logits.detach().argmax(-1) == labels)[:, k > 0].float().mean()
+    return (loss * weight).sum() / (weight.sum() * b), hit
+
+
+def sample_loss(drafter: DFlashDrafter, ids: torch.Tensor, first: int, anchors: int,
+                generator: torch.Generator, gamma: float | None) -> tuple[torch.Tensor, dict]:
+    """(loss, parts) on one sequence `ids` `[1, T]` supervised from token `first` on, with up to
+    `anchors` blocks (`supervised_anchors`); a zero with a graph when no block fits."""
+    picks = supervised_anchors(first, ids.shape[1], drafter.config.block_size, anchors,
+                               generator).to(ids.device)
+    if len(picks) == 0:
+        return 0.0 * next(drafter.model.parameters()).sum(), {"blocks": 0}
+    loss, hit = anchored_loss(drafter, ids, picks[None], gamma)
+    return loss, {"ce": float(loss.detach()), "acc": float(hit), "blocks": len(picks)}

@@ -28,6 +28,10 @@ target's logits cover them all), for plain text windows: with `--answer-tokens 0
 the windows themselves and no answers are made (how the zoo's `text-eagle3` was trained);
 `--intermediate-size`, `--heads` and `--kv-heads` shape a layer smaller than the target's.
 
+`--arch dflash` trains a DFlash block-diffusion drafter for a causal LM target on the same data
+(`mmspec/vision/train_dflash.py`: the authors' anchor-block loss, their flags, `--format
+speculators`).
+
 Optimiser as in ViSpec: AdamW(0.9, 0.95), gradient value clipping 0.5, linear warm-up then decay
 (`mmspec.train_scaffold.linear_schedule`), on the trainers' shared loop
 (`mmspec.train_scaffold.TrainLoop`). Checkpoints (`<out>/checkpoint`, every
@@ -42,8 +46,10 @@ the target's answers (`answers-<rank>.pt`), each step takes `--batch-size` sampl
 and the gradients are averaged (`accelerator.reduce`), so N processes train as one with an N
 times larger batch.
 
-Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor),
-or a `.pt` list of ready samples {"input_ids": long [1, L], **processor outputs}.
+Data files: a `.jsonl` of {"image": path or [paths], "prompt": text} (needs the target's processor;
+{"prompt": text} for a causal LM target, through its tokenizer's chat template, or as plain text
+when it has none), or a `.pt` list of ready samples {"input_ids": long [1, L], **processor
+outputs}.
 """
 
 from __future__ import annotations
@@ -70,6 +76,9 @@ from mmspec.interrupt import Interrupted, run_command
 from mmspec.train_scaffold import (META, RunExists, RunRefused, TrainLoop, checkpoint_dirs,
                                    linear_schedule, settle)
 
+from mmspec.diffusion.dflash import DFlashDrafter
+from mmspec.diffusion.dflash_speculators import check_exportable
+from mmspec.diffusion.dflash_train import sample_loss as dflash_sample_loss
 from mmspec.eagle.checkpoint import check_state, read_config, read_weights
 from mmspec.eagle.drafter import EagleDrafter
 from mmspec.eagle.eagle3_train import (DRAFT_VOCAB_SIZE, PASS_DECAY, ROLLOUT_STEPS, eagle3_loss,
@@ -77,6 +86,7 @@ from mmspec.eagle.eagle3_train import (DRAFT_VOCAB_SIZE, PASS_DECAY, ROLLOUT_STE
                                        target_argmax)
 from mmspec.eagle.speculators import read_speculators
 
+from . import train_dflash
 from .drafter import ViSpecDrafter
 from .losses import feature_loss, list_mle, soft_cross_entropy, total_variation
 
@@ -109,6 +119,10 @@ class TrainConfig:
     # text windows whose every position the target's logits cover (answer_tokens 0: no answers)
     supervise: str = "answers"
     batch_size: int = 1  # samples per step and process (ViSpec: 1 per GPU); losses averaged
+    # DFlash: blocks per sample (SpecForge's num_anchors) and the decay of a block's row weights,
+    # exp(-(k - 1) / gamma) (paper: 7 for blocks of 16, 5 for 10, 4 for 8)
+    anchors: int = 512
+    gamma: float = 7.0
     eval_every: int = 100
     eval_new_tokens: int = 64
     checkpoint_every: int = 100
@@ -116,6 +130,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for name, low in (("steps", 1), ("warmup_steps", 0), ("rank_top", 1), ("batch_size", 1),
+                          ("anchors", 1),
                           ("rollout_steps", 0), ("answer_tokens", 0), ("eval_every", 0),
                           ("eval_new_tokens", 1), ("checkpoint_every", 0), ("seed", 0)):
             value = getattr(self, name)
@@ -124,7 +139,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be an int >= {low}{zero}, got "
                                  f"{value!r}")
         for name, positive in (("lr", True), ("grad_clip", True), ("noise", False),
-                               ("feature_weight", False), ("tv_weight", False),
+                               ("gamma", True), ("feature_weight", False), ("tv_weight", False),
                                ("rank_weight", False), ("ce_weight", False)):
             value = getattr(self, name)
             if (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -330,12 +345,14 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
                 cfg: TrainConfig, generator: torch.Generator | None = None):
     """(loss, parts dict) for one sample and its cached answer."""
     prompt = sample["input_ids"]
-    device = drafter.embed_weight.device
+    device = _device(drafter)
     ids = torch.cat([prompt, answer[None].to(prompt)], 1).to(device)  # [1, T]
+    first = prompt.shape[1] if cfg.supervise == "answers" else 0  # 0: every entry
+    if isinstance(drafter, DFlashDrafter):  # a causal LM target: no extras
+        return dflash_sample_loss(drafter, ids, first, cfg.anchors, generator, cfg.gamma)
     extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k not in NOT_EXTRAS},
                             ids.shape[1])
     if isinstance(drafter, EagleDrafter):
-        first = prompt.shape[1] if cfg.supervise == "answers" else 0  # 0: every entry
         return eagle3_loss(drafter, target, ids, first, extras, cfg.rollout_steps)
     mask = torch.ones_like(ids)
     with torch.no_grad():
@@ -489,27 +506,27 @@ class ResumeError(RunRefused):
     """A checkpoint that this run cannot continue (its settings differ, or it does not load)."""
 
 
-def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: TrainConfig,
-          held_out: list | None = None, out_dir=None, resume: bool = False,
-          fit_vocabulary: bool = False) -> list:
+def train(drafter: ViSpecDrafter | EagleDrafter | DFlashDrafter, target, samples: list,
+          cfg: TrainConfig, held_out: list | None = None, out_dir=None, resume: bool = False,
+          fit_vocabulary: bool = False, save_format: str | None = None) -> list:
     """Train `drafter` in place; returns the losses of the steps this call made. `out_dir` gets
     checkpoints, the answer cache and the final drafter.
 
     fit_vocabulary: an EAGLE-3 drafter's draft vocabulary (`d2t`) and the start of its lm_head
     are set from the target's answers first (`eagle3_train.fit_draft_vocabulary`), as for a new
     drafter (`new_eagle3_drafter`).
+    save_format: a DFlash drafter's layout in `out_dir`, "dflash" (the authors', the default) or
+    "speculators" (`DFlashDrafter.save_pretrained`); its checkpoints are in the authors'.
 
     Under `accelerate launch` / `torchrun` (an initialised `torch.distributed`), the processes
     split the target's answers, each step draws `cfg.batch_size` samples per process from one
     shared stream and the gradients are averaged: N processes train exactly as one with N times
     the batch. Process 0 writes the checkpoints and the drafter; the held-out tau is shared out."""
     check_samples(samples, "samples")
-    if cfg.supervise == "all" and not isinstance(drafter, EagleDrafter):
-        raise ValueError("cfg.supervise 'all' trains EAGLE-3 drafters; a ViSpec drafter's loss "
-                         "supervises the answers only (supervise='answers')")
+    _check_kind(drafter, cfg, save_format)
     if held_out:
         check_samples(held_out, "held_out")
-    state = _process_state(drafter.embed_weight.device)
+    state = _process_state(_device(drafter))
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and not resume:
         refuse_to_overwrite(out_dir)
@@ -521,13 +538,15 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
         supervised = answers if cfg.supervise == "answers" else target_argmax(target, samples,
                                                                               answers)
         fit_draft_vocabulary(drafter, supervised)
+    if isinstance(drafter, DFlashDrafter):
+        _refuse_blockless(drafter.config.block_size, samples, answers, cfg)
     rng = random.Random(cfg.seed)  # the same stream in every process
     loop, sched = _train_loop(drafter, cfg, out_dir, rng)
     start = _resumed_step(loop, drafter, sched, cfg) if resume and out_dir else 0
     first = len(loop.losses)  # the losses of earlier calls, resumed
     run = _Run(drafter, target, samples, answers, cfg, loop)
     log = _step_log(out_dir, start) if out_dir is not None and run.rank == 0 else None
-    bar = loop.steps(cfg.steps, "train vispec", mininterval=0.1, file=sys.stderr)
+    bar = loop.steps(cfg.steps, f"train {_kind(drafter)}", mininterval=0.1, file=sys.stderr)
     drafter.train()
     try:
         for step in bar:
@@ -553,9 +572,57 @@ def train(drafter: ViSpecDrafter | EagleDrafter, target, samples: list, cfg: Tra
     if out_dir:
         loop.save()
         if run.rank == 0:
-            drafter.save_pretrained(out_dir)
+            drafter.save_pretrained(out_dir, **({"format": save_format} if save_format else {}))
     loop.accelerator.wait_for_everyone()  # the drafter is on disk before any process returns
     return loop.losses[first:]
+
+
+def _device(drafter) -> torch.device:
+    return next(drafter.parameters()).device
+
+
+def _kind(drafter) -> str:
+    return {DFlashDrafter: "dflash", EagleDrafter: "eagle3"}.get(type(drafter), "vispec")
+
+
+def _check_kind(drafter, cfg: TrainConfig, save_format: str | None) -> None:
+    """ValueError when a setting is not for this kind of drafter."""
+    if cfg.supervise == "all" and isinstance(drafter, ViSpecDrafter):
+        raise ValueError("cfg.supervise 'all' trains EAGLE-3 and DFlash drafters; a ViSpec "
+                         "drafter's loss supervises the answers only (supervise='answers')")
+    if save_format is None:
+        return
+    if not isinstance(drafter, DFlashDrafter):
+        raise ValueError(f"save_format: a {_kind(drafter)} drafter saves in its one layout; "
+                         f"save_format is for DFlash drafters, got {save_format!r}")
+    if save_format not in ("dflash", "speculators"):
+        raise ValueError(f"save_format must be 'dflash' or 'speculators', got {save_format!r}")
+    if save_format == "speculators":  # refused now, not after the training
+        check_exportable(drafter)
+
+
+class UnfitData(ValueError):
+    """Samples that the drafter cannot train on: its main prints the message as one line."""
+
+
+def _refuse_blockless(block_size: int, samples: list, answers: list, cfg: TrainConfig) -> None:
+    """UnfitData when no sample holds a DFlash block of supervised labels (anchors lie in
+    [max(1, first - 1), T - block_size], `dflash_train.supervised_anchors`); a note on stderr
+    when some do not (they train nothing)."""
+    spans = []
+    for sample, answer in zip(samples, answers):
+        prompt, total = sample["input_ids"].shape[1], sample["input_ids"].shape[1] + len(answer)
+        first = prompt if cfg.supervise == "answers" else 0
+        spans.append(total - max(1, first - 1))  # the block's rows from its earliest anchor on
+    fit = sum(span >= block_size for span in spans)
+    if not fit:
+        raise UnfitData(f"samples: none of the {len(samples)} holds a DFlash block of "
+                        f"{block_size} rows over supervised tokens (the longest supervised span "
+                        f"is {max(spans)} tokens): make longer answers (--answer-tokens) or "
+                        f"give a smaller --block-size")
+    if fit < len(samples):
+        print(f"{len(samples) - fit} of {len(samples)} samples hold no DFlash block of "
+              f"{block_size} rows over supervised tokens: they train nothing", file=sys.stderr)
 
 
 def _train_loop(drafter, cfg: TrainConfig, out_dir: Path | None, rng: random.Random) -> tuple:
@@ -570,7 +637,7 @@ def _train_loop(drafter, cfg: TrainConfig, out_dir: Path | None, rng: random.Ran
     sched = linear_schedule(opt, cfg.warmup_steps, cfg.steps)
     ckpt = _checkpoint_dirs(out_dir)[0] if out_dir is not None else None
     loop = TrainLoop(drafter, opt, sched, ckpt, dataclasses.asdict(cfg), save_every_s=math.inf,
-                     clip_norm=None, cpu=drafter.embed_weight.device.type == "cpu",
+                     clip_norm=None, cpu=_device(drafter).type == "cpu",
                      clip_value=cfg.grad_clip, sum_grads=True,
                      save_model=drafter.save_pretrained, states=(_SampleStream(rng),))
     return loop, sched
@@ -728,6 +795,11 @@ def _load_drafter_weights(drafter, ckpt: Path) -> None:
     it is not this run's kind of drafter."""
     if isinstance(drafter, EagleDrafter):
         _load_eagle3_weights(drafter, ckpt)
+    elif isinstance(drafter, DFlashDrafter):
+        try:
+            train_dflash.load_checkpoint(drafter, ckpt)
+        except (FileNotFoundError, ValueError) as err:
+            raise ResumeError(f"resume: {err}") from None
     else:
         _load_vispec_weights(drafter, ckpt)
 
@@ -778,10 +850,9 @@ def _data_path(data: Path, image: str) -> Path:
     return beside if not image.is_absolute() and beside.exists() else image
 
 
-def _load_jsonl(path: Path, processor, suffix: str) -> list:
-    from PIL import Image
-
-    samples = []
+def _jsonl_rows(path: Path, text_only: bool = False):
+    """(where, row) for each non-empty line of the `--data` file `path`: a JSON object with a
+    text "prompt" and (unless `text_only`: none) an "image"; ValueError naming the line."""
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -790,16 +861,43 @@ def _load_jsonl(path: Path, processor, suffix: str) -> list:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not JSON ({err})") from None
-        if not isinstance(row, dict) or not {"image", "prompt"} <= set(row):
+        keys = {"prompt"} if text_only else {"image", "prompt"}
+        if not isinstance(row, dict) or not keys <= set(row) or (text_only and "image" in row):
             got = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f'{where}: expected {{"image": path or [paths], "prompt": text}}, '
-                             f"got {got}")
+            expected = ('{"prompt": text} (a text-only target: no "image")' if text_only
+                        else '{"image": path or [paths], "prompt": text}')
+            raise ValueError(f"{where}: expected {expected}, got {got}")
+        if not isinstance(row["prompt"], str):
+            raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
+        yield where, row
+
+
+def _load_text_jsonl(path: Path, tokenizer, suffix: str) -> list:
+    """Samples of a causal LM target: each prompt (with `suffix`) as a user turn of the
+    tokenizer's chat template, or as plain text when it has none (a base model)."""
+    samples = []
+    for _, row in _jsonl_rows(path, text_only=True):
+        text = f"{row['prompt']} {suffix}".strip()
+        if tokenizer.chat_template:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=not tokenizer.chat_template,
+                        return_tensors="pt")["input_ids"]
+        samples.append({"input_ids": ids})
+    if not samples:
+        raise ValueError(f"--data {path}: no samples, the file has no non-empty line")
+    return samples
+
+
+def _load_jsonl(path: Path, processor, suffix: str) -> list:
+    from PIL import Image
+
+    samples = []
+    for where, row in _jsonl_rows(path):
         paths = row["image"] if isinstance(row["image"], list) else [row["image"]]
         if not paths or not all(isinstance(p, str) for p in paths):
             raise ValueError(f'{where}: "image" must be a path or a non-empty list of paths, '
                              f"got {row['image']!r}")
-        if not isinstance(row["prompt"], str):
-            raise ValueError(f'{where}: "prompt" must be text, got {row["prompt"]!r}')
         try:
             # relative paths: from the .jsonl's folder (a dataset folder moves as one), else
             # from the working directory (as before)
@@ -837,11 +935,16 @@ def start_from_saved(path, target, text_only: bool) -> ViSpecDrafter:
     return drafter
 
 
-def load_samples(path: Path, target_path: str, suffix: str) -> list:
+def load_samples(path: Path, target_path: str, suffix: str, text_only: bool = False) -> list:
     """The samples of `--data`: a `.pt` list as saved, or a `.jsonl` through the target's
-    processor; ValueError naming the file (and line or sample) when they are not samples."""
+    processor (`text_only`, a causal LM target: its tokenizer); ValueError naming the file (and
+    line or sample) when they are not samples."""
     if path.suffix == ".pt":
         samples = torch.load(path, weights_only=True)
+    elif text_only:
+        from transformers import AutoTokenizer
+
+        samples = _load_text_jsonl(path, AutoTokenizer.from_pretrained(target_path), suffix)
     else:
         from transformers import AutoProcessor
 
@@ -850,11 +953,13 @@ def load_samples(path: Path, target_path: str, suffix: str) -> list:
     return samples
 
 
-def _load_target(path: str, dtype: torch.dtype, causal_lm: bool):
+def _load_target(path: str, dtype: torch.dtype, causal_lm: bool, text_only: bool = False):
     """The target: a VLM, or (`causal_lm`, for EAGLE-3) a text-only causal LM where the folder
-    holds no VLM."""
+    holds no VLM; `text_only` (DFlash): a causal LM alone."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    if text_only:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     try:
         return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
     except ValueError:  # transformers: "Unrecognized configuration class ..." (not a VLM)
@@ -867,19 +972,21 @@ def _parser() -> argparse.ArgumentParser:
     """The command line: the run's own options, then one per `TrainConfig` field."""
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="path or hub id of the target VLM")
+    p.add_argument("--target", required=True,
+                   help="path or hub id of the target VLM (or causal LM: --arch eagle3, dflash)")
     p.add_argument("--data", required=True, type=Path,
-                   help=".jsonl (image, prompt; image paths relative to the .jsonl's folder) "
-                        "or .pt samples")
+                   help=".jsonl (image, prompt; image paths relative to the .jsonl's folder; "
+                        "a prompt alone for a causal LM target) or .pt samples")
     p.add_argument("--out", required=True, type=Path,
                    help="folder for checkpoints, the answer cache and the drafter")
     p.add_argument("--drafter", help="start from this saved drafter: a ViSpec one as saved; a "
                    "text-only one (stage 1) keeps its head and gets a new adaptor, or stays "
                    "text-only with --text-only")
     p.add_argument("--text-only", action="store_true", help="the ablation baseline drafter")
-    p.add_argument("--arch", default="vispec", choices=["vispec", "eagle3"],
+    p.add_argument("--arch", default="vispec", choices=["vispec", "eagle3", "dflash"],
                    help="vispec: a ViSpec drafter (a VLM target); eagle3: an EAGLE-3 drafter "
-                        "(a VLM or a causal LM target; .pt samples for the latter)")
+                        "(a VLM or a causal LM target); dflash: a DFlash drafter (a causal LM "
+                        "target)")
     p.add_argument("--draft-vocab-size", type=int, default=DRAFT_VOCAB_SIZE,
                    help="eagle3: the draft vocabulary, the answers' most frequent tokens "
                         "(default: %(default)s, EAGLE-3's, at most the target's vocabulary)")
@@ -891,12 +998,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="vispec: EAGLE-3's three feature layers (as --arch eagle3's default) "
                         "instead of the last hidden state")
     p.add_argument("--intermediate-size", type=int, default=None,
-                   help="eagle3: the layer's MLP width (default: the target's)")
+                   help="eagle3, dflash: the layers' MLP width (default: the target's)")
     p.add_argument("--heads", type=int, default=None,
                    help="eagle3: attention heads (default: the target's; head_dim = its width / "
                         "heads)")
     p.add_argument("--kv-heads", type=int, default=None,
-                   help="eagle3: key/value heads (default: the target's)")
+                   help="eagle3, dflash: key/value heads (default: the target's)")
+    train_dflash.add_arguments(p)
     p.add_argument("--held-out", type=float, default=0.05, help="fraction for tau (ViSpec: 5%%)")
     p.add_argument("--suffix", default=LONG_ANSWER,
                    help="appended to every jsonl prompt (default: %(default)r, ViSpec's "
@@ -913,6 +1021,10 @@ def _parser() -> argparse.ArgumentParser:
         if f.name == "warmup_steps":  # default None: min(the config's, --steps), as the zoo does
             p.add_argument("--warmup-steps", type=int, default=None,
                            help=f"linear warm-up steps (default: {f.default}, at most --steps)")
+        elif f.name == "lr":  # default None: per --arch
+            p.add_argument("--lr", type=float, default=None,
+                           help=f"peak learning rate (default: {f.default} for vispec and eagle3, "
+                                f"ViSpec's; {train_dflash.LR} for dflash, the authors')")
         elif f.name == "rollout_steps":  # default None: per --arch
             p.add_argument("--rollout-steps", type=int, default=None,
                            help=f"passes that feed the drafter its own outputs (default: "
@@ -925,21 +1037,30 @@ def _parser() -> argparse.ArgumentParser:
                                 "instead of ViSpec's shifted passes (eagle3 always trains so)")
         elif f.name == "supervise":
             p.add_argument("--supervise", default=f.default, choices=["answers", "all"],
-                           help="eagle3: the positions supervised, the answers' (default) or all "
-                                "of prompt + answer (plain text windows; with --answer-tokens 0 "
-                                "the windows alone, no answers made)")
+                           help="eagle3, dflash: the positions supervised, the answers' "
+                                "(default) or all of prompt + answer (plain text windows; "
+                                "with --answer-tokens 0 the windows alone, no answers made)")
+        elif f.name in ("anchors", "gamma"):
+            what = ("blocks per sample, at most" if f.name == "anchors"
+                    else "decay of a block's row weights, exp(-(k - 1) / gamma)")
+            p.add_argument("--" + f.name, type=type(f.default), default=f.default,
+                           help=f"dflash: {what} (default: %(default)s, the authors')")
         elif f.name != "betas":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
                            default=f.default, help="default: %(default)s")
     return p
 
 
-def _train_config(p: argparse.ArgumentParser, args) -> TrainConfig:
-    """The run's `TrainConfig` from parsed `args`, after the checks across options (each
-    refusal names its options, through `p.error`)."""
-    eagle3 = args.arch == "eagle3"
-    if args.rollout_steps is None:
-        args.rollout_steps = ROLLOUT_STEPS if eagle3 else TrainConfig.rollout_steps
+def _refuse_flags_of_other_archs(p: argparse.ArgumentParser, args) -> None:
+    """`p.error` for a flag that this run's --arch does not read."""
+    eagle3, dflash = args.arch == "eagle3", args.arch == "dflash"
+    if dflash:
+        train_dflash.refuse_other_flags(p, args)
+        return
+    theirs = train_dflash.given_flags(args) + [
+        f"--{name}" for name in ("anchors", "gamma") if getattr(args, name) != p.get_default(name)]
+    if theirs:
+        p.error(f"{', '.join(theirs)}: for --arch dflash, not --arch {args.arch}")
     for flag, given in (("--drafter", args.drafter), ("--text-only", args.text_only)):
         if eagle3 and given:
             p.error(f"{flag} is for --arch vispec; --arch eagle3 trains a new EAGLE-3 drafter")
@@ -951,7 +1072,17 @@ def _train_config(p: argparse.ArgumentParser, args) -> TrainConfig:
     if not eagle3 and (args.supervise != "answers" or args.draft_vocab_size != DRAFT_VOCAB_SIZE
                        or shape != (None,) * 3):
         p.error("--draft-vocab-size, --supervise, --intermediate-size, --heads and --kv-heads "
-                "are for --arch eagle3")
+                "are for --arch eagle3 (--supervise, --intermediate-size and --kv-heads also for "
+                "--arch dflash)")
+
+
+def _train_config(p: argparse.ArgumentParser, args) -> TrainConfig:
+    """The run's `TrainConfig` from parsed `args`, after the checks across options (each
+    refusal names its options, through `p.error`)."""
+    eagle3 = args.arch == "eagle3"
+    _refuse_flags_of_other_archs(p, args)
+    if args.rollout_steps is None:
+        args.rollout_steps = ROLLOUT_STEPS if eagle3 else TrainConfig.rollout_steps
     if args.multi_layer and args.feature_layers is not None:
         p.error("--multi-layer picks EAGLE-3's feature layers; give it or --feature-layers")
     if args.drafter and (args.multi_layer or args.feature_layers is not None):
@@ -959,6 +1090,8 @@ def _train_config(p: argparse.ArgumentParser, args) -> TrainConfig:
                 "saved drafter's")
     if not 0 <= args.held_out < 1:  # 5 (meaning 5%) or 1.0 would leave one training sample
         p.error(f"--held-out must be a fraction in [0, 1), got {args.held_out}")
+    if args.lr is None:
+        args.lr = train_dflash.LR if args.arch == "dflash" else TrainConfig.lr
     if args.warmup_steps is None:  # a warm-up longer than the run never reaches the peak LR
         args.warmup_steps = min(TrainConfig.warmup_steps, args.steps)
     elif args.warmup_steps > args.steps:
@@ -996,18 +1129,26 @@ def _check_paths(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--data {args.data}: no such file")  # before a big target loads
 
 
-def _target_and_samples(p: argparse.ArgumentParser, args, eagle3: bool) -> tuple:
+def _target_and_samples(p: argparse.ArgumentParser, args) -> tuple:
     """(the target on `args.device`, the held-out samples, the training samples)."""
+    dflash = args.arch == "dflash"
     try:
-        target = _load_target(args.target, getattr(torch, args.dtype), eagle3).to(args.device)
+        target = _load_target(args.target, getattr(torch, args.dtype), args.arch == "eagle3",
+                              text_only=dflash).to(args.device)
     except (OSError, ValueError) as err:  # no such folder or hub id, no weights, not a VLM
         where = "" if Path(args.target).is_dir() else " (no such folder; tried as a hub id)"
-        kind = "a vision-language or causal LM" if eagle3 else "a vision-language model"
+        kind = {"eagle3": "a vision-language or causal LM",
+                "dflash": "a causal LM (--arch dflash trains drafters for text-only causal LM "
+                          "targets)"}.get(args.arch, "a vision-language model")
         p.error(f"--target {args.target}: cannot load it as {kind}{where}: "
                 f"{str(err).strip().splitlines()[0]}")
+    if dflash and getattr(target.config, "vision_config", None) is not None:
+        p.error(f"--target {args.target}: a vision-language model ({type(target).__name__}); "
+                f"--arch dflash trains drafters for text-only causal LM targets")
+    text_only = getattr(target.config, "vision_config", None) is None
     try:
         samples = [{k: v.to(args.device) for k, v in s.items()}
-                   for s in load_samples(args.data, args.target, args.suffix)]
+                   for s in load_samples(args.data, args.target, args.suffix, text_only)]
     except ValueError as err:  # names --data and the line or sample
         p.error(str(err))
     n_held = min(len(samples) - 1, math.ceil(args.held_out * len(samples))) if args.held_out else 0
@@ -1016,8 +1157,10 @@ def _target_and_samples(p: argparse.ArgumentParser, args, eagle3: bool) -> tuple
 
 
 def _start_drafter(p: argparse.ArgumentParser, args, target, eagle3: bool):
-    """The drafter to train: `--drafter`'s, a new EAGLE-3 one or a new ViSpec one, fp32."""
+    """The drafter to train: `--drafter`'s, a new EAGLE-3, DFlash or ViSpec one, fp32."""
     shape = (args.intermediate_size, args.heads, args.kv_heads)
+    if args.arch == "dflash":
+        return train_dflash.start_drafter(p, args, target)
     if args.drafter:
         try:
             drafter = start_from_saved(args.drafter, target, args.text_only)
@@ -1053,7 +1196,7 @@ def main(argv=None) -> None:
     cfg = _train_config(p, args)
     eagle3 = args.arch == "eagle3"
     _check_paths(p, args)
-    target, held, train_set = _target_and_samples(p, args, eagle3)
+    target, held, train_set = _target_and_samples(p, args)
     torch.manual_seed(cfg.seed)  # the initial weights: all, or those a --drafter lacks
     drafter = _start_drafter(p, args, target, eagle3)
     if args.batched_answers and cfg.answer_tokens:  # into the cache `train` reads (answers.pt)
@@ -1061,9 +1204,9 @@ def main(argv=None) -> None:
         precompute_answers(target, train_set, cfg.answer_tokens, args.out / "answers.pt")
     try:
         train(drafter, target, train_set, cfg, held_out=held, out_dir=args.out,
-              resume=args.resume, fit_vocabulary=eagle3)
-    except (RunExists, ResumeError) as err:  # --out holds a run; a resume that cannot be
-        p.error(str(err))
+              resume=args.resume, fit_vocabulary=eagle3, save_format=args.format)
+    except (RunExists, ResumeError, UnfitData) as err:  # --out holds a run; a resume that
+        p.error(str(err))  # cannot be; no sample a DFlash block fits
 
 
 if __name__ == "__main__":

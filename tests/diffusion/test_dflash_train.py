@@ -4,7 +4,8 @@ that saves in their layout and loads back drafting the same tokens."""
 import torch
 
 from mmspec import DFlashDrafter, generate
-from mmspec.diffusion.dflash_train import block_mask, draw_anchors, new_drafter, training_loss
+from mmspec.diffusion.dflash_train import (anchored_loss, block_mask, draw_anchors, new_drafter,
+                                           sample_loss, supervised_anchors, training_loss)
 
 from .test_dflash import tiny_qwen3
 
@@ -54,3 +55,40 @@ def test_training_lowers_the_loss_and_the_drafter_round_trips(tmp_path):
                                                           do_sample=False, eos_token_id=None))
     half = len(drafts) // 2
     assert torch.equal(torch.cat(drafts[:half], 1), torch.cat(drafts[half:], 1))
+
+
+def test_anchored_loss_is_training_loss_at_its_anchors():
+    target = tiny_qwen3(0, vocab=32).requires_grad_(False)
+    torch.manual_seed(0)
+    drafter = new_drafter(target, mask_token_id=31, layers=1, block_size=4).float()
+    ids = torch.randint(3, 31, (2, 20), generator=torch.Generator().manual_seed(1))
+    want = training_loss(drafter, ids, 5, torch.Generator().manual_seed(7))
+    anchors = draw_anchors(2, 20, 4, 5, torch.Generator().manual_seed(7))
+    got, hit = anchored_loss(drafter, ids, anchors, 4.0)
+    torch.testing.assert_close(got, want)
+    assert 0 <= float(hit) <= 1
+
+
+def test_supervised_anchors_open_blocks_of_supervised_labels_only():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):  # answer from token 10 on: the first block may start at the prompt's end
+        a = supervised_anchors(10, 30, 4, 6, g)
+        assert len(a) == 6 and len(set(a.tolist())) == 6 and torch.equal(a, a.sort().values)
+        assert int(a.min()) >= 9 and int(a.max()) <= 26
+    seen = set()
+    for _ in range(50):
+        seen |= set(supervised_anchors(10, 30, 4, 6, g).tolist())
+    assert seen == set(range(9, 27))  # every allowed anchor is drawn
+    assert supervised_anchors(0, 12, 4, 50, g).tolist() == list(range(1, 9))  # all that fit
+    assert supervised_anchors(10, 13, 4, 6, g).tolist() == [9]  # a 3-token answer: one block
+    assert len(supervised_anchors(10, 12, 4, 6, g)) == 0  # a 2-token answer: none
+
+
+def test_a_sample_without_a_block_trains_nothing():
+    target = tiny_qwen3(0, vocab=32).requires_grad_(False)
+    drafter = new_drafter(target, mask_token_id=31, layers=1, block_size=4).float()
+    ids = torch.randint(3, 31, (1, 12), generator=torch.Generator().manual_seed(1))
+    loss, parts = sample_loss(drafter, ids, 10, 8, torch.Generator(), 4.0)
+    assert parts == {"blocks": 0} and float(loss.detach()) == 0.0 and loss.requires_grad
+    loss, parts = sample_loss(drafter, ids, 6, 8, torch.Generator(), 4.0)
+    assert parts["blocks"] == 4 and float(loss) > 0  # anchors 5..8

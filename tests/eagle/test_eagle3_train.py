@@ -150,7 +150,7 @@ def test_supervise_settings_are_checked(llava):
         TrainConfig(supervise="prompt")
     ids, extras = llava_prompt(images=1, seed=0)
     cfg = TrainConfig(**{**CFG.__dict__, "supervise": "all"})
-    with pytest.raises(ValueError, match="supervise 'all' trains EAGLE-3 drafters"):
+    with pytest.raises(ValueError, match="supervise 'all' trains EAGLE-3 and DFlash drafters"):
         train(ViSpecDrafter.from_target(llava), llava, [{"input_ids": ids, **extras}], cfg)
 
 

@@ -343,9 +343,10 @@ def main_train(monkeypatch):
     """Runs `main` up to `train`, recording what it would train on."""
     seen = {}
 
-    def record(drafter, target, train_set, cfg, held_out, out_dir, resume, fit_vocabulary):
+    def record(drafter, target, train_set, cfg, held_out, out_dir, resume, fit_vocabulary,
+               save_format):
         seen.update(train=len(train_set), held=len(held_out), cfg=cfg, drafter=drafter,
-                    fit_vocabulary=fit_vocabulary)
+                    fit_vocabulary=fit_vocabulary, save_format=save_format)
 
     monkeypatch.setattr(train_mod, "train", record)
     return seen
