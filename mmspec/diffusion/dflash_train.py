@@ -90,28 +90,9 @@ def training_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors_per_row: in
                   generator: torch.Generator, gamma: float | None = 4.0) -> torch.Tensor:
     """The anchor-block loss of `drafter` on windows `ids` `[B, S]`. The target's embedding and
     LM head are used, not trained: freeze the target (`requires_grad_(False)`)."""
-    target, cfg, model = drafter.target, drafter.config, drafter.model
-    b, s = ids.shape
-    bs = cfg.block_size
-    with torch.no_grad():
-        hidden = target(ids, output_hidden_states=True).hidden_states
-    features = torch.cat([hidden[i] for i in drafter.target_hidden_layers], -1)  # [B, S, F]
-    anchors = draw_anchors(b, s, bs, anchors_per_row, generator).to(ids.device)  # [B, A]
-    offsets = torch.arange(bs, device=ids.device)
-    label_pos = (anchors[..., None] + offsets).flatten(1)  # [B, A * bs]
-    block_ids = torch.full_like(label_pos, cfg.mask_token_id)
-    block_ids[:, ::bs] = ids.gather(1, anchors)
-    noise = F.embedding(block_ids, target.get_input_embeddings().weight)
-    positions = torch.arange(s, device=ids.device).expand(b, -1)
-    ctx_kv = model.context_kv(features, positions)
-    out = model(noise * cfg.input_embedding_scale, label_pos, ctx_kv,
-                [block_mask(anchors, s, bs)] * len(model.layers))
-    logits = model.logits(out, target.get_output_embeddings())  # [B, A * bs, V]
-    k = offsets.repeat(anchors_per_row)  # row k of its block
-    weight = (k > 0).float() * (torch.exp(-(k - 1).clamp_min(0) / gamma) if gamma else 1.0)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.gather(1, label_pos).flatten(),
-                           reduction="none").view(b, -1)
-    return (loss * weight).sum() / (weight.sum() * b)
+    anchors = draw_anchors(ids.shape[0], ids.shape[1], drafter.config.block_size,
+                           anchors_per_row, generator).to(ids.device)  # [B, A]
+    return anchored_loss(drafter, ids, anchors, gamma)[0]
 
 
 # --- one sample of any length, supervised from a position on (`mmspec.vision.train --arch dflash`)

@@ -57,16 +57,32 @@ def test_training_lowers_the_loss_and_the_drafter_round_trips(tmp_path):
     assert torch.equal(torch.cat(drafts[:half], 1), torch.cat(drafts[half:], 1))
 
 
-def test_anchored_loss_is_training_loss_at_its_anchors():
+def test_training_sees_each_block_as_drafting_does():
+    # the loss's logits for a block at anchor a are the logits the drafter drafts with when a is
+    # the last committed token: training and drafting agree on context, positions and mask
+    from mmspec.decoding.draft import DraftState
+
     target = tiny_qwen3(0, vocab=32).requires_grad_(False)
     torch.manual_seed(0)
-    drafter = new_drafter(target, mask_token_id=31, layers=1, block_size=4).float()
-    ids = torch.randint(3, 31, (2, 20), generator=torch.Generator().manual_seed(1))
-    want = training_loss(drafter, ids, 5, torch.Generator().manual_seed(7))
-    anchors = draw_anchors(2, 20, 4, 5, torch.Generator().manual_seed(7))
-    got, hit = anchored_loss(drafter, ids, anchors, 4.0)
-    torch.testing.assert_close(got, want)
-    assert 0 <= float(hit) <= 1
+    drafter = new_drafter(target, mask_token_id=31, layers=2, block_size=4,
+                          target_layer_ids=[0, 2]).float().eval()
+    ids = torch.randint(3, 31, (1, 20), generator=torch.Generator().manual_seed(1))
+    anchors = torch.tensor([[6, 13]])
+    seen = []
+    real = drafter.model.logits
+    drafter.model.logits = lambda hidden, head: seen.append(real(hidden, head)) or seen[-1]
+    with torch.no_grad():
+        loss, _ = anchored_loss(drafter, ids, anchors, 4.0)
+        trained = seen.pop().view(2, 4, -1)  # [blocks, rows, V]
+        hidden = target(ids, output_hidden_states=True).hidden_states
+        features = torch.cat([hidden[i] for i in drafter.target_hidden_layers], -1)
+        for block, a in enumerate(anchors[0].tolist()):
+            state = DraftState(input_ids=ids[:, :a + 1], attention_mask=torch.ones(1, a + 1),
+                               max_tokens=3, round=0, target_hidden=features[:, :a])
+            drafter.propose(state)
+            torch.testing.assert_close(seen.pop()[0], trained[block, 1:], atol=1e-5, rtol=1e-5)
+    drafter.end()
+    assert torch.isfinite(loss)
 
 
 def test_supervised_anchors_open_blocks_of_supervised_labels_only():
