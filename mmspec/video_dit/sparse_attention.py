@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from mmspec.kernels import BlockSparseMask, block_sparse_attention
+from mmspec.kernels import BlockSparseMask, block_sparse_attention, reads_through_order
 
 from . import fused_draft
 from .config import DraftAttentionConfig
@@ -268,13 +268,17 @@ def _with_text(kept, layout: TileLayout, text_len: int):
 
 
 def _token_order(layout: TileLayout, text_len: int, text_first: bool) -> torch.Tensor:
-    """long `[N + text_len]`: the model's token of each kernel row (video tiles, then text)."""
+    """long `[Np + text_len]`: the model's token of each kernel row (video tiles, then text),
+    -1 in the slots that pad frames to whole tiles (no token: `block_sparse_attention`)."""
+    perm = layout.perm
+    if layout.has_padding:
+        perm = torch.where(layout.valid, perm, -1)
     if not text_len:
-        return layout.perm
-    text = torch.arange(text_len, device=layout.perm.device)
+        return perm
+    text = torch.arange(text_len, device=perm.device)
     if text_first:
-        return torch.cat([layout.perm + text_len, text])
-    return torch.cat([layout.perm, text + layout.num_tokens])
+        return torch.cat([torch.where(perm >= 0, perm + text_len, -1), text])
+    return torch.cat([perm, text + layout.num_tokens])
 
 
 def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout,
@@ -319,11 +323,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     parts = [_split_text(x, text_len, text_first) for x in (q, k, v)]
     _check_call(q, parts[0][0].shape[2], layout, tiled, text_len, key_valid)
     allowed, allowed_count = _allowed_blocks(allowed, layout, text_len)
-    untiled = not tiled and not layout.has_padding and key_valid is None
-    if untiled:  # read through the permutation: no copy
+    if not tiled:  # the model's order, read through the permutation: no copy
         videos = [p[0] for p in parts]
-    elif not tiled:
-        videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
     elif layout.has_padding:
         # reordered once per forward: the padding slots carry hidden states of their own (the
         # model's shifts and biases), which must not enter the pooled draft tokens
@@ -331,14 +332,14 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     else:
         videos = [p[0] for p in parts]
     kept, drafted = _draft(videos[:2], layout, config, sparsity, allowed, allowed_count,
-                           on_draft_map, untiled)
+                           on_draft_map, not tiled)
     blocks = _with_text(kept, layout, text_len)
     if key_valid is not None and blocks.shape[-1] > kept.shape[-1]:  # text blocks of padding
         valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)
         blocks = blocks & _live_blocks(valid, layout, *blocks.shape[2:])
-    if untiled:
-        out = _attend_untiled(q, k, v, blocks, drafted, layout, config.backend, text_len,
-                              text_first)
+    if not tiled:
+        out = _attend_untiled((q, k, v), parts, blocks, drafted, layout, config.backend,
+                              text_len, text_first, key_valid)
     else:
         out = _attend_tiled(parts, videos, blocks, drafted, layout, config.backend, text_len,
                             text_first, key_valid, tiled)
@@ -362,17 +363,27 @@ def _fused_mask(drafted, blocks, layout: TileLayout, length: int):
                                            length, length)
 
 
-def _attend_untiled(q, k, v, blocks, drafted, layout: TileLayout, backend: str, text_len: int,
-                    text_first: bool):
-    """Every key valid, frames of whole tiles: the kernel reads q, k, v through the tile
-    permutation and writes the output in their order."""
+def _attend_untiled(q_k_v, parts, blocks, drafted, layout: TileLayout, backend: str,
+                    text_len: int, text_first: bool, key_valid):
+    """q, k, v in the model's order: the kernel reads them through the tile permutation and
+    writes the output in their order, leaving out the padding slots of frames that are not whole
+    tiles and the keys `key_valid` marks, in its loads. Where the kernel would not read through
+    the order (`reads_through_order`: the torch backend, `torch.compile`) and keys are left out,
+    the video tokens are copied into tile order instead (`_attend_tiled`): the torch backend's
+    gathered call would build a token mask of the whole call."""
     length = layout.padded_tokens + text_len
     mask = _fused_mask(drafted, blocks, layout, length)
     if mask is None:
         mask = BlockSparseMask.from_dense(
             blocks, (layout.query_tile_tokens, layout.tile_tokens), length, length)
-    return block_sparse_attention(q, k, v, mask, scale=q.shape[-1] ** -0.5, backend=backend,
-                                  token_order=_token_order(layout, text_len, text_first))
+    every_key = not layout.has_padding and key_valid is None
+    if every_key or reads_through_order(*q_k_v, mask, backend):
+        return block_sparse_attention(*q_k_v, mask, scale=q_k_v[0].shape[-1] ** -0.5,
+                                      backend=backend, key_valid=key_valid,
+                                      token_order=_token_order(layout, text_len, text_first))
+    videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
+    return _attend_tiled(parts, videos, blocks, drafted, layout, backend, text_len, text_first,
+                         key_valid, False)
 
 
 def _attend_tiled(parts, videos, blocks, drafted, layout: TileLayout, backend: str,
