@@ -178,11 +178,10 @@ def block_sparse_attention(
             own order. An entry outside [0, N) is a slot with no token (a frame padded to whole
             tiles): no query row there, and its key is left out of every softmax. The Triton
             backend reads the rows through this index in eager mode (no copy in or out;
-            DraftAttention's tile order); the others, and any backend under `torch.compile`,
-            gather the inputs and scatter the output around the call, and where keys are left
-            out (slots, `key_valid`) build the call's token mask (`BlockSparseMask.to_dense`,
-            M x M per sample and head: for tests and short sequences). Not checked to hold each
-            token once (that would wait for the device): a token missing from it is unwritten.
+            DraftAttention's tile order, `reads_through_order`); the others gather the inputs
+            and scatter the output around the call, and where keys are left out build the
+            call's token mask (M x M per sample and head: for tests and short sequences). Not
+            checked to hold each token once (that would wait for the device).
         key_valid: optional bool `[B|1, N]` in k's order, with `token_order` only: False for the
             keys to leave out of every softmax, exactly (text padding). A query row with no key
             left gets 0 and lse = -inf.

@@ -102,8 +102,9 @@ def _tile_sums(x: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     rows = []
     for r0, rn, rrun in (span for span in spans[0] if span[1]):
         part = frames.narrow(3, r0, rn).unflatten(3, (rn // rrun, rrun))
-        cols = [part.narrow(5, c0, cn).unflatten(5, (cn // crun, crun)).sum(
-            (4, 6), dtype=torch.float32) for c0, cn, crun in (span for span in spans[1] if span[1])]
+        cols = [part.narrow(5, c0, cn).unflatten(5, (cn // crun, crun)).sum((4, 6),
+                                                                            dtype=torch.float32)
+                for c0, cn, crun in spans[1] if cn]
         rows.append(torch.cat(cols, 4))  # [B, H, T, rows of tiles, tile columns, D]
     sums = torch.cat(rows, 3)
     # tiles of padding only, where query tiles reach past the frame

@@ -1,11 +1,14 @@
 """One DraftAttention call: draft map -> block mask -> block-sparse attention (arXiv 2505.14708).
 
 The draft map picks the kept blocks of the video tokens in tile order, and
-`mmspec.kernels.block_sparse_attention` computes only those. Frames of whole tiles in the model's
-order are not copied into tile order: the draft pools them and the kernel reads q, k and v through
-the tile permutation (`token_order=`), writing the output in the model's order. Otherwise (frames
-padded to whole tiles, masked text keys) they are copied into tile order and the output back,
-unless the caller reordered them once per forward (`tiled=True`). Text
+`mmspec.kernels.block_sparse_attention` computes only those. Tokens in the model's order are not
+copied into tile order: the draft pools them through the tile permutation and the kernel reads q,
+k and v through it (`token_order=`), leaving out the slots that pad frames to whole tiles and the
+keys `key_valid` masks in its loads (`key_valid=`), and writes the output in the model's order.
+Only where the kernel would not read through the order (the torch backend, `torch.compile`) and
+keys are left out are they copied into tile order and the output back (`_attend_tiled`: padded
+keys zeroed and divided out of the softmax, below); a caller may also reorder them once per
+forward (`tiled=True`). Text
 tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
 video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks,
 except text blocks that hold only padding (`key_valid`), which are skipped (`_live_blocks`).
@@ -311,9 +314,10 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             (SkyReels-V2's frame-causal diffusion forcing); the draft map and the selection stay
             inside it, and the budget and density count its blocks only.
 
-    Frames of whole tiles in the model's order, with no `key_valid`, are never copied into tile
-    order: the draft pools and the kernel attends through the tile permutation
-    (`block_sparse_attention(token_order=)`), and the output comes back in the model's order.
+    Tokens in the model's order (`tiled=False`) are never copied into tile order where the kernel
+    reads through the order (Triton, eager): the draft pools and the kernel attends through the
+    tile permutation (`block_sparse_attention(token_order=, key_valid=)`), padding slots and
+    invalid keys left out in its loads, and the output comes back in the model's order.
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
