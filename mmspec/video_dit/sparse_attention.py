@@ -341,12 +341,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     if key_valid is not None and blocks.shape[-1] > kept.shape[-1]:  # text blocks of padding
         valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)
         blocks = blocks & _live_blocks(valid, layout, *blocks.shape[2:])
-    if not tiled:
-        out = _attend_untiled((q, k, v), parts, blocks, drafted, layout, config.backend,
-                              text_len, text_first, key_valid)
-    else:
-        out = _attend_tiled(parts, videos, blocks, drafted, layout, config.backend, text_len,
-                            text_first, key_valid, tiled)
+    out = _attend((q, k, v), parts, videos, blocks, drafted, layout, config.backend,
+                  (text_len, text_first), key_valid, tiled)
     # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
     if allowed is None:
         return out, torch.count_nonzero(blocks) / blocks.numel()
@@ -367,27 +363,47 @@ def _fused_mask(drafted, blocks, layout: TileLayout, length: int):
                                            length, length)
 
 
-def _attend_untiled(q_k_v, parts, blocks, drafted, layout: TileLayout, backend: str,
-                    text_len: int, text_first: bool, key_valid):
-    """q, k, v in the model's order: the kernel reads them through the tile permutation and
-    writes the output in their order, leaving out the padding slots of frames that are not whole
-    tiles and the keys `key_valid` marks, in its loads. Where the kernel would not read through
-    the order (`reads_through_order`: the torch backend, `torch.compile`) and keys are left out,
-    the video tokens are copied into tile order instead (`_attend_tiled`): the torch backend's
-    gathered call would build a token mask of the whole call."""
+def _tiled_order(layout: TileLayout, text_len: int, text_first: bool, identity: bool):
+    """long `[Np + text_len]`: the input's token of each kernel row for tokens already in tile
+    order (`tiled`), where it is not the input's own order (text first); else `arange` where
+    `identity` is asked for (`key_valid` needs an order), else None."""
+    length = layout.padded_tokens + text_len
+    rows = torch.arange(length, device=layout.perm.device)
+    if text_len and text_first:
+        return torch.cat([rows[text_len:], rows[:text_len]])
+    return rows if identity else None
+
+
+def _attend(q_k_v, parts, videos, blocks, drafted, layout: TileLayout, backend: str, text,
+            key_valid, tiled: bool):
+    """Block-sparse attention over `blocks`, the output in the input's order. The kernel reads
+    q, k, v through the order of its rows (the tile permutation; text behind the video) and
+    leaves the padding slots of frames that are not whole tiles and the keys `key_valid` marks
+    out in its loads (`block_sparse_attention(token_order=, key_valid=)`): no copy. Where keys
+    are left out and the kernel would not read through the order (`reads_through_order`: the
+    torch backend, `torch.compile`), the video tokens are copied into tile order instead
+    (`_attend_tiled`; the torch backend's own gathered call would build a token mask of the
+    whole call), as are tiled inputs with padding slots. `text`: (text_len, text_first)."""
+    text_len, text_first = text
     length = layout.padded_tokens + text_len
     mask = _fused_mask(drafted, blocks, layout, length)
     if mask is None:
         mask = BlockSparseMask.from_dense(
             blocks, (layout.query_tile_tokens, layout.tile_tokens), length, length)
-    every_key = not layout.has_padding and key_valid is None
-    if every_key or reads_through_order(*q_k_v, mask, backend):
+    if tiled:  # the input is the kernel's order but for text in front
+        order = _tiled_order(layout, text_len, text_first, key_valid is not None)
+        plain = order is None and key_valid is None
+    else:
+        order = _token_order(layout, text_len, text_first)
+        plain = not layout.has_padding and key_valid is None  # a gather on any backend
+    if not (tiled and layout.has_padding) and (
+            plain or reads_through_order(*q_k_v, mask, backend)):
         return block_sparse_attention(*q_k_v, mask, scale=q_k_v[0].shape[-1] ** -0.5,
-                                      backend=backend, key_valid=key_valid,
-                                      token_order=_token_order(layout, text_len, text_first))
-    videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
+                                      backend=backend, token_order=order, key_valid=key_valid)
+    if not tiled:
+        videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
     return _attend_tiled(parts, videos, blocks, drafted, layout, backend, text_len, text_first,
-                         key_valid, False)
+                         key_valid, tiled)
 
 
 def _attend_tiled(parts, videos, blocks, drafted, layout: TileLayout, backend: str,

@@ -4,6 +4,8 @@ index in its loads; the fused draft's pooling likewise), with the blocks and the
 reorder path: q, k, v copied into tile order, attended, the output copied back. Under the Triton
 interpreter on a CPU, compiled on a GPU (`benchmarks/gpu_session.sh` step draft_tests)."""
 
+from unittest import mock
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,8 +31,17 @@ def _inputs(layout, text_len, seed=0):
             for _ in range(3)]
 
 
+def _tiled(x, layout, text_len, text_first):
+    """`[B, H, L, D]` (or `[B, 1, L, 1]`) with the video tokens in tile order, text in place."""
+    video = x[:, :, text_len:] if text_first else x[:, :, : layout.num_tokens]
+    text = x[:, :, :text_len] if text_first else x[:, :, layout.num_tokens:]
+    parts = [text, layout.to_tiles(video)]
+    return torch.cat(parts if text_first else parts[::-1], dim=2)
+
+
 def _reordered(q, k, v, layout, config, text_len, text_first, key_valid=None, **kw):
-    """Today's path: the video tokens copied into tile order (`tiled=True`), the output back."""
+    """Today's path: the video tokens copied into tile order (`tiled=True`), the output back, and
+    in the layer the text moved behind the video and masked keys zeroed (copies)."""
     def video(x):
         return x[:, :, text_len:] if text_first else x[:, :, : layout.num_tokens]
 
@@ -43,9 +54,10 @@ def _reordered(q, k, v, layout, config, text_len, text_first, key_valid=None, **
 
     if key_valid is not None:  # [B, L] -> [B, 1, L, 1] and back, in tile order
         key_valid = tiled(key_valid[:, None, :, None])[:, 0, :, 0]
-    out, density = draft_attention(*(tiled(x) for x in (q, k, v)), layout, config, tiled=True,
-                                   text_len=text_len, text_first=text_first, key_valid=key_valid,
-                                   **kw)
+    with mock.patch.object(sparse_attention, "reads_through_order", lambda *a: False):
+        out, density = draft_attention(*(tiled(x) for x in (q, k, v)), layout, config,
+                                       tiled=True, text_len=text_len, text_first=text_first,
+                                       key_valid=key_valid, **kw)
     parts = [text(out) if text_first else out[:, :, layout.padded_tokens:],
              layout.from_tiles(out[:, :, text_len:] if text_first
                                else out[:, :, : layout.padded_tokens])]
@@ -88,7 +100,8 @@ class _Copies(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        big = [a for a in args if isinstance(a, torch.Tensor) and a.shape[:2] == self.shape[:2]
+        flat = [x for a in args for x in (a if isinstance(a, (list, tuple)) else [a])]  # cat's
+        big = [a for a in flat if isinstance(a, torch.Tensor) and a.shape[:2] == self.shape[:2]
                and a.shape[-1] == self.shape[-1] and a.shape[2] >= 64]
         if big and any(op in name for op in ("index", "gather", "scatter", "cat", "masked_fill")):
             self.hits.append(name)
@@ -176,4 +189,30 @@ def test_the_torch_backend_copies_into_tile_order_where_keys_are_left_out(case, 
     out, _ = draft_attention(q, k, v, layout, config, text_len=16, key_valid=key_valid)
     assert copied == [False]
     ref, _ = _reordered(q, k, v, layout, config, 16, False, key_valid)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("text_len,text_first", [(32, False), (16, True)])
+def test_tokens_reordered_once_per_forward_are_not_copied_in_the_layer(text_len, text_first):
+    """`tiled=True` (whole tiles, the video tokens put in tile order once per forward):
+    HunyuanVideo's text behind the video with text padding, CogVideoX's in front. The kernel
+    reads the text in place and leaves the masked keys out in its loads: no copy of q, k, v or
+    the output (the copying path moves the text behind the video and zeroes masked keys)."""
+    layout = tile_layout(**CASES["square"], device=DEVICE)
+    config = DraftAttentionConfig(tile=layout.tile, sparsity=0.6, backend="triton",
+                                  draft_kernel="triton")
+    q, k, v = (_tiled(x, layout, text_len, text_first) for x in _inputs(layout, text_len))
+    key_valid = _tiled(_text_padding(layout, text_len, text_first)[:, None, :, None], layout,
+                       text_len, text_first)[:, 0, :, 0] if not text_first else None
+    with _Copies(q.shape) as copies:
+        out, density = draft_attention(q, k, v, layout, config, tiled=True, text_len=text_len,
+                                       text_first=text_first, key_valid=key_valid)
+    assert copies.hits == []
+    with _Copies(q.shape) as copies, mock.patch.object(sparse_attention, "reads_through_order",
+                                                       lambda *a: False):
+        ref, ref_density = draft_attention(q, k, v, layout, config, tiled=True,
+                                           text_len=text_len, text_first=text_first,
+                                           key_valid=key_valid)
+    assert len(copies.hits) >= 3  # the copying path: text behind the video, or masked keys
+    assert float(density) == float(ref_density)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
