@@ -7,8 +7,9 @@ k and v through it (`token_order=`), leaving out the slots that pad frames to wh
 keys `key_valid` masks in its loads (`key_valid=`), and writes the output in the model's order.
 Only where the kernel would not read through the order (the torch backend, `torch.compile`) and
 keys are left out are they copied into tile order and the output back (`_attend_tiled`: padded
-keys zeroed and divided out of the softmax, below); a caller may also reorder them once per
-forward (`tiled=True`). Text
+keys zeroed and divided out of the softmax, below). A caller may also reorder them once per
+forward (`tiled=True`): the kernel then reads the text in place and leaves masked keys out
+alike. Text
 tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
 video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks,
 except text blocks that hold only padding (`key_valid`), which are skipped (`_live_blocks`).
