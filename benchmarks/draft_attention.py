@@ -85,9 +85,7 @@ def overhead_and_speed(grid, tile, heads, dim, sparsity, reps, device="cpu", dty
     fused = {}
     if torch.device(device).type == "cuda":  # the fused draft (the interpreter is no timing)
         def fused_call(mode):  # pooling through the tile permutation: q and k in model order
-            untiled = not layout.has_padding
-            drafted = fused_draft.draft_blocks(q if untiled else qt, k if untiled else kt,
-                                               layout, sparsity, mode, scale, untiled=untiled)
+            drafted = fused_draft.draft_blocks(q, k, layout, sparsity, mode, scale, untiled=True)
             return BlockSparseMask.from_full_lists(drafted.counts, drafted.indices, blocks, n, n)
 
         fused = {f"fused: pool + draft map + selection + index ({mode})":
@@ -208,13 +206,14 @@ WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 1
 
 
 def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, text_tokens=512,
-             config_kw=None, compile=None, draft_kernels=("auto",), **arch):
+             config_kw=None, compile=None, draft_kernels=("auto",), no_reorder=False, **arch):
     """Time one forward of a `WanTransformer3DModel` (`arch` overrides `WAN_1_3B`) on latents of
     token grid `grid` (T, H, W): dense, then under `apply_draft_attention` at each sparsity (step
     0 sparse, layer 0 dense). Returns rows {sparsity, density, ms, speedup} and the dense ms;
     times are medians of `reps` after a warm-up, with the device synchronised. `compile`: a
     torch.compile backend for every block (fullgraph, as diffusers' `compile_repeated_blocks`),
-    dense and sparse alike."""
+    dense and sparse alike. `no_reorder`: also each sparsity with `permute_once=False`
+    (`dense_vs_draft`)."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
@@ -230,14 +229,15 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
                                              generator=g).to(device, dtype),
         "timestep": torch.full((batch,), 500.0, device=device),
     }
-    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels)
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels,
+                          no_reorder)
 
 
 COGVIDEOX_2B = {"num_layers": 30, "num_attention_heads": 30, "attention_head_dim": 64}
 
 
 def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, config_kw=None,
-                   compile=None, draft_kernels=("auto",), **arch):
+                   compile=None, draft_kernels=("auto",), no_reorder=False, **arch):
     """`wan_step` for a `CogVideoXTransformer3DModel` (`arch` overrides `COGVIDEOX_2B`: sincos
     positions, no RoPE) with its 226 text tokens in front of the video in joint attention."""
     from diffusers import CogVideoXTransformer3DModel
@@ -254,7 +254,8 @@ def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=
         "encoder_hidden_states": torch.randn(batch, 226, 4096, generator=g).to(device, dtype),
         "timestep": torch.full((batch,), 500, device=device, dtype=torch.long),
     }
-    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels)
+    return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels,
+                          no_reorder)
 
 
 def _cast(model, device, dtype):
@@ -265,9 +266,12 @@ def _cast(model, device, dtype):
 
 
 def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compile=None,
-                   draft_kernels=("auto",)):
+                   draft_kernels=("auto",), no_reorder=False):
     """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity and each
-    of `draft_kernels` (`DraftAttentionConfig.draft_kernel`); with `compile` (a backend) every
+    of `draft_kernels` (`DraftAttentionConfig.draft_kernel`); with `no_reorder`, also the first
+    of them with `permute_once=False`: no reorder once per forward either, every sparse layer
+    reads q, k, v through the tile permutation (row "reorder": "none"; the others "once per
+    forward" where frames are whole tiles, else "none" too). With `compile` (a backend) every
     transformer block is compiled first (the warm-up compiles)."""
     from mmspec.video_dit import (
         DraftAttentionConfig,
@@ -299,11 +303,13 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compil
 
     dense_ms = median_ms()
     rows = []
+    variants = [(kernel, True) for kernel in draft_kernels]
+    variants += [(draft_kernels[0], False)] if no_reorder else []
     for s in sparsities:
-        for kernel in draft_kernels:
+        for kernel, once in variants:
             state = apply_draft_attention(model, DraftAttentionConfig(
                 sparsity=s, tile=tile, dense_steps=0, dense_layers=1,
-                **{"draft_kernel": kernel, **(config_kw or {})}))
+                **{"draft_kernel": kernel, "permute_once": once, **(config_kw or {})}))
             try:
                 ms = median_ms()
             except Exception as err:  # a failing path is its own row's "failed"
@@ -314,7 +320,11 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compil
             finally:
                 remove_draft_attention(model)
             sparse = [float(r.density) for r in state.records if r.density < 1.0]
-            rows.append({"sparsity": s, "draft_kernel": kernel, "ms": ms,
+            rows.append({"sparsity": s, "draft_kernel": kernel, "ms": ms, "permute_once": once,
+                         # the state's own rule (apply.py): whole tiles, permute_once; the
+                         # Wan and CogVideoX inputs here allow it
+                         "reorder": ("once per forward" if once and not state.layout.has_padding
+                                     else "none"),
                          "density": sum(sparse) / max(len(sparse), 1), "speedup": dense_ms / ms})
     return rows, dense_ms
 
@@ -612,12 +622,17 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
                  draft_kernels=None):
     """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`, the
     draft side fused (the default on CUDA) and in torch ops, each with the whole 50-step run's
-    estimate (`run_speedup`); with `compile` (a torch.compile backend) the same again with every
-    block compiled (where the torch draft is traced: `draft_kernel="auto"` only)."""
+    estimate (`run_speedup`); where frames are whole tiles also with no reorder at all
+    (`permute_once=False`: the kernel reads through the tile permutation in every sparse layer;
+    with padded frames every row runs that way); with `compile` (a torch.compile backend) the
+    same again with every block compiled (where the torch draft is traced: `draft_kernel="auto"`
+    only)."""
     dtype = gpu_dtype(device)
     kernels = draft_kernels or (("auto", "torch") if torch.device(device).type == "cuda"
                                 else ("auto",))
-    rows, dense = step(device, dtype, grid, (0.9, 0.75), tile=tile, draft_kernels=kernels, **arch)
+    whole = not tile_layout(grid, tile).has_padding
+    rows, dense = step(device, dtype, grid, (0.9, 0.75), tile=tile, draft_kernels=kernels,
+                       no_reorder=whole, **arch)
     if step is wan_step and torch.device(device).type == "cuda":  # issue 42's goals
         name = f"Wan step speedup at 90% sparsity, {math.prod(grid):,} tokens"
         at90 = next(r["speedup"] for r in rows if r["sparsity"] == 0.9)
@@ -626,12 +641,15 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
                    device_name(device))
     names = ({"auto": ", fused draft", "torch": ", torch draft"} if len(kernels) > 1
              else {kernels[0]: ""})
-    table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x", "1.00x"]] + [
-        [f"DraftAttention {int(r['sparsity'] * 100)}%{names[r['draft_kernel']]}",
-         f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x",
-         f"{run_speedup(r['speedup']):.2f}x"] if not math.isnan(r["ms"]) else
-        [f"DraftAttention {int(r['sparsity'] * 100)}%{names[r['draft_kernel']]}", "", "failed",
-         "", ""] for r in rows]
+
+    def name(r):
+        return (f"DraftAttention {int(r['sparsity'] * 100)}%{names[r['draft_kernel']]}"
+                + ("" if r["permute_once"] else ", permute_once=False"))
+
+    table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x", "1.00x", ""]] + [
+        [name(r), f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x",
+         f"{run_speedup(r['speedup']):.2f}x", r["reorder"]] if not math.isnan(r["ms"]) else
+        [name(r), "", "failed", "", "", r["reorder"]] for r in rows]
     note = ""
     if compile is not None:
         from torch._dynamo import reset
@@ -639,10 +657,10 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
         reset()
         crows, cdense = step(device, dtype, grid, (0.9, 0.75), tile=tile, compile=compile, **arch)
         table += [[f"dense, blocks compiled ({compile})", "1.000", f"{cdense:.0f}",
-                   f"{dense / cdense:.2f}x", ""]] + [
+                   f"{dense / cdense:.2f}x", "", ""]] + [
             [f"DraftAttention {int(r['sparsity'] * 100)}%, blocks compiled", f"{r['density']:.3f}",
              f"{r['ms']:.0f}", f"{dense / r['ms']:.2f}x ({r['speedup']:.2f}x vs compiled dense)",
-             f"{run_speedup(r['speedup']):.2f}x vs compiled dense"]
+             f"{run_speedup(r['speedup']):.2f}x vs compiled dense", r["reorder"]]
             for r in crows]
         note = (f" Compiled rows: every block `torch.compile(fullgraph=True, backend={compile!r})`"
                 f" (diffusers' `compile_repeated_blocks`), compiled in the warm-up.")
@@ -656,10 +674,14 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
           f"in torch ops (`draft_kernel=\"torch\"`). The {STEPS}-step column is an estimate "
           f"from this step's timing, {warm} dense warm-up steps (the default dense_steps=0.3) "
           f"at the dense step's cost and {STEPS - warm} sparse ones: {STEPS} / ({warm} + "
-          f"{STEPS - warm} / per-step speedup); text encoder and VAE decode not counted.{note}\n\n"
+          f"{STEPS - warm} / per-step speedup); text encoder and VAE decode not counted. "
+          f"'reorder': 'once per forward' puts the video tokens in tile order after the patch "
+          f"embedding and back before unpatchify (frames of whole tiles, the default "
+          f"permute_once=True); 'none' never copies them: every sparse layer drafts and attends "
+          f"through the tile permutation (padded frames, or permute_once=False).{note}\n\n"
         + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
-                          "speedup vs dense", f"{STEPS}-step run, {warm} dense (estimate)"],
-                         table) + "\n")
+                          "speedup vs dense", f"{STEPS}-step run, {warm} dense (estimate)",
+                          "reorder"], table) + "\n")
 
 
 def device_name(device):

@@ -22,7 +22,8 @@ from .mask import BlockSparseMask
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check_inputs(q, k, v, mask) -> None:
+def _check_inputs(q, k, v, mask, lengths=None) -> None:
+    """`lengths`: the mask's (q_len, kv_len) where they are not q's and k's (`token_order`)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -55,10 +56,10 @@ def _check_inputs(q, k, v, mask) -> None:
     if hq % k.shape[1] != 0:
         raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({k.shape[1]}) for GQA")
     mb, mh, mq_len, mkv_len = mask.shape
-    if (mq_len, mkv_len) != (nq, k.shape[2]):
+    if (mq_len, mkv_len) != (lengths or (nq, k.shape[2])):
         raise ValueError(
             f"mask is for q_len={mq_len}, kv_len={mkv_len} but q has {nq} tokens and k has "
-            f"{k.shape[2]}"
+            f"{k.shape[2]}" + (f" (token_order: {lengths[0]} rows)" if lengths else "")
         )
     if mb not in (1, b) or mh not in (1, hq):
         raise ValueError(
@@ -151,6 +152,7 @@ def block_sparse_attention(
     return_lse: bool = False,
     backend: str = "auto",
     token_order: torch.Tensor | None = None,
+    key_valid: torch.Tensor | None = None,
 ):
     """Attention restricted to the blocks kept by `mask`.
 
@@ -170,13 +172,19 @@ def block_sparse_attention(
             `"triton-tma"` and `"triton-tma-persistent"` (SM90+), `"torch"`, `"flex"`
             (FlexAttention), `"reference"`, and where their packages import `"flashinfer"` and
             `"fa4"` (FlashAttention-4).
-        token_order: optional long `[N]`, a permutation of the N tokens of q, k and v (Nq = Nk):
-            the mask's row and column i are token `token_order[i]`, i.e. the mask is over
-            `x[:, :, token_order]`, while q, k, v and the result stay in their own order. The
-            Triton backend reads the rows through this index in eager mode (no copy in or out;
-            DraftAttention's tile order); the others, and any backend under `torch.compile`,
-            gather the inputs and scatter the output around the call. Not checked to be a
-            permutation (that would wait for the device): a repeated token leaves rows unwritten.
+        token_order: optional int32/int64 `[M]` (M >= N = Nq = Nk, the mask's q_len and
+            kv_len): the mask's row and column i are token `token_order[i]` of q, k and v, i.e.
+            the mask is over `x[:, :, token_order]`, while q, k, v and the result stay in their
+            own order. An entry outside [0, N) is a slot with no token (a frame padded to whole
+            tiles): no query row there, and its key is left out of every softmax. The Triton
+            backend reads the rows through this index in eager mode (no copy in or out;
+            DraftAttention's tile order, `reads_through_order`); the others gather the inputs
+            and scatter the output around the call, and where keys are left out build the
+            call's token mask (M x M per sample and head: for tests and short sequences). Not
+            checked to hold each token once (that would wait for the device).
+        key_valid: optional bool `[B|1, N]` in k's order, with `token_order` only: False for the
+            keys to leave out of every softmax, exactly (text padding). A query row with no key
+            left gets 0 and lse = -inf.
 
     Returns:
         `out` `[B, Hq, Nq, D]` in q's dtype, and `lse` when `return_lse` (both in q's order).
@@ -203,7 +211,8 @@ def block_sparse_attention(
     With a longer cache the blocks before the nodes' block are full (no element mask read)
     and the nodes' block stays partial (`mmspec/decoding/tree.py`, `verify_mask`).
     """
-    _check_inputs(q, k, v, mask)
+    lengths = _token_order_lengths(q, k, token_order, key_valid)
+    _check_inputs(q, k, v, mask, lengths)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     else:
@@ -221,7 +230,8 @@ def block_sparse_attention(
         q, k, v = _common_width(q, k, v)
     backend = resolve_backend(backend, q, k, v, mask).name
     if token_order is not None:
-        out, lse = _in_token_order(q, k, v, mask, scale, softcap or 0.0, backend, token_order)
+        out, lse = _in_token_order(q, k, v, mask, (scale, softcap or 0.0), backend, token_order,
+                                   key_valid)
         return (out[..., :dv], lse) if return_lse else out[..., :dv]
     out, lse = torch.ops.mmspec.block_sparse_attention(
         q, k, v,
@@ -233,27 +243,68 @@ def block_sparse_attention(
     return (out, lse) if return_lse else out
 
 
-def _in_token_order(q, k, v, mask, scale, softcap, backend, order):
-    """`block_sparse_attention` over `x[:, :, order]` with the result in q's order: through the
-    backend's gathered kernel where it has one (eager), else gathered and scattered here."""
+def _token_order_lengths(q, k, order, key_valid):
+    """(M, M) for a `token_order` of M rows, after checking it and `key_valid`; None without."""
+    if order is None:
+        if key_valid is not None:
+            raise ValueError("key_valid needs a token_order (the kernel's order of the tokens); "
+                             "got token_order=None")
+        return None
     n = q.shape[2]
     if (not isinstance(order, torch.Tensor) or order.dtype not in (torch.int32, torch.int64)
-            or tuple(order.shape) != (n,) or order.device != q.device or k.shape[2] != n):
-        raise ValueError(f"token_order must be an int32/int64 [N={n}] permutation on {q.device} "
-                         f"for q and k of N tokens each, got "
+            or order.ndim != 1 or order.shape[0] < n or order.device != q.device
+            or k.shape[2] != n):
+        raise ValueError(f"token_order must be int32/int64 [M >= N={n}] on {q.device} for q and "
+                         f"k of N tokens each, got "
                          f"{getattr(order, 'dtype', type(order).__name__)} "
-                         f"{list(getattr(order, 'shape', []))} for N = {n} and {k.shape[2]}")
-    gathered = get_backend(backend).gathered
-    # the kernel called directly has no autograd node: the op's raises on a backward instead
-    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    if gathered is not None and not torch.compiler.is_compiling() and not wants_grad:
-        return gathered(q, k, v, mask, scale, softcap, order)
+                         f"{list(getattr(order, 'shape', []))} on "
+                         f"{getattr(order, 'device', None)} for N = {n} and {k.shape[2]}")
+    shapes = ((1, n), (q.shape[0], n))
+    if key_valid is not None and (not isinstance(key_valid, torch.Tensor)
+                                  or key_valid.dtype != torch.bool
+                                  or tuple(key_valid.shape) not in shapes
+                                  or key_valid.device != q.device):
+        raise ValueError(f"key_valid must be bool [B|1={q.shape[0]}, N={n}] on {q.device}, got "
+                         f"{getattr(key_valid, 'dtype', type(key_valid).__name__)} "
+                         f"{list(getattr(key_valid, 'shape', []))}")
+    return order.shape[0], order.shape[0]
+
+
+def reads_through_order(q, k, v, mask, backend: str = "auto") -> bool:
+    """Whether `block_sparse_attention(q, k, v, mask, backend=backend, token_order=...)` reads q,
+    k and v through the index inside the kernel (no copy; eager, no gradient, a backend with a
+    gathered form: Triton), rather than gathering them around the call. `mask` is the kernel's
+    (M rows)."""
+    if torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        return False
+    return resolve_backend(backend, q, k, v, mask).gathered is not None
+
+
+def _in_token_order(q, k, v, mask, scale_softcap, backend, order, key_valid):
+    """`block_sparse_attention` over `x[:, :, order]` with the result in q's order: through the
+    backend's gathered kernel where it has one (eager), else gathered and scattered here."""
+    n, m = q.shape[2], order.shape[0]
+    scale, softcap = scale_softcap
+    has = (order >= 0) & (order < n)  # [M]: the slots with a token
+    key_rows = None if key_valid is None else torch.where(
+        has & key_valid[:, order.clamp(0, n - 1)], order, -1)  # [B|1, M]
+    if reads_through_order(q, k, v, mask, backend):
+        return get_backend(backend).gathered(q, k, v, mask, scale, softcap, order, key_rows)
+    slot = torch.where(has, order, n)  # slots of no token read a row of zeros
+    q, k, v = (torch.cat([x, x.new_zeros(*x.shape[:2], 1, x.shape[3])], 2).index_select(2, slot)
+               for x in (q, k, v))
+    if m != n or key_valid is not None:  # keys left out: the call's token mask
+        keys = has[None] if key_rows is None else key_rows >= 0  # [B|1, M]
+        mask = BlockSparseMask.from_token_mask(mask.to_dense() & keys[:, None, None],
+                                               mask.block_size)
     out, lse = torch.ops.mmspec.block_sparse_attention(
-        *(x.index_select(2, order) for x in (q, k, v)),
-        mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices,
-        mask.partial_masks, mask.block_size[0], mask.block_size[1], scale, softcap, backend)
-    return torch.empty_like(out).index_copy_(2, order, out), \
-        torch.empty_like(lse).index_copy_(2, order, lse)
+        q, k, v, mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks,
+        mask.full_kv_indices, mask.partial_masks, mask.block_size[0], mask.block_size[1], scale,
+        softcap, backend)
+    # slots of no token all land on row N, dropped
+    return (out.new_empty(*out.shape[:2], n + 1, out.shape[3]).index_copy_(2, slot, out)[:, :, :n],
+            lse.new_empty(*lse.shape[:2], n + 1).index_copy_(2, slot, lse)[:, :, :n])
 
 
 def _common_width(q, k, v):

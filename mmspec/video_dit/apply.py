@@ -11,7 +11,9 @@ layers only (cross-attention stays dense) and registers hooks:
   layer gathers or scatters (paper's code: 3 gathers and 1 scatter per layer). Where a model
   variant does not allow it (Wan 2.2 TI2V's timestep per token, SkyReels-V2 diffusion forcing)
   or with `permute_once=False`, or where frames are not whole tiles (padding slots would travel
-  through every block), each sparse layer reorders with cached index tensors.
+  through every block), each sparse layer reads the tokens through the tile permutation
+  (`sparse_attention.py`: no copy on the Triton kernel; the torch backend and compiled blocks
+  copy them into tile order with cached index tensors).
 
 diffusers' Ulysses context parallelism (`enable_parallelism`, before or after applying): the
 sparse layers run as the attention op inside diffusers' all-to-all, on the whole sequence for the
@@ -277,9 +279,10 @@ class DraftAttentionState(_DensityReport):
         family = self.family
         # built here, outside any compiled block: its count is a host int, the budget's base
         self.allowed = None if family.allowed is None else family.allowed(module, self.layout)
-        # frames that are not whole tiles reorder in each sparse layer instead: padding slots
-        # carried through the blocks cost every FFN and projection (Wan at 480x832: 31% more
-        # tokens; the note below BENCHMARKS.md `draft_attention_gpu` measures both ways).
+        # frames that are not whole tiles are read through the tile permutation in each sparse
+        # layer instead (sparse_attention.py): padding slots carried through the blocks cost
+        # every FFN and projection (Wan at 480x832: 31% more tokens; the note below
+        # BENCHMARKS.md `draft_attention_gpu` measures both ways).
         # Dense warm-up steps run in tile order too (their attention goes to the model's own
         # processor, which does not mind the order): step caches (diffusers' FirstBlockCache,
         # PyramidAttentionBroadcast, ...) keep block residuals or attention outputs from one

@@ -88,21 +88,46 @@ def pool_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     return _pool(x_tiled, layout.num_tiles, layout.tile_tokens, layout.counts)
 
 
-def pool_untiled(x: torch.Tensor, layout: TileLayout, query: bool = False) -> torch.Tensor:
-    """`pool_tiles(layout.to_tiles(x), layout)` (`query`: `pool_query_tiles`) read from `x`
-    `[B, H, N, D]` in the model's row-major (t, h, w) order, with no copy into tile order:
-    frames of whole query tiles only (`not layout.has_padding`). -> fp32 `[B, H, nT or nQ, D]`."""
+def _tile_sums(x: torch.Tensor, layout: TileLayout) -> torch.Tensor:
+    """fp32 `[B, H, T, R, C, D]`: the sum of each tile's tokens, `x` `[B, H, N, D]` in the
+    model's row-major (t, h, w) order; R x C tiles per frame padded to whole query tiles (the
+    tiles past the frame's edge sum to 0). Four reductions over views of `x`, no copy: whole
+    tiles, the short last tile column, the short last tile row, and their corner."""
     t, height, width = layout.grid
     (th, tw), (qh, qw) = layout.tile, layout.query_tile
+    frames = x.unflatten(2, (t, height, width))  # [B, H, T, height, width, D]
+    # (start, tokens, tokens per tile) of the whole tiles and of the short last one
+    spans = [[(0, n // run * run, run), (n // run * run, n % run, n % run)]
+             for n, run in ((height, th), (width, tw))]
+    rows = []
+    for r0, rn, rrun in (span for span in spans[0] if span[1]):
+        part = frames.narrow(3, r0, rn).unflatten(3, (rn // rrun, rrun))
+        cols = [part.narrow(5, c0, cn).unflatten(5, (cn // crun, crun)).sum((4, 6),
+                                                                            dtype=torch.float32)
+                for c0, cn, crun in spans[1] if cn]
+        rows.append(torch.cat(cols, 4))  # [B, H, T, rows of tiles, tile columns, D]
+    sums = torch.cat(rows, 3)
+    # tiles of padding only, where query tiles reach past the frame
+    pad_r = math.ceil(height / qh) * (qh // th) - sums.shape[3]
+    pad_c = math.ceil(width / qw) * (qw // tw) - sums.shape[4]
+    return torch.nn.functional.pad(sums, (0, 0, 0, pad_c, 0, pad_r))
+
+
+def pool_untiled(x: torch.Tensor, layout: TileLayout, query: bool = False) -> torch.Tensor:
+    """`pool_tiles(layout.to_tiles(x), layout)` (`query`: `pool_query_tiles`) read from `x`
+    `[B, H, N, D]` in the model's row-major (t, h, w) order, with no copy into tile order (frames
+    padded to whole tiles or not). -> fp32 `[B, H, nT or nQ, D]`."""
     b, heads, _, d = x.shape
-    # [B, H, T, query tile row, tile row in it, token row, query tile col, tile col, token col, D]
-    grid = x.unflatten(2, (t, height // qh, qh // th, th, width // qw, qw // tw, tw))
-    if query:  # a query tile's tokens: every row and column inside it
-        sums = grid.sum((4, 5, 7, 8), dtype=torch.float32)  # [B, H, T, nqh, nqw, D]
-        return sums.reshape(b, heads, -1, d) / layout.query_tile_tokens
-    sums = grid.sum((5, 8), dtype=torch.float32)  # [B, H, T, nqh, a, nqw, c, D]
+    sums = _tile_sums(x, layout)  # [B, H, T, R, C, D]
+    a, c = layout.query_tile[0] // layout.tile[0], layout.query_tile[1] // layout.tile[1]
+    # [B, H, T, query tile row, tile row in it, query tile column, tile column in it, D]
+    sums = sums.unflatten(4, (-1, c)).unflatten(3, (-1, a))
+    if query:  # a query tile's tiles
+        sums = sums.sum((4, 6)).reshape(b, heads, -1, d)
+        return sums / layout.query_counts.clamp_min(1)[:, None]
     # tile order: query tile row and column, then the tiles inside it (`tile_permutation`)
-    return sums.permute(0, 1, 2, 3, 5, 4, 6, 7).reshape(b, heads, -1, d) / layout.tile_tokens
+    sums = sums.permute(0, 1, 2, 3, 5, 4, 6, 7).reshape(b, heads, -1, d)
+    return sums / layout.counts.clamp_min(1)[:, None]
 
 
 def pool_query_tiles(x_tiled: torch.Tensor, layout: TileLayout) -> torch.Tensor:

@@ -85,7 +85,7 @@ class DraftBlocks:
 if triton is not None:
 
     @triton.jit
-    def _pool_one(X, OUT, COUNTS, ROWS, tile, b, h, sxb, sxh, sxn, sob, soh, son, D,
+    def _pool_one(X, OUT, COUNTS, ROWS, NTOK, tile, b, h, sxb, sxh, sxn, sob, soh, son, D,
                   TOKENS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                   GATHER: tl.constexpr):
         for d0 in range(0, D, BLOCK_D):
@@ -97,8 +97,9 @@ if triton is not None:
                 offs_t = t0 + tl.arange(0, BLOCK_T)
                 t_ok = offs_t < TOKENS
                 slot = tile * TOKENS + offs_t  # tile order
-                if GATHER:  # x in the model's order: the slot's token
+                if GATHER:  # x in the model's order: the slot's token (NTOK: padding)
                     slot = tl.load(ROWS + slot, mask=t_ok, other=0)
+                    t_ok = t_ok & (slot < NTOK)
                 x = tl.load(base + slot[:, None] * sxn + offs_d[None, :],
                             mask=t_ok[:, None] & d_ok[None, :], other=0.0)
                 acc += tl.sum(x.to(tl.float32), 0)
@@ -107,7 +108,7 @@ if triton is not None:
             tl.store(OUT + b * sob + h * soh + tile * son + offs_d, acc / count, mask=d_ok)
 
     @triton.jit
-    def _pool_kernel(Q, K, QH, KH, QCOUNTS, KCOUNTS, ROWS, H, NQ, NT, D,
+    def _pool_kernel(Q, K, QH, KH, QCOUNTS, KCOUNTS, ROWS, NTOK, H, NQ, NT, D,
                      sqb, sqh, sqn, skb, skh, skn, sob, soh, son, spb, sph, spn,
                      QTOKENS: tl.constexpr, KTOKENS: tl.constexpr, BLOCK_T: tl.constexpr,
                      BLOCK_D: tl.constexpr, GATHER: tl.constexpr):
@@ -116,11 +117,11 @@ if triton is not None:
         b, h = bh // H, bh % H
         if tl.program_id(2) == 0:
             if tile < NQ:
-                _pool_one(Q, QH, QCOUNTS, ROWS, tile, b, h, sqb, sqh, sqn, sob, soh, son, D,
+                _pool_one(Q, QH, QCOUNTS, ROWS, NTOK, tile, b, h, sqb, sqh, sqn, sob, soh, son, D,
                           QTOKENS, BLOCK_T, BLOCK_D, GATHER)
         else:
             if tile < NT:
-                _pool_one(K, KH, KCOUNTS, ROWS, tile, b, h, skb, skh, skn, spb, sph, spn, D,
+                _pool_one(K, KH, KCOUNTS, ROWS, NTOK, tile, b, h, skb, skh, skn, spb, sph, spn, D,
                           KTOKENS, BLOCK_T, BLOCK_D, GATHER)
 
     @triton.jit
@@ -247,7 +248,7 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
 
     q_tiled, k_tiled: `[B, H, Np, D]` in tile order, zeros in the padding slots (`to_tiles`);
     with `untiled`, `[B, H, N, D]` in the model's order instead, read through `layout.perm`
-    (frames of whole tiles: no padding slots), with no copy into tile order.
+    (whose padding slots read nothing), with no copy into tile order.
     allowed: bool `[nQ, nT]` (may be a broadcast view) with its host-side count
     `allowed_count`, as `select_blocks` takes them; the other arguments as there.
     """
@@ -257,13 +258,12 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
         raise ValueError(f"the fused draft cannot run: {why}")
     b, h, npad, d = q_tiled.shape
     nq, nt = layout.num_query_tiles, layout.num_tiles
-    if k_tiled.shape != q_tiled.shape or npad != layout.padded_tokens:
-        raise ValueError(f"q_tiled and k_tiled must be [B, H, {layout.padded_tokens}, D] in tile "
-                         f"order, got {list(q_tiled.shape)} and {list(k_tiled.shape)}")
+    tokens = layout.num_tokens if untiled else layout.padded_tokens
+    if k_tiled.shape != q_tiled.shape or npad != tokens:
+        raise ValueError(f"q_tiled and k_tiled must be [B, H, {tokens}, D] in "
+                         f"{'the model' if untiled else 'tile'} order, got "
+                         f"{list(q_tiled.shape)} and {list(k_tiled.shape)}")
     check_mass_needed(mode, mass)
-    if untiled and layout.has_padding:
-        raise ValueError(f"untiled=True reads frames of whole tiles, got grid {layout.grid} with "
-                         f"tile {layout.tile}: pass to_tiles(q) and to_tiles(k) instead")
     if mode == "top_p":
         mass, max_density = check_mass(mass), check_mass(max_density, "max_density")
     if allowed is not None and allowed_count is None:
@@ -277,8 +277,8 @@ def draft_blocks(q_tiled: torch.Tensor, k_tiled: torch.Tensor, layout: TileLayou
     k_hat = torch.empty(b, h, nt, d, device=dev, dtype=torch.float32)
     block_d = min(triton.next_power_of_2(d), 128)
     _pool_kernel[(max(nq, nt), b * h, 2)](
-        q_tiled, k_tiled, q_hat, k_hat, layout.query_counts, layout.counts, layout.perm, h, nq,
-        nt, d,
+        q_tiled, k_tiled, q_hat, k_hat, layout.query_counts, layout.counts, layout.perm,
+        layout.num_tokens, h, nq, nt, d,
         *q_tiled.stride()[:3], *k_tiled.stride()[:3], *q_hat.stride()[:3], *k_hat.stride()[:3],
         QTOKENS=layout.query_tile_tokens, KTOKENS=layout.tile_tokens,
         BLOCK_T=min(triton.next_power_of_2(layout.tile_tokens), 32), BLOCK_D=block_d,

@@ -1,11 +1,15 @@
 """One DraftAttention call: draft map -> block mask -> block-sparse attention (arXiv 2505.14708).
 
 The draft map picks the kept blocks of the video tokens in tile order, and
-`mmspec.kernels.block_sparse_attention` computes only those. Frames of whole tiles in the model's
-order are not copied into tile order: the draft pools them and the kernel reads q, k and v through
-the tile permutation (`token_order=`), writing the output in the model's order. Otherwise (frames
-padded to whole tiles, masked text keys) they are copied into tile order and the output back,
-unless the caller reordered them once per forward (`tiled=True`). Text
+`mmspec.kernels.block_sparse_attention` computes only those. Tokens in the model's order are not
+copied into tile order: the draft pools them through the tile permutation and the kernel reads q,
+k and v through it (`token_order=`), leaving out the slots that pad frames to whole tiles and the
+keys `key_valid` masks in its loads (`key_valid=`), and writes the output in the model's order.
+Only where the kernel would not read through the order (the torch backend, `torch.compile`) and
+keys are left out are they copied into tile order and the output back (`_attend_tiled`: padded
+keys zeroed and divided out of the softmax, below). A caller may also reorder them once per
+forward (`tiled=True`): the kernel then reads the text in place and leaves masked keys out
+alike. Text
 tokens of joint attention (HunyuanVideo appends them, CogVideoX prepends them) are moved behind the
 video tiles and keep dense block rows and columns, as in the official code's all-ones text blocks,
 except text blocks that hold only padding (`key_valid`), which are skipped (`_live_blocks`).
@@ -26,7 +30,7 @@ import math
 
 import torch
 
-from mmspec.kernels import BlockSparseMask, block_sparse_attention
+from mmspec.kernels import BlockSparseMask, block_sparse_attention, reads_through_order
 
 from . import fused_draft
 from .config import DraftAttentionConfig
@@ -268,13 +272,17 @@ def _with_text(kept, layout: TileLayout, text_len: int):
 
 
 def _token_order(layout: TileLayout, text_len: int, text_first: bool) -> torch.Tensor:
-    """long `[N + text_len]`: the model's token of each kernel row (video tiles, then text)."""
+    """long `[Np + text_len]`: the model's token of each kernel row (video tiles, then text),
+    -1 in the slots that pad frames to whole tiles (no token: `block_sparse_attention`)."""
+    perm = layout.perm
+    if layout.has_padding:
+        perm = torch.where(layout.valid, perm, -1)
     if not text_len:
-        return layout.perm
-    text = torch.arange(text_len, device=layout.perm.device)
+        return perm
+    text = torch.arange(text_len, device=perm.device)
     if text_first:
-        return torch.cat([layout.perm + text_len, text])
-    return torch.cat([layout.perm, text + layout.num_tokens])
+        return torch.cat([torch.where(perm >= 0, perm + text_len, -1), text])
+    return torch.cat([perm, text + layout.num_tokens])
 
 
 def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout,
@@ -307,9 +315,10 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
             (SkyReels-V2's frame-causal diffusion forcing); the draft map and the selection stay
             inside it, and the budget and density count its blocks only.
 
-    Frames of whole tiles in the model's order, with no `key_valid`, are never copied into tile
-    order: the draft pools and the kernel attends through the tile permutation
-    (`block_sparse_attention(token_order=)`), and the output comes back in the model's order.
+    Tokens in the model's order (`tiled=False`) are never copied into tile order where the kernel
+    reads through the order (Triton, eager): the draft pools and the kernel attends through the
+    tile permutation (`block_sparse_attention(token_order=, key_valid=)`), padding slots and
+    invalid keys left out in its loads, and the output comes back in the model's order.
 
     Returns:
         (out `[B, H, L, D]` in the input order, density: 0-d tensor, share of blocks computed).
@@ -319,11 +328,8 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     parts = [_split_text(x, text_len, text_first) for x in (q, k, v)]
     _check_call(q, parts[0][0].shape[2], layout, tiled, text_len, key_valid)
     allowed, allowed_count = _allowed_blocks(allowed, layout, text_len)
-    untiled = not tiled and not layout.has_padding and key_valid is None
-    if untiled:  # read through the permutation: no copy
+    if not tiled:  # the model's order, read through the permutation: no copy
         videos = [p[0] for p in parts]
-    elif not tiled:
-        videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
     elif layout.has_padding:
         # reordered once per forward: the padding slots carry hidden states of their own (the
         # model's shifts and biases), which must not enter the pooled draft tokens
@@ -331,17 +337,13 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
     else:
         videos = [p[0] for p in parts]
     kept, drafted = _draft(videos[:2], layout, config, sparsity, allowed, allowed_count,
-                           on_draft_map, untiled)
+                           on_draft_map, not tiled)
     blocks = _with_text(kept, layout, text_len)
     if key_valid is not None and blocks.shape[-1] > kept.shape[-1]:  # text blocks of padding
         valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)
         blocks = blocks & _live_blocks(valid, layout, *blocks.shape[2:])
-    if untiled:
-        out = _attend_untiled(q, k, v, blocks, drafted, layout, config.backend, text_len,
-                              text_first)
-    else:
-        out = _attend_tiled(parts, videos, blocks, drafted, layout, config.backend, text_len,
-                            text_first, key_valid, tiled)
+    out = _attend((q, k, v), parts, videos, blocks, drafted, layout, config.backend,
+                  (text_len, text_first), key_valid, tiled)
     # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
     if allowed is None:
         return out, torch.count_nonzero(blocks) / blocks.numel()
@@ -362,17 +364,47 @@ def _fused_mask(drafted, blocks, layout: TileLayout, length: int):
                                            length, length)
 
 
-def _attend_untiled(q, k, v, blocks, drafted, layout: TileLayout, backend: str, text_len: int,
-                    text_first: bool):
-    """Every key valid, frames of whole tiles: the kernel reads q, k, v through the tile
-    permutation and writes the output in their order."""
+def _tiled_order(layout: TileLayout, text_len: int, text_first: bool, identity: bool):
+    """long `[Np + text_len]`: the input's token of each kernel row for tokens already in tile
+    order (`tiled`), where it is not the input's own order (text first); else `arange` where
+    `identity` is asked for (`key_valid` needs an order), else None."""
+    length = layout.padded_tokens + text_len
+    rows = torch.arange(length, device=layout.perm.device)
+    if text_len and text_first:
+        return torch.cat([rows[text_len:], rows[:text_len]])
+    return rows if identity else None
+
+
+def _attend(q_k_v, parts, videos, blocks, drafted, layout: TileLayout, backend: str, text,
+            key_valid, tiled: bool):
+    """Block-sparse attention over `blocks`, the output in the input's order. The kernel reads
+    q, k, v through the order of its rows (the tile permutation; text behind the video) and
+    leaves the padding slots of frames that are not whole tiles and the keys `key_valid` marks
+    out in its loads (`block_sparse_attention(token_order=, key_valid=)`): no copy. Where keys
+    are left out and the kernel would not read through the order (`reads_through_order`: the
+    torch backend, `torch.compile`), the video tokens are copied into tile order instead
+    (`_attend_tiled`; the torch backend's own gathered call would build a token mask of the
+    whole call), as are tiled inputs with padding slots. `text`: (text_len, text_first)."""
+    text_len, text_first = text
     length = layout.padded_tokens + text_len
     mask = _fused_mask(drafted, blocks, layout, length)
     if mask is None:
         mask = BlockSparseMask.from_dense(
             blocks, (layout.query_tile_tokens, layout.tile_tokens), length, length)
-    return block_sparse_attention(q, k, v, mask, scale=q.shape[-1] ** -0.5, backend=backend,
-                                  token_order=_token_order(layout, text_len, text_first))
+    if tiled:  # the input is the kernel's order but for text in front
+        order = _tiled_order(layout, text_len, text_first, key_valid is not None)
+        plain = order is None and key_valid is None
+    else:
+        order = _token_order(layout, text_len, text_first)
+        plain = not layout.has_padding and key_valid is None  # a gather on any backend
+    if not (tiled and layout.has_padding) and (
+            plain or reads_through_order(*q_k_v, mask, backend)):
+        return block_sparse_attention(*q_k_v, mask, scale=q_k_v[0].shape[-1] ** -0.5,
+                                      backend=backend, token_order=order, key_valid=key_valid)
+    if not tiled:
+        videos = [layout.to_tiles(p[0]) for p in parts]  # [B, H, Np, D], zeros in padding slots
+    return _attend_tiled(parts, videos, blocks, drafted, layout, backend, text_len, text_first,
+                         key_valid, tiled)
 
 
 def _attend_tiled(parts, videos, blocks, drafted, layout: TileLayout, backend: str,

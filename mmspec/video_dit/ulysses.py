@@ -13,10 +13,11 @@ After the all-to-all the sequence is the ranks' local sequences one after anothe
 sequence is a chunk of the video tokens plus, with joint attention, a chunk of the text (text
 after the video for HunyuanVideo, before it for CogVideoX), so the full sequence is
 `[v0, t0, v1, t1, ...]`; `_to_model_order` makes it `[v0, v1, ..., t0, t1, ...]` (the model's
-token order, row-major video tokens) and `_from_model_order` undoes it. The tile order is then
-made inside `draft_attention` (the per-layer reorder): diffusers' split hooks cut the tokens and
-RoPE tables inside the modules' own forward, before a forward hook of ours could put them in tile
-order once per forward, so under context parallelism the state keeps `tiled` False.
+token order, row-major video tokens; a copy where there is text) and `_from_model_order` undoes
+it. `draft_attention` then reads them through the tile permutation: diffusers' split hooks cut
+the tokens and RoPE tables inside the modules' own forward, before a forward hook of ours could
+put them in tile order once per forward, so under context parallelism the state keeps `tiled`
+False.
 
 Ring attention (each rank sees a shard of the keys in turn) and Ulysses "anything" (uneven
 shards) are refused by `check_context_parallel`.

@@ -190,3 +190,30 @@ def test_wan_vace_with_a_control_video_shorter_than_the_latents():
     out = model(latents, t, text, control_hidden_states=control).sample
     torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
     assert len(state.records) == 5 and not state.tiled
+
+
+@pytest.mark.parametrize("name", ["hunyuan", "cogvideox"])
+@torch.no_grad()
+def test_padded_frames_and_text_padding_are_read_through_the_tile_order(name, monkeypatch):
+    """Frames of 6 x 10 tokens in 4 x 4 tiles (padded), text last with padding (HunyuanVideo)
+    or first (CogVideoX): under the Triton kernel (its interpreter here) no sparse layer copies
+    its tokens into tile order, with the densities and the output of the path that does."""
+    pytest.importorskip("triton")
+    from mmspec.video_dit import sparse_attention
+
+    build, inputs = MODELS[name]
+    model = build()
+    args, kwargs = inputs()
+    copied, tiled_call = [], sparse_attention._attend_tiled
+    monkeypatch.setattr(sparse_attention, "_attend_tiled",
+                        lambda *a: copied.append(a[-1]) or tiled_call(*a))
+    runs = []
+    for through_order in (True, False):
+        if not through_order:  # today's path: q, k, v copied into tile order in every layer
+            monkeypatch.setattr(sparse_attention, "reads_through_order", lambda *a: False)
+        state = apply_draft_attention(model, _cfg(0.6, backend="triton", draft_kernel="triton"))
+        runs.append((model(*args, **kwargs).sample, [float(r.density) for r in state.records]))
+        remove_draft_attention(model)
+        assert len(copied) == (0 if through_order else state.num_layers)
+    assert runs[0][1] == runs[1][1] and all(d < 1 for d in runs[0][1])
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-5, rtol=1e-5)

@@ -44,10 +44,15 @@ def test_step_section_with_compiled_blocks():
     assert counters["stats"]["unique_graphs"] >= 2  # dense and sparse blocks compiled
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[0] for r in rows] == [
-        "| dense (SDPA)", "| DraftAttention 90%", "| DraftAttention 75%",  # the goals' first
+        "| dense (SDPA)", "| DraftAttention 90%",  # the goals' first
+        "| DraftAttention 90%, permute_once=False",  # frames of whole tiles: no reorder too
+        "| DraftAttention 75%", "| DraftAttention 75%, permute_once=False",
         "| dense, blocks compiled (aot_eager)", "| DraftAttention 90%, blocks compiled",
         "| DraftAttention 75%, blocks compiled"]
-    assert rows[1].split(" | ")[1] == rows[4].split(" | ")[1]  # same density compiled or not
+    assert [r.split(" | ")[-1] for r in rows] == [
+        " |", "once per forward |", "none |", "once per forward |", "none |", " |",
+        "once per forward |", "once per forward |"]
+    assert rows[1].split(" | ")[1] == rows[2].split(" | ")[1] == rows[6].split(" | ")[1]
 
 
 def test_cogvideox_step_keeps_text_dense_and_times_both():

@@ -7,10 +7,13 @@ mask, and keeps an online softmax in base 2 (`exp2` with a `log2(e)`-prescaled s
 lse = -inf: the `m == -inf` and `l == 0` cases are guarded, so no NaN appears. With `SOFTCAP` the
 logits are soft-capped first, `s -> softcap * tanh(s / softcap)` (Gemma 2).
 
-With `GATHER` (`triton_attention_gathered`) the mask's row i is token `ROWS[i]` of q, k and v, which
-stay in the model's order: each load goes through that index, and O and lse are stored at the
-model's rows. DraftAttention reads its tile order this way instead of copying q, k and v into it
-and the output back (`mmspec/video_dit/sparse_attention.py`).
+With `GATHER` (`triton_attention_gathered`) the mask's query row i is token `ROWS[i]` of q and
+its key column j token `KROWS[j]` of k and v (the sample's own list when KROWS has one per
+sample), all in the model's order: each load goes through that index, and O and lse are stored at
+the model's rows. An index outside [0, N) is a slot with no token: its query row is neither
+loaded nor stored, its key is left out of the softmax, exactly (frames padded to whole tiles,
+masked text keys). DraftAttention reads its tile order this way instead of copying q, k and v
+into it and the output back (`mmspec/video_dit/sparse_attention.py`).
 
 Caveats:
 - no autotune: it raises on machines without a GPU driver, which breaks `TRITON_INTERPRET=1`;
@@ -76,12 +79,13 @@ if triton is not None:
               offs_d, d_ok, pm_ptr, row_in_blk, col0,
               BLOCK_N: tl.constexpr, BK: tl.constexpr, PARTIAL: tl.constexpr,
               UPCAST: tl.constexpr, PRECISION: tl.constexpr, scale_log2,
-              SOFTCAP: tl.constexpr, softcap, ROWS, GATHER: tl.constexpr):
+              SOFTCAP: tl.constexpr, softcap, KROWS, n_tok, GATHER: tl.constexpr):
         offs_n = start + tl.arange(0, BLOCK_N)
         k_ok = offs_n < kv_len
         src_n = offs_n
-        if GATHER:  # the model's token of each kernel row
-            src_n = tl.load(ROWS + offs_n, mask=k_ok, other=0)
+        if GATHER:  # the model's token of each key column; outside [0, N): no key there
+            src_n = tl.load(KROWS + offs_n, mask=k_ok, other=-1)
+            k_ok = k_ok & (src_n >= 0) & (src_n < n_tok)
         kt = tl.load(K + k_base + src_n[None, :] * stride_kn + offs_d[:, None],
                      mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
         vt = tl.load(V + v_base + src_n[:, None] * stride_vn + offs_d[None, :],
@@ -115,7 +119,7 @@ if triton is not None:
 
     @triton.jit
     def _bsa_fwd(
-        Q, K, V, O, LSE, ROWS,
+        Q, K, V, O, LSE, ROWS, KROWS, n_tok, skrb,
         FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, PART_MASK,
         scale_log2, softcap, q_len, kv_len, H, GROUP,
         sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh,
@@ -137,8 +141,9 @@ if triton is not None:
         d_ok = offs_d < HEAD_DIM
         q_ok = offs_m < q_len
         src_m = offs_m  # the model's token of each row: q's, O's and lse's row
-        if GATHER:
-            src_m = tl.load(ROWS + offs_m, mask=q_ok, other=0)
+        if GATHER:  # outside [0, N): a slot with no token, neither loaded nor stored
+            src_m = tl.load(ROWS + offs_m, mask=q_ok, other=-1)
+            q_ok = q_ok & (src_m >= 0) & (src_m < n_tok)
         q = tl.load(Q + b * sqb + h * sqh + src_m[:, None] * sqn + offs_d[None, :],
                     mask=q_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
         if UPCAST:
@@ -149,6 +154,7 @@ if triton is not None:
         k_base = b * skb + hk * skh
         v_base = b * svb + hk * svh
         row_in_blk = offs_m - mblk * BQ
+        KROWS += b * skrb  # the sample's key list (stride 0: one list for all)
 
         n_full = tl.load(FULL_NUM + b * sfnb + h * sfnh + mblk * sfnm)
         for i in range(0, n_full):
@@ -157,7 +163,8 @@ if triton is not None:
                 acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
                                       kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, PART_MASK,
                                       row_in_blk, j * BLOCK_N, BLOCK_N, BK, False, UPCAST,
-                                      PRECISION, scale_log2, SOFTCAP, softcap, ROWS, GATHER)
+                                      PRECISION, scale_log2, SOFTCAP, softcap, KROWS, n_tok,
+                                      GATHER)
         n_part = tl.load(PART_NUM + b * spnb + h * spnh + mblk * spnm)
         for i in range(0, n_part):
             kb = tl.load(PART_IDX + b * spib + h * spih + mblk * spim + i)
@@ -166,7 +173,8 @@ if triton is not None:
                 acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, k_base, v_base, skn, svn,
                                       kb * BK + j * BLOCK_N, kv_len, offs_d, d_ok, pm_ptr,
                                       row_in_blk, j * BLOCK_N, BLOCK_N, BK, True, UPCAST,
-                                      PRECISION, scale_log2, SOFTCAP, softcap, ROWS, GATHER)
+                                      PRECISION, scale_log2, SOFTCAP, softcap, KROWS, n_tok,
+                                      GATHER)
 
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
@@ -199,29 +207,38 @@ _OUT_OF_RESOURCES = triton.runtime.OutOfResources if triton is not None else Run
 
 
 def triton_attention_gathered(q, k, v, mask: BlockSparseMask, scale: float, softcap: float,
-                              rows: torch.Tensor):
-    """`triton_attention` with the mask's row i on token `rows[i]` of q, k and v (a permutation
-    of their N rows, `[N]` int32 or int64 on their device), which are read and written in place:
-    out and lse come back in q's own order (module docstring)."""
-    return triton_attention(q, k, v, mask, scale, softcap, rows)
+                              rows: torch.Tensor, key_rows: torch.Tensor | None = None):
+    """`triton_attention` with the mask's query row i on token `rows[i]` of q and its key column
+    j on token `key_rows[., j]` of k and v (default `rows`), which are read and written in
+    place: out and lse come back in q's own order (module docstring). `rows`: int32/int64 `[M]`
+    (M = the mask's q_len = kv_len) holding each of the N tokens once, anything outside
+    [0, N) for a slot with no token; `key_rows`: the same `[B|1, M]`, outside [0, N) for a key
+    left out."""
+    return triton_attention(q, k, v, mask, scale, softcap, (rows, key_rows))
 
 
 @register_backend("triton", constraints=(_constraints_device, _constraints_shape),
                   gathered=triton_attention_gathered)
 def triton_attention(q, k, v, mask: BlockSparseMask, scale: float, softcap: float = 0.0,
-                     rows: torch.Tensor | None = None):
+                     rows: tuple | None = None):
+    """`rows`: (rows, key_rows) of `triton_attention_gathered`, or None for the mask's own
+    order."""
     b, hq, nq, d = q.shape
     bq, bk = mask.block_size
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
     tables = lookup_tables(mask, b, hq)
+    if rows is not None:  # one key list per sample, or the query rows' for all
+        key_rows = rows[0][None] if rows[1] is None else rows[1]
+        rows = (rows[0], key_rows, key_rows.stride(0) if key_rows.shape[0] > 1 else 0)
 
     block_d = max(16, triton.next_power_of_2(d))
     key = ("triton", q.device, bq, bk, block_d, q.dtype, bool(softcap),  # softcap: more registers
            rows is not None)
     launch_first_fitting(key, launch_configs(bq, bk, block_d), lambda config: _launch(
-        config, q, k, v, out, lse, rows, tables, scale, softcap, (bq, bk, block_d)))
+        config, q, k, v, out, lse, rows, tables, scale, softcap,
+        (bq, bk, block_d, mask.q_len, mask.kv_len)))
     return out, lse
 
 
@@ -266,21 +283,24 @@ def lookup_tables(mask: BlockSparseMask, b: int, hq: int):
 
 
 def _launch(config, q, k, v, out, lse, rows, tables, scale, softcap, blocks):
-    """One launch of `_bsa_fwd`: `tables` from `lookup_tables`, `blocks` = (bq, bk, block_d)."""
+    """One launch of `_bsa_fwd`: `tables` from `lookup_tables`, `blocks` = (bq, bk, block_d,
+    the mask's q_len and kv_len)."""
     full_num, full_idx, part_num, part_idx, part_mask = tables
-    bq, bk, block_d = blocks
+    bq, bk, block_d, nq, nk = blocks  # nq, nk: the kernel's rows (N, or more with empty slots)
     block_m, block_n, num_warps, num_stages = config
-    b, hq, nq, d = q.shape
+    b, hq, _, d = q.shape
+    gather = rows is not None
+    rows, key_rows, skrb = rows if gather else (lse, lse, 0)  # never read without GATHER
     grid = (triton.cdiv(nq, block_m), b * hq)
     _bsa_fwd[grid](
-        q, k, v, out, lse, lse if rows is None else rows,  # rows: never read without GATHER
+        q, k, v, out, lse, rows, key_rows, q.shape[2], skrb,
         full_num, full_idx, part_num, part_idx, part_mask,
-        scale * 1.4426950408889634, softcap or 1.0, nq, k.shape[2], hq, hq // k.shape[1],
+        scale * 1.4426950408889634, softcap or 1.0, nq, nk, hq, hq // k.shape[1],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *lse.stride()[:2],
         *full_num.stride(), *full_idx.stride()[:3], *part_num.stride(), *part_idx.stride()[:3],
         *part_mask.stride()[:4],
         BQ=bq, BK=bk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=d,
         UPCAST=_INTERPRET or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=bool(softcap),
-        GATHER=rows is not None, num_warps=num_warps, num_stages=num_stages,
+        GATHER=gather, num_warps=num_warps, num_stages=num_stages,
     )
