@@ -31,7 +31,16 @@ count holes: row 1's root z sits at position 5 (`root_pos`), row 0's w at 6.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+
+@functools.lru_cache(maxsize=64)
+def columns(n: int, device: torch.device) -> torch.Tensor:
+    """long `[n]`: 0, ..., n - 1, made once per (n, device), never written to (a round asks for
+    the same few widths every time)."""
+    return torch.arange(n, device=device)
 
 
 class Rows:
@@ -55,7 +64,7 @@ class Rows:
     def cut(self, new: torch.Tensor, num: torch.Tensor):
         """new long `[B, K]`, num long `[B]` -> (num after the budget and the first EOS, hit:
         bool `[B]` an EOS among them), on the device; nothing is committed yet."""
-        col = torch.arange(new.shape[1], device=new.device)
+        col = columns(new.shape[1], new.device)
         num = torch.where(self.live_t, torch.minimum(num, self.max_new - self.count_t), 0)
         is_eos = torch.isin(new, self.eos) & (col < num[:, None])  # [B, K]
         hit = is_eos.any(-1)
@@ -63,7 +72,7 @@ class Rows:
 
     def write(self, new: torch.Tensor, num: torch.Tensor) -> None:
         """Write the first `num[b]` tokens of `new[b]` after row b's committed ones (device)."""
-        col = torch.arange(new.shape[1], device=new.device)
+        col = columns(new.shape[1], new.device)
         idx = torch.where(col < num[:, None], self.prompt_len + self.count_t[:, None] + col,
                           self.seq.shape[1] - 1)  # [B, K]
         self.seq.scatter_(1, idx, new)
@@ -71,13 +80,15 @@ class Rows:
     def advance(self, num: list[int], stopped: list[bool]) -> None:
         """Host counts of this round's commit; rows that stopped (EOS, a criterion) or ran out
         of budget are finished."""
+        live = list(self.live)
         for b, n in enumerate(num):
             if self.live[b]:
                 self.count[b] += n
                 self.live[b] = not stopped[b] and self.count[b] < self.max_new
         device = self.seq.device
         self.count_t = torch.tensor(self.count, device=device)
-        self.live_t = torch.tensor(self.live, device=device)
+        if self.live != live:  # a row finished
+            self.live_t = torch.tensor(self.live, device=device)
 
     def unwrite(self, b: int, start: int, end: int) -> None:
         """Pad row b's new tokens `[start, end)` again (cut by a stopping criterion)."""
