@@ -235,8 +235,7 @@ class Loop:
         rows.write(new, num)
         drafted = (tree.valid[:, 1:] & rows.live_t[:, None]).sum(-1)
         # the round's one device-to-host read
-        host = torch.cat([torch.stack([depth, num, hit.long(), drafted]).flatten(),
-                          new.flatten(), tree.checks]).tolist()
+        host = torch.cat([depth, num, hit, drafted, new.flatten(), tree.checks]).tolist()
         raise_draft_errors(host[len(host) - len(tree.checks):], verified, self.vocab)
         width = new.shape[1]
         num_h, hit_h = rows.stop_at_criteria(opts.stop, host[b: 2 * b],
@@ -263,7 +262,7 @@ class Loop:
             kv_cache.commit_path(self.verifier.cache, slots.ids.shape[1] - 1, keep,
                                  in_place=tree.is_chain)
         slots.append(acc.path_tokens[:, : k - 1], keep_valid[:, 1:], acc.bonus, acc.depth,
-                     acc.live)
+                     acc.live, all(acc.live_h))
         if acc.num_h[0] > 0:
             self._stream(acc.new_h[0][: acc.num_h[0]])
         nodes = keep[:, 1:] - 1  # [B, K-1] draft node indices of the accepted path
