@@ -79,7 +79,7 @@ def _host_shape(parents: list[int]):
     return full, anc, depth
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # a drafter's few shapes; dynamic trees churn
 def _shape_tensors(shapes: tuple, device: torch.device):
     """The device side of the tree shapes `shapes` (each row's draft parents, or one shape that
     every row shares), made once per shape: a round of a drafter whose shape repeats copies

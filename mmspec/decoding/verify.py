@@ -44,7 +44,7 @@ def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, torch
     return best, pred.gather(1, best[:, None])[:, 0]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # a drafter's few shapes; dynamic trees churn
 def _sampling_tables(shapes: tuple, device: torch.device):
     """The sequential rule's bookkeeping for the tree shapes `shapes` (each row's full parents,
     N ints; one shape where all rows share it), built on the host and kept per shape (never

@@ -165,3 +165,32 @@ def test_sampling_verifies_every_node_at_once_as_the_walk_does(with_probs):
         assert torch.equal(ours[0], walk[0]) and torch.equal(ours[1], walk[1]), seed
         depths += tree.depth.gather(1, ours[0][:, None])[:, 0].tolist()
     assert {0, 1, 2} <= set(depths)  # rejections and paths past the first level both occur
+
+
+def test_a_repeated_tree_shape_sends_nothing_to_the_device():
+    """A drafter's tree shape repeats from round to round: its ancestors, depths and the
+    sampling rule's tables are made once (host lists copied to the device), then reused."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):  # torch.tensor(host list) dispatches lift_fresh
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Copies.count += str(func) == "aten.lift_fresh.default"
+            return func(*args, **(kwargs or {}))
+
+    parents = torch.tensor([-1, -1, 0, 0, 1, 0])  # a shape no other test uses
+    probs, roots = torch.rand(2, 7, V).softmax(-1), torch.tensor([1, 2])
+
+    def round_(seed):
+        draft = Draft(torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(seed)),
+                      parents)
+        tree = build_tree(roots, draft, V)
+        return tree, verify_sampling(tree, probs, torch.Generator().manual_seed(seed))
+
+    first, _ = round_(0)
+    with Copies():
+        again, _ = round_(1)
+    assert Copies.count == 0
+    assert torch.equal(again.anc, first.anc) and torch.equal(again.depth, first.depth)
+    assert again.tokens[:, 1:].tolist() != first.tokens[:, 1:].tolist()
