@@ -34,8 +34,8 @@ class Tree:
 
     The shape also lives on the host, as Python lists (the engine reads it without touching the
     device): `host_parents[b]` and `host_depth[b]`, N ints per row (rows sharing a shape share
-    the list). `checks`: long `[4]` on the device, the draft's deferred value checks
-    (`build_tree(defer_checks=True)`), else None.
+    the list). `checks`: long `[2]` or `[4]` on the device, the draft's deferred value checks
+    (`_check_draft`, `build_tree(defer_checks=True)`), else None.
 
     parents, anc, depth (and valid, for a draft without `num_tokens`) are shared by every tree of
     the same shape (`_shape_tensors`): read them, never write to them.

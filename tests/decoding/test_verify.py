@@ -116,7 +116,8 @@ def _walk_sampling(tree, probs, generator):
     """The sampling rule as the module docstring states it, one (step, rank) at a time: the
     readable reference of the vectorised `verify_sampling`, drawing the same uniforms."""
     b, n, _ = probs.shape
-    kids = [[[i for i in range(1, n) if row[i] == j] for j in range(n)] for row in tree.host_parents]
+    kids = [[[i for i in range(1, n) if row[i] == j] for j in range(n)]
+            for row in tree.host_parents]
     r_max = max(1, max(len(k) for row in kids for k in row))
     best, stop = [0] * b, [probs[r, 0] for r in range(b)]
     moving = [True] * b
