@@ -26,7 +26,7 @@ from .draft import Draft, Drafter, DraftState, VerifyResult
 from .hidden import check_hidden, gather_hidden
 from .positions import prefill_position_ids
 from .processors import NodeProcessors
-from .rows import Rows, Slots
+from .rows import Rows, Slots, columns
 from .sampling import SamplingConfig
 from .settings import vocab_size
 from .static import compile_seconds
@@ -194,16 +194,17 @@ class Loop:
     def _verify(self, draft: Draft, remaining: list[int]):
         """The tree of the draft (its main path where only that is exact), the target's forward
         over it. -> (tree, the verified draft, its node map to the draft or None, the output)."""
-        rows, slots, clock = self.rows, self.slots, self.clock
+        slots, clock = self.slots, self.clock
         pruned = main_path(draft) if self.path_only else None
         verified, node_map = (draft, None) if pruned is None else pruned
         tree = build_tree(slots.ids[:, -1], verified, self.vocab, defer_checks=True)
-        # finished rows and nodes deeper than a row's budget are never committed: drop them, so
-        # no position runs past prompt + max_new_tokens (GPT-2's table ends there) or grows in a
-        # finished row
-        remaining_t = torch.tensor(remaining, device=slots.ids.device)
-        tree.valid &= ((rows.live_t[:, None] & (tree.depth <= remaining_t[:, None]))
-                       | (tree.depth == 0))
+        # finished rows (remaining -1) and nodes deeper than a row's budget are never committed:
+        # drop them, so no position runs past prompt + max_new_tokens (GPT-2's table ends there)
+        # or grows in a finished row; decided on the host, sent only when a node is dropped
+        kept = [[d <= max(left, 0) for d in depths]
+                for depths, left in zip(tree.host_depth, remaining)]
+        if not all(map(all, kept)):
+            tree.valid = tree.valid & torch.tensor(kept, device=slots.ids.device)
         prepared = self.verifier.prepare(tree, slots)
         self.saved = rec.snapshot(self.state_layers) if self.recurrent else None
         tc = clock.now()
@@ -227,16 +228,15 @@ class Loop:
         path_tokens = tree.tokens.gather(1, keep)[:, 1:]  # [B, K-1]
         if self.even:
             depth, bonus = even_commit(depth, bonus, path_tokens, rows.live_t)
-            keep_valid = torch.arange(keep.shape[1], device=depth.device) < (depth + 1)[:, None]
+            keep_valid = columns(keep.shape[1], depth.device) <= depth[:, None]
         new = torch.cat([path_tokens, bonus[:, None]], dim=1)  # [B, K]
-        new[torch.arange(b, device=depth.device), depth] = bonus
+        new.scatter_(1, depth[:, None], bonus[:, None])
         num, hit = rows.cut(new, depth + 1)  # cut at EOS and max_new_tokens
         rows.write(new, num)
         drafted = (tree.valid[:, 1:] & rows.live_t[:, None]).sum(-1)
         # the round's one device-to-host read
-        host = torch.cat([torch.stack([depth, num, hit.long(), drafted]).flatten(),
-                          new.flatten(), tree.checks]).tolist()
-        raise_draft_errors(host[-4:], verified, self.vocab)
+        host = torch.cat([depth, num, hit, drafted, new.flatten(), tree.checks]).tolist()
+        raise_draft_errors(host[len(host) - len(tree.checks):], verified, self.vocab)
         width = new.shape[1]
         num_h, hit_h = rows.stop_at_criteria(opts.stop, host[b: 2 * b],
                                              [bool(h) for h in host[2 * b: 3 * b]])
@@ -262,14 +262,15 @@ class Loop:
             kv_cache.commit_path(self.verifier.cache, slots.ids.shape[1] - 1, keep,
                                  in_place=tree.is_chain)
         slots.append(acc.path_tokens[:, : k - 1], keep_valid[:, 1:], acc.bonus, acc.depth,
-                     acc.live)
+                     acc.live, all(acc.live_h))
         if acc.num_h[0] > 0:
             self._stream(acc.new_h[0][: acc.num_h[0]])
+        nodes = keep[:, 1:] - 1  # [B, K-1] draft node indices of the accepted path
         return VerifyResult(
             num_accepted=torch.where(acc.live, acc.depth, 0),
             new_tokens=[acc.new[r, : acc.num_h[r]] for r in range(b)],
-            accepted_nodes=[_draft_nodes(keep[r, 1: 1 + (acc.depth_h[r] if acc.live_h[r] else 0)]
-                                         - 1, node_map, r) for r in range(b)],
+            accepted_nodes=[_draft_nodes(nodes[r, : acc.depth_h[r] if acc.live_h[r] else 0],
+                                         node_map, r) for r in range(b)],
             target_hidden=self.hidden if self.layers else None,
         )
 
@@ -349,12 +350,12 @@ def accepted_path(tree, best):
     rows with a shorter path repeat trailing nodes), keep_valid bool `[B, K]`. K is the tree's
     depth + 1 (from the host shape): the engine trims it to the deepest accepted path after the
     round's read."""
-    rows = torch.arange(len(best), device=best.device)
-    depth = tree.depth[rows, best]
+    b, n = tree.depth.shape
+    depth = tree.depth.gather(1, best[:, None])[:, 0]
     k = tree.max_depth + 1
-    on_path = tree.anc[rows, best]  # [B, N]
+    on_path = tree.anc.gather(1, best[:, None, None].expand(b, 1, n))[:, 0]  # [B, N]
     keep = torch.argsort((~on_path).to(torch.int8), dim=1, stable=True)[:, :k]
-    keep_valid = torch.arange(k, device=best.device) < (depth + 1)[:, None]
+    keep_valid = columns(k, best.device) <= depth[:, None]
     return depth, keep, keep_valid
 
 

@@ -153,6 +153,9 @@ class NodeProcessors:
         scores = logits.float().reshape(b * n, v)
         if not self.processors:
             return scores.view(b, n, v)
+        flat_lengths = [length for row in lengths for length in row]
+        if all(scores_only for scores_only, _ in self.runs):  # no processor reads a prefix
+            return self._apply(None, flat_lengths, b, scores).view(b, n, v)
         w = seq.shape[1]
         root_len = torch.tensor([row[0] for row in lengths], device=seq.device)  # [B]
         # node i's prefix: the row's committed sequence, then its path's tokens at root_len + d - 1
@@ -162,7 +165,6 @@ class NodeProcessors:
         cols = torch.where(on_path, cols.clamp(0, w - 1), w)  # column w: a scratch column
         ext.scatter_(2, cols, tokens[:, None, :].expand(b, n, n))
         flat = ext.view(b * n, w + 1)
-        flat_lengths = [length for row in lengths for length in row]
         out = self._apply(lambda index, length: flat.index_select(0, index)[:, :length],
                           flat_lengths, b, scores)
         return out.view(b, n, v)

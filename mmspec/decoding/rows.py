@@ -31,7 +31,16 @@ count holes: row 1's root z sits at position 5 (`root_pos`), row 0's w at 6.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+
+@functools.lru_cache(maxsize=64)
+def columns(n: int, device: torch.device) -> torch.Tensor:
+    """long `[n]`: 0, ..., n - 1, made once per (n, device), never written to (a round asks for
+    the same few widths every time)."""
+    return torch.arange(n, device=device)
 
 
 class Rows:
@@ -49,35 +58,43 @@ class Rows:
         self.seq[:, :length] = input_ids
         self.eos = eos.to(device)
         self.count, self.live = [0] * b, [True] * b
-        self.count_t = torch.zeros(b, dtype=torch.long, device=device)
         self.live_t = torch.ones(b, dtype=torch.bool, device=device)
+        self._send_counts()
+
+    def _send_counts(self) -> None:
+        """The host counts on the device, in one copy: `end_t` long `[B]` each row's next column
+        (L + count), `left_t` long `[B]` the tokens it may still commit (0 once finished)."""
+        counts = [[self.prompt_len + c for c in self.count],
+                  [self.max_new - c if live else 0 for c, live in zip(self.count, self.live)]]
+        self.end_t, self.left_t = torch.tensor(counts, device=self.seq.device)
 
     def cut(self, new: torch.Tensor, num: torch.Tensor):
         """new long `[B, K]`, num long `[B]` -> (num after the budget and the first EOS, hit:
         bool `[B]` an EOS among them), on the device; nothing is committed yet."""
-        col = torch.arange(new.shape[1], device=new.device)
-        num = torch.where(self.live_t, torch.minimum(num, self.max_new - self.count_t), 0)
+        col = columns(new.shape[1], new.device)
+        num = torch.minimum(num, self.left_t)
         is_eos = torch.isin(new, self.eos) & (col < num[:, None])  # [B, K]
         hit = is_eos.any(-1)
         return torch.where(hit, is_eos.int().argmax(-1) + 1, num), hit
 
     def write(self, new: torch.Tensor, num: torch.Tensor) -> None:
         """Write the first `num[b]` tokens of `new[b]` after row b's committed ones (device)."""
-        col = torch.arange(new.shape[1], device=new.device)
-        idx = torch.where(col < num[:, None], self.prompt_len + self.count_t[:, None] + col,
+        col = columns(new.shape[1], new.device)
+        idx = torch.where(col < num[:, None], self.end_t[:, None] + col,
                           self.seq.shape[1] - 1)  # [B, K]
         self.seq.scatter_(1, idx, new)
 
     def advance(self, num: list[int], stopped: list[bool]) -> None:
         """Host counts of this round's commit; rows that stopped (EOS, a criterion) or ran out
         of budget are finished."""
+        live = list(self.live)
         for b, n in enumerate(num):
             if self.live[b]:
                 self.count[b] += n
                 self.live[b] = not stopped[b] and self.count[b] < self.max_new
-        device = self.seq.device
-        self.count_t = torch.tensor(self.count, device=device)
-        self.live_t = torch.tensor(self.live, device=device)
+        self._send_counts()
+        if self.live != live:  # a row finished
+            self.live_t = torch.tensor(self.live, device=self.seq.device)
 
     def unwrite(self, b: int, start: int, end: int) -> None:
         """Pad row b's new tokens `[start, end)` again (cut by a stopping criterion)."""
@@ -123,10 +140,14 @@ class Slots:
         """bool `[B, S - 1]`: the slots whose keys are cached (all but the roots)."""
         return self.valid[:, :-1]
 
-    def append(self, path_tokens, path_valid, bonus, depth, live) -> None:
+    def append(self, path_tokens, path_valid, bonus, depth, live, all_live: bool) -> None:
         """path_tokens/path_valid `[B, K-1]` accepted tokens (holes False); bonus, depth, live
-        `[B]`. A finished row gets holes and keeps its root position: no position (target's or
-        drafter's) grows past where the row stopped."""
+        `[B]`; all_live: the host knows every row was live (nothing to mask). A finished row gets
+        holes and keeps its root position: no position (target's or drafter's) grows past where
+        the row stopped."""
+        step = depth + 1
+        if not all_live:
+            path_valid, step = path_valid & live[:, None], step * live
         self.ids = torch.cat([self.ids, path_tokens, bonus[:, None]], dim=1)
-        self.valid = torch.cat([self.valid, path_valid & live[:, None], live[:, None]], 1)
-        self.root_pos = self.root_pos + ((depth + 1) * live)[:, None]
+        self.valid = torch.cat([self.valid, path_valid, live[:, None]], 1)
+        self.root_pos = self.root_pos + step[:, None]

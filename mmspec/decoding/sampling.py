@@ -67,8 +67,13 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """`norm(max(p - q, 0))` over the last dim; rows where p <= q everywhere keep p.
 
     After a rejection this is the distribution the next candidate is tested against (SpecInfer
-    multi-candidate rejection; with q a point mass it is p with that token removed).
+    multi-candidate rejection; with q a point mass it is p with that token removed). p: a
+    distribution `[..., V]`; q: one `[..., V]`, or long `[..., 1]` the token of a point mass
+    (the same values without building the one-hot: p's entries are at most 1).
     """
-    r = (p - q).clamp_min(0)
+    if q.is_floating_point():
+        r = (p - q).clamp_min(0)
+    else:
+        r = p.scatter(-1, q, 0.0)
     total = r.sum(-1, keepdim=True)
     return torch.where(total > 0, r / total.clamp_min(1e-30), p)

@@ -16,6 +16,7 @@ the window in cache slots, which the holes of a batch's rejected tokens would sh
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,8 +34,11 @@ class Tree:
 
     The shape also lives on the host, as Python lists (the engine reads it without touching the
     device): `host_parents[b]` and `host_depth[b]`, N ints per row (rows sharing a shape share
-    the list). `checks`: long `[4]` on the device, the draft's deferred value checks
-    (`build_tree(defer_checks=True)`), else None.
+    the list). `checks`: long `[2]` or `[4]` on the device, the draft's deferred value checks
+    (`_check_draft`, `build_tree(defer_checks=True)`), else None.
+
+    parents, anc, depth (and valid, for a draft without `num_tokens`) are shared by every tree of
+    the same shape (`_shape_tensors`): read them, never write to them.
     """
 
     tokens: torch.Tensor
@@ -75,10 +79,22 @@ def _host_shape(parents: list[int]):
     return full, anc, depth
 
 
+@functools.lru_cache(maxsize=16)  # a drafter's few shapes; dynamic trees churn
+def _shape_tensors(shapes: tuple, device: torch.device):
+    """The device side of the tree shapes `shapes` (each row's draft parents, or one shape that
+    every row shares), made once per shape: a round of a drafter whose shape repeats copies
+    nothing to the device. -> full parents, ancestors, depths and all-valid `[S, ...]` (S =
+    len(shapes)), never written to, and the host lists (full parents, depths) of each shape."""
+    full, anc, depth = zip(*(_host_shape(list(shape)) for shape in shapes))
+    return (torch.tensor(full, device=device), torch.tensor(anc, dtype=torch.bool, device=device),
+            torch.tensor(depth, device=device),
+            torch.ones(len(shapes), len(full[0]), dtype=torch.bool, device=device), full, depth)
+
+
 def _check_draft(draft: Draft, parents: list, batch: int, vocab: int):
     """Shape checks, and the parents' values on the host (`parents`: a nested list). Returns
-    the value checks of the tokens and `num_tokens`, long `[4]` on the device: (any token out of
-    range, min token, max token, any num_tokens out of range)."""
+    the value checks of the tokens and `num_tokens`, long on the device: the smallest and the
+    largest token, then those of `num_tokens` where it is given (`[2]` or `[4]`)."""
     tokens = draft.tokens
     if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype != torch.long:
         raise ValueError(f"Draft.tokens must be long [B={batch}, T], got {tokens.dtype} "
@@ -100,22 +116,20 @@ def _check_draft(draft: Draft, parents: list, batch: int, vocab: int):
     if any(not -1 <= p < i for row in rows for i, p in enumerate(row)):
         raise ValueError(f"Draft.parents[..., i] must be -1 or an earlier node in [0, i), got "
                          f"{parents}")
-    zero = torch.zeros((), dtype=torch.long, device=tokens.device)
-    if t:
-        checks = [((tokens < 0) | (tokens >= vocab)).any().long(), tokens.min(), tokens.max()]
-    else:
-        checks = [zero, zero, zero]
-    checks.append(zero if n is None else ((n < 0) | (n > t)).any().long().to(tokens.device))
+    checks = [*torch.aminmax(tokens)] if t else [tokens.new_zeros(())] * 2
+    if n is not None:
+        checks += torch.aminmax(n.to(tokens.device))
     return torch.stack(checks)
 
 
 def raise_draft_errors(checks: list[int], draft: Draft, vocab: int) -> None:
     """The ValueError of a failed deferred check (`checks`: `Tree.checks` read to the host)."""
-    bad_tokens, low, high, bad_num = checks
-    if bad_tokens:
+    t = draft.tokens.shape[1]
+    low, high = checks[:2]
+    if t and (low < 0 or high >= vocab):
         raise ValueError(f"Draft.tokens must lie in [0, {vocab}) (the target's vocabulary), got "
                          f"range [{low}, {high}]")
-    if bad_num:
+    if len(checks) > 2 and (checks[2] < 0 or checks[3] > t):
         raise ValueError(f"Draft.num_tokens must lie in [0, T={draft.tokens.shape[1]}], got "
                          f"{draft.num_tokens.tolist()}")
 
@@ -135,27 +149,26 @@ def build_tree(roots: torch.Tensor, draft: Draft, vocab: int, defer_checks: bool
     if not defer_checks:
         raise_draft_errors(checks.tolist(), draft, vocab)
     t = draft.tokens.shape[1]
-    rows = parents if draft.parents.ndim == 2 else [parents]
-    shapes = {}  # rows often share a tree shape: one ancestor matrix per distinct shape
-    which_host = [shapes.setdefault(tuple(row), len(shapes)) for row in rows]
-    full, anc, depth = zip(*(_host_shape(list(shape)) for shape in shapes))
+    shapes = tuple(map(tuple, parents if draft.parents.ndim == 2 else [parents]))
+    if len(set(shapes)) == 1:  # rows often share a tree shape: one ancestor matrix for all
+        shapes = shapes[:1]
     device = roots.device
-    which = torch.tensor(which_host, device=device).expand(b)  # [B] the shape of each row
-    valid = torch.ones(b, t + 1, dtype=torch.bool, device=device)
+    full, anc, depth, valid, host_full, host_depth = _shape_tensors(shapes, device)
     if draft.num_tokens is not None:
-        valid[:, 1:] = torch.arange(t, device=device) < draft.num_tokens.to(device)[:, None]
+        valid = torch.cat([valid[:, :1].expand(b, 1), torch.arange(t, device=device)
+                           < draft.num_tokens.to(device)[:, None]], 1)  # [B, 1 + T]
     tokens = draft.tokens.to(device)
     if defer_checks and t:
         tokens = tokens.clamp(0, vocab - 1)  # never index the embedding out of range
     return Tree(
         tokens=torch.cat([roots[:, None], tokens], dim=1),
-        parents=torch.tensor(full, device=device)[which],
-        anc=torch.tensor(anc, dtype=torch.bool, device=device)[which],
-        depth=torch.tensor(depth, device=device)[which],
-        valid=valid,
+        parents=full.expand(b, -1),
+        anc=anc.expand(b, -1, -1),
+        depth=depth.expand(b, -1),
+        valid=valid.expand(b, -1),
         probs=None if draft.probs is None else draft.probs.to(device),
-        host_parents=[full[i] for i in which_host] if len(full) > 1 else [full[0]] * b,
-        host_depth=[depth[i] for i in which_host] if len(full) > 1 else [depth[0]] * b,
+        host_parents=list(host_full) if len(shapes) > 1 else [host_full[0]] * b,
+        host_depth=list(host_depth) if len(shapes) > 1 else [host_depth[0]] * b,
         checks=checks if defer_checks else None,
     )
 

@@ -34,3 +34,18 @@ def test_the_engine_count_is_its_own_and_one_read_a_round(compile):
     assert one["launches_engine"] > 0
     assert one["ops_engine"] >= one["launches_engine"]
     assert one["reads_engine"] == three["reads_engine"] == 1.0  # tests/decoding/test_syncs.py
+
+
+@pytest.mark.parametrize("shape", [dict(n=4), dict(n=12, width=3)], ids=["chain", "tree"])
+def test_a_sampled_round_costs_the_engine_about_what_a_greedy_one_does(shape):
+    """The rejection rule tests every node at once (`verify_sampling`): sampling adds the draws
+    and a few launches per rank of siblings, not a loop over the tree's depth times its fan-out
+    (which cost 3-4 times the greedy round's launches)."""
+    ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    greedy, sampled = (count_round_ops(_llama(1), FixedShapeDrafter(**shape, vocab=256), ids, 16,
+                                       do_sample=do_sample) for do_sample in (False, True))
+    if "width" not in shape:  # a tree's block-sparse mask reads once more (BENCHMARKS.md)
+        assert sampled["reads_engine"] == greedy["reads_engine"] == 1.0
+    print(f"\nengine launches a round, greedy / sampled: {greedy['launches_engine']:.1f} / "
+          f"{sampled['launches_engine']:.1f}")
+    assert greedy["launches_engine"] < sampled["launches_engine"] < 1.6 * greedy["launches_engine"]

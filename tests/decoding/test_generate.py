@@ -359,6 +359,23 @@ def test_positions_stay_within_the_budget():
         assert torch.equal(out.sequences, ref)
 
 
+def test_a_finished_row_keeps_its_root_position():
+    """After its EOS a row commits nothing: its root's position (what a drafter and the
+    target's positions start from) stays where the row stopped while the batch goes on."""
+    target = tiny_llama(0)
+    ids = torch.randint(3, VOCAB, (2, 4), generator=torch.Generator().manual_seed(4))
+    free = target.generate(ids, do_sample=False, max_new_tokens=16, pad_token_id=PAD,
+                           eos_token_id=[])
+    eos = int(free[0, 6])  # row 0 stops at its 3rd new token (its root then at position 6)
+    assert eos not in free[0, 4:6].tolist() + free[1, 4:].tolist()
+    roots, drafter = [], RandomDrafter(6, seed=1)
+    propose = drafter.propose
+    drafter.propose = lambda state: roots.append(state.position_ids[0, 0].item()) or propose(state)
+    out = generate(target, drafter, ids, max_new_tokens=16, pad_token_id=PAD, eos_token_id=eos)
+    assert out.sequences[0, 7:].eq(PAD).all() and out.stats.rounds > len(set(roots)) > 1
+    assert max(roots) == 6 and roots[-1] == 6
+
+
 def test_a_generation_config_as_target_generate_takes_it():
     # generate takes a GenerationConfig and keyword settings over it, as target.generate does
     from transformers import GenerationConfig
