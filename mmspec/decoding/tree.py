@@ -187,7 +187,17 @@ def verify_mask(tree: Tree, cache_valid: torch.Tensor, windows: tuple[int, ...] 
     positions counted over valid slots.
     """
     token = verify_token_mask(tree, cache_valid)  # [B, N, C + N]
-    return block_masks(token, BLOCK_SIZE, windows, lambda: node_positions(tree, cache_valid))
+    return block_masks(token, BLOCK_SIZE, windows, lambda: node_positions(tree, cache_valid),
+                       pad_partials=pads_partials(token.device))
+
+
+def pads_partials(device: torch.device) -> bool:
+    """Whether a tree's verification mask gives every query block a slot per key block. Sizing
+    the partial lists to the most a query block holds reads the device once (a host sync a
+    round on a GPU); a tree has one or two query blocks, so the padded lists cost
+    `N * (C + N)` bools, and the Triton kernel walks only each block's own count. The CPU's
+    torch backend would walk every slot, and a CPU read costs no wait: unpadded there."""
+    return device.type != "cpu"
 
 
 def node_positions(tree: Tree, cache_valid: torch.Tensor):

@@ -32,21 +32,24 @@ def sliding_windows(model) -> tuple[int, ...]:
 
 
 def block_masks(token_mask: torch.Tensor, block_size: int, windows: tuple[int, ...] = (),
-                positions=None):
+                positions=None, pad_partials: bool = False):
     """`block_sparse_mask` for a forward: the mask of `token_mask` (bool `[B, Nq, Nk]`) alone, or,
     with `windows`, a dict `{None: that mask, w: that mask within window w, ...}`.
 
     positions: with `windows`, a callable giving (long `[B, Nq]` query positions, long `[B, Nk]`
     key positions); not called without (the decode loop of every other model skips the work).
+    pad_partials: `BlockSparseMask.from_token_mask`'s, which then reads nothing from the device.
     """
-    full = BlockSparseMask.from_token_mask(token_mask[:, None], block_size)
+    full = BlockSparseMask.from_token_mask(token_mask[:, None], block_size,
+                                           pad_partials=pad_partials)
     if not windows:
         return full
     q_pos, k_pos = positions()
     masks = {None: full}
     for window in windows:
         masks[window] = BlockSparseMask.from_token_mask(
-            within_window(token_mask, q_pos, k_pos, window)[:, None], block_size)
+            within_window(token_mask, q_pos, k_pos, window)[:, None], block_size,
+            pad_partials=pad_partials)
     return masks
 
 

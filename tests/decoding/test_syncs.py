@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmspec import ModelDrafter, generate
 from mmspec.decoding import static
+from mmspec.decoding import tree as tree_module
 from mmspec.decoding.tree import build_tree as mmspec_build_tree
 
 engine = importlib.import_module("mmspec.decoding.loop")  # the round loop, which builds the trees
@@ -89,8 +90,28 @@ _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
 def test_a_round_reads_the_device_once(do_sample, device, compile, monkeypatch):
     if compile:  # the static path (test_static.py), without the compiler
         monkeypatch.setattr(static, "compiled_forward", lambda target, config: target.__call__)
+    count_round_reads(ModelDrafter(tiny_llama(1).to(device), num_tokens=4), device, do_sample,
+                      compile, monkeypatch)
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+def test_a_tree_round_reads_the_device_once(device, monkeypatch):
+    # on the CPU a tree's verification mask sizes its partial lists with a read (free there);
+    # pad them as on a GPU: one read a round, and the tokens of the unpadded mask
+    monkeypatch.setattr(tree_module, "pads_partials", lambda device: True)
+    out = count_round_reads(ModelDrafter(tiny_llama(1).to(device), 4, top_k=2, depth=3), device,
+                            False, False, monkeypatch)
+    monkeypatch.undo()
+    ids = torch.tensor([[5, 9, 11, 4, 7, 3]], device=device)
+    plain = generate(tiny_llama(0).to(device), ModelDrafter(tiny_llama(1).to(device), 4, top_k=2,
+                                                            depth=3),
+                     ids, max_new_tokens=16, do_sample=False, eos_token_id=[])
+    assert torch.equal(out.sequences, plain.sequences)
+
+
+def count_round_reads(drafter, device, do_sample, compile, monkeypatch):
+    """`generate` on a tiny Llama with `drafter`; asserts one engine read a round."""
     target = tiny_llama(0).to(device)
-    drafter = ModelDrafter(tiny_llama(1).to(device), num_tokens=4)
     counter = SyncCounter()
     drafter.propose = _phase(counter, "drafter", drafter.propose)
     drafter.update = _phase(counter, "drafter", drafter.update)
@@ -120,3 +141,4 @@ def test_a_round_reads_the_device_once(do_sample, device, compile, monkeypatch):
     print(f"\n{rounds} rounds; syncs by phase and kind: {counter.counts}")
     assert rounds > 3
     assert counter.total("engine") == rounds, counter.counts  # exactly one read a round
+    return out
