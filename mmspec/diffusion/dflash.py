@@ -35,7 +35,7 @@ from mmspec.decoding.sampling import target_probs
 from mmspec.hub import resolve_model
 
 from .cps import CPSConfig, search
-from .dflash_checkpoint import check_fits, check_weights, dflash_config, read_config, read_weights
+from .dflash_checkpoint import check_fits, dflash_config, load_weights, read_config, read_weights
 from .dflash_model import DFlashConfig, DFlashModel, qwen3_config
 from .dflash_speculators import is_speculators, read_speculators, write_speculators
 from .ngram_proxy import NgramProxy
@@ -101,9 +101,7 @@ class DFlashDrafter(nn.Module, Drafter):
         check_fits(raw, cfg, target, path)
         state = read_weights(path) if state is None else state
         model = DFlashModel(qwen3_config(raw), cfg)
-        own = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
-        check_weights(own, state, cfg, path)
-        model.load_state_dict(state, strict=False)  # checked above; rotary tables are built
+        load_weights(model, state, path)
         weight = target.get_input_embeddings().weight
         return cls(model.eval(), target, raw, path_search).to(device=weight.device,
                                                               dtype=weight.dtype)
@@ -124,7 +122,7 @@ class DFlashDrafter(nn.Module, Drafter):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
-                 for k, v in self.model.state_dict().items() if "rotary_emb" not in k}
+                 for k, v in self.model.weights().items()}
         save_file(state, str(path / "model.safetensors"))
         raw = {**self.raw_config, "dtype": str(dtype or self.model.fc.weight.dtype)[6:]}
         (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")

@@ -125,6 +125,13 @@ def read_weights(path: Path) -> dict:
     return state
 
 
+def load_weights(model, state: dict, path: Path) -> None:
+    """`state` into the `DFlashModel` `model` after `check_weights` (strict but for the rotary
+    tables, which the model builds)."""
+    check_weights(model.weights(), state, model.dflash, path)
+    model.load_state_dict(state, strict=False)
+
+
 def check_weights(own: dict, state: dict, cfg: DFlashConfig, path: Path) -> None:
     """Strict: every parameter of the model in the file, nothing else (rotary tables aside)."""
     missing = sorted(set(own) - set(state))

@@ -150,6 +150,10 @@ class DFlashModel(nn.Module):
             self.candidate_selector = CandidateSelector(
                 config.hidden_size, config.vocab_size, dflash.selector_rank, dflash.selector_top_k)
 
+    def weights(self) -> dict:
+        """The state dict as a checkpoint holds it: without the rotary tables, which are built."""
+        return {k: v for k, v in self.state_dict().items() if "rotary_emb" not in k}
+
     def _rope(self, x, positions):
         cos, sin = self.rotary_emb(x, positions)  # [B, L, D]
         return cos[:, None], sin[:, None]

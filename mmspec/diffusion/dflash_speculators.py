@@ -120,7 +120,7 @@ def write_speculators(drafter, path, verifier: str | None, dtype: torch.dtype | 
         },
     }
     state = {k: v.detach().to(dtype).contiguous().cpu()
-             for k, v in drafter.model.state_dict().items() if "rotary_emb" not in k}
+             for k, v in drafter.model.weights().items()}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(fields, indent=2) + "\n")

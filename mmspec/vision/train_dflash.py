@@ -26,7 +26,7 @@ import argparse
 from pathlib import Path
 
 from mmspec.diffusion.dflash import DFlashDrafter
-from mmspec.diffusion.dflash_checkpoint import (build_target_layer_ids, check_weights,
+from mmspec.diffusion.dflash_checkpoint import (build_target_layer_ids, load_weights,
                                                 read_config, read_weights)
 from mmspec.diffusion.dflash_speculators import check_exportable
 from mmspec.diffusion.dflash_train import new_drafter
@@ -144,7 +144,4 @@ def load_checkpoint(drafter: DFlashDrafter, ckpt: Path) -> None:
         shown = "; ".join(f"{k} {saved.get(k)!r} there, {own.get(k)!r} here" for k in differ)
         raise ValueError(f"the checkpoint in {ckpt} holds another DFlash drafter ({shown}): "
                          f"resume it with the settings it was started with")
-    state = read_weights(ckpt)
-    model_state = {k: v for k, v in drafter.model.state_dict().items() if "rotary_emb" not in k}
-    check_weights(model_state, state, drafter.config, ckpt)
-    drafter.model.load_state_dict(state, strict=False)  # checked above; rotary tables are built
+    load_weights(drafter.model, read_weights(ckpt), ckpt)
