@@ -11,6 +11,15 @@ blocks. Row k of a block is scored against the token at anchor + k (k >= 1) by c
 weighted exp(-(k - 1) / gamma) (their `loss_decay_gamma`): the first drafted tokens matter most,
 a later one only counts when all before it were accepted.
 
+A block row sees only what the drafter's layer lets it see when it drafts: a causal or
+sliding-window layer (`layer_types`, `sliding_window`, `is_causal` of the config) narrows the
+block mask the same way in training.
+
+Labels: the tokens of the window (theirs), or with `soft_labels` the target's own next-token
+distribution at each labelled position, EAGLE's soft labels: the cross entropy against the
+target's probabilities, which the same target forward already yields. Hard labels tell the
+drafter one token a row; the target's distribution also says how far each other token was.
+
 Deliberate differences: anchors are drawn from positions >= 1 whose whole block lies in the
 window (theirs may run past the end, unscored), and the draft layers start from the target's top
 layer where the shapes agree (theirs start at random), which shortens short runs.
@@ -87,12 +96,13 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Te
 
 
 def training_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors_per_row: int,
-                  generator: torch.Generator, gamma: float | None = 4.0) -> torch.Tensor:
+                  generator: torch.Generator, gamma: float | None = 4.0,
+                  soft_labels: bool = False) -> torch.Tensor:
     """The anchor-block loss of `drafter` on windows `ids` `[B, S]`. The target's embedding and
     LM head are used, not trained: freeze the target (`requires_grad_(False)`)."""
     anchors = draw_anchors(ids.shape[0], ids.shape[1], drafter.config.block_size,
                            anchors_per_row, generator).to(ids.device)  # [B, A]
-    return anchored_loss(drafter, ids, anchors, gamma)[0]
+    return anchored_loss(drafter, ids, anchors, gamma, soft_labels)[0]
 
 
 # --- one sample of any length, supervised from a position on (`mmspec.vision.train --arch dflash`)
@@ -111,8 +121,22 @@ def supervised_anchors(first: int, seq_len: int, block_size: int, anchors: int,
     return picks.sort().values + low
 
 
+def training_masks(model: DFlashModel, anchors: torch.Tensor, seq_len: int,
+                   block_size: int) -> list:
+    """Per layer bool `[B, 1, A * bs, S + A * bs]`: `block_mask`, narrowed where the layer is
+    causal or sliding as `DFlashModel.masks` narrows it when drafting."""
+    blocks = block_mask(anchors, seq_len, block_size)
+    if not any(model.dflash.causal) and all(w is None for w in model.dflash.window):
+        return [blocks] * len(model.layers)
+    b = anchors.shape[0]
+    row_pos = (anchors[..., None] + torch.arange(block_size, device=anchors.device)).flatten(1)
+    ctx_pos = torch.arange(seq_len, device=anchors.device).expand(b, -1)
+    return [blocks & m for m in model.masks(row_pos, ctx_pos, torch.ones_like(ctx_pos).bool())]
+
+
 def anchored_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors: torch.Tensor,
-                  gamma: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  gamma: float | None, soft_labels: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, accuracy of the drafted rows) of `drafter` on `ids` `[B, S]` with the blocks at
     `anchors` `[B, A]`: `training_loss` with the anchors given. The target may run in another
     dtype than the drafter (fp32 master weights over a bf16 target)."""
@@ -121,33 +145,41 @@ def anchored_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors: torch.Tens
     bs, a = cfg.block_size, anchors.shape[1]
     dtype = model.fc.weight.dtype
     with torch.no_grad():
-        hidden = target(ids, output_hidden_states=True).hidden_states
-    features = torch.cat([hidden[i] for i in drafter.target_hidden_layers], -1).to(dtype)
+        out_t = target(ids, output_hidden_states=True)
+    features = torch.cat([out_t.hidden_states[i] for i in drafter.target_hidden_layers],
+                         -1).to(dtype)
     offsets = torch.arange(bs, device=ids.device)
     label_pos = (anchors[..., None] + offsets).flatten(1)  # [B, A * bs]
     block_ids = torch.full_like(label_pos, cfg.mask_token_id)
     block_ids[:, ::bs] = ids.gather(1, anchors)
     noise = F.embedding(block_ids, target.get_input_embeddings().weight).to(dtype)
     positions = torch.arange(s, device=ids.device).expand(b, -1)
-    masks = [block_mask(anchors, s, bs)] * len(model.layers)
     out = model(noise * cfg.input_embedding_scale, label_pos,
-                model.context_kv(features, positions), masks)
+                model.context_kv(features, positions), training_masks(model, anchors, s, bs))
     logits = model.logits(out, target.get_output_embeddings()).float()  # [B, A * bs, V]
     k = offsets.repeat(a)  # row k of its block; row 0 is the anchor's own token
     weight = (k > 0).float() * (torch.exp(-(k - 1).clamp_min(0) / gamma) if gamma else 1.0)
     labels = ids.gather(1, label_pos)
-    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(b, -1)
+    if soft_labels:  # the target's logits at p predict the token at p + 1
+        rows = out_t.logits.gather(1, (label_pos - 1).clamp_min(0)[..., None].expand(
+            -1, -1, out_t.logits.shape[-1]))
+        soft = F.softmax(rows.float(), -1)
+        loss = -(soft * F.log_softmax(logits, -1)).sum(-1)  # [B, A * bs]
+    else:
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(),
+                               reduction="none").view(b, -1)
     hit = (logits.detach().argmax(-1) == labels)[:, k > 0].float().mean()
     return (loss * weight).sum() / (weight.sum() * b), hit
 
 
 def sample_loss(drafter: DFlashDrafter, ids: torch.Tensor, first: int, anchors: int,
-                generator: torch.Generator, gamma: float | None) -> tuple[torch.Tensor, dict]:
+                generator: torch.Generator, gamma: float | None,
+                soft_labels: bool = False) -> tuple[torch.Tensor, dict]:
     """(loss, parts) on one sequence `ids` `[1, T]` supervised from token `first` on, with up to
     `anchors` blocks (`supervised_anchors`); a zero with a graph when no block fits."""
     picks = supervised_anchors(first, ids.shape[1], drafter.config.block_size, anchors,
                                generator).to(ids.device)
     if len(picks) == 0:
         return 0.0 * next(drafter.model.parameters()).sum(), {"blocks": 0}
-    loss, hit = anchored_loss(drafter, ids, picks[None], gamma)
+    loss, hit = anchored_loss(drafter, ids, picks[None], gamma, soft_labels)
     return loss, {"ce": float(loss.detach()), "acc": float(hit), "blocks": len(picks)}

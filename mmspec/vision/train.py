@@ -123,6 +123,9 @@ class TrainConfig:
     # exp(-(k - 1) / gamma) (paper: 7 for blocks of 16, 5 for 10, 4 for 8)
     anchors: int = 512
     gamma: float = 7.0
+    # DFlash: each row scored against the target's next-token distribution instead of the token
+    # (EAGLE's soft labels; the authors' loss uses the token)
+    soft_labels: bool = False
     eval_every: int = 100
     eval_new_tokens: int = 64
     checkpoint_every: int = 100
@@ -150,9 +153,10 @@ class TrainConfig:
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got "
                              f"{self.betas!r}")
-        if not isinstance(self.training_time_test, bool):
-            raise ValueError(f"TrainConfig.training_time_test must be a bool, got "
-                             f"{self.training_time_test!r}")
+        for name in ("training_time_test", "soft_labels"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TrainConfig.{name} must be a bool, got "
+                                 f"{getattr(self, name)!r}")
         if self.supervise not in ("answers", "all"):
             raise ValueError(f"TrainConfig.supervise must be 'answers' or 'all', got "
                              f"{self.supervise!r}")
@@ -349,7 +353,8 @@ def sample_loss(drafter: ViSpecDrafter, target, sample: dict, answer: torch.Tens
     ids = torch.cat([prompt, answer[None].to(prompt)], 1).to(device)  # [1, T]
     first = prompt.shape[1] if cfg.supervise == "answers" else 0  # 0: every entry
     if isinstance(drafter, DFlashDrafter):  # a causal LM target: no extras
-        return dflash_sample_loss(drafter, ids, first, cfg.anchors, generator, cfg.gamma)
+        return dflash_sample_loss(drafter, ids, first, cfg.anchors, generator, cfg.gamma,
+                                  cfg.soft_labels)
     extras = _extend_extras({k: v.to(device) for k, v in sample.items() if k not in NOT_EXTRAS},
                             ids.shape[1])
     if isinstance(drafter, EagleDrafter):
@@ -1040,6 +1045,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="eagle3, dflash: the positions supervised, the answers' "
                                 "(default) or all of prompt + answer (plain text windows; "
                                 "with --answer-tokens 0 the windows alone, no answers made)")
+        elif f.name == "soft_labels":
+            p.add_argument("--soft-labels", action="store_true",
+                           help="dflash: score each block row against the target's next-token "
+                                "distribution (EAGLE's soft labels) instead of the token (the "
+                                "authors')")
         elif f.name in ("anchors", "gamma"):
             what = ("blocks per sample, at most" if f.name == "anchors"
                     else "decay of a block's row weights, exp(-(k - 1) / gamma)")
@@ -1058,7 +1068,8 @@ def _refuse_flags_of_other_archs(p: argparse.ArgumentParser, args) -> None:
         train_dflash.refuse_other_flags(p, args)
         return
     theirs = train_dflash.given_flags(args) + [
-        f"--{name}" for name in ("anchors", "gamma") if getattr(args, name) != p.get_default(name)]
+        f"--{name.replace('_', '-')}" for name in ("anchors", "gamma", "soft_labels")
+        if getattr(args, name) != p.get_default(name)]
     if theirs:
         p.error(f"{', '.join(theirs)}: for --arch dflash, not --arch {args.arch}")
     for flag, given in (("--drafter", args.drafter), ("--text-only", args.text_only)):

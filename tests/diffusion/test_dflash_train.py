@@ -1,6 +1,9 @@
 """Training DFlash drafters: their anchor-block mask, a loss that training lowers, and a drafter
 that saves in their layout and loads back drafting the same tokens."""
 
+import dataclasses
+
+import pytest
 import torch
 
 from mmspec import DFlashDrafter, generate
@@ -57,15 +60,19 @@ def test_training_lowers_the_loss_and_the_drafter_round_trips(tmp_path):
     assert torch.equal(torch.cat(drafts[:half], 1), torch.cat(drafts[half:], 1))
 
 
-def test_training_sees_each_block_as_drafting_does():
+@pytest.mark.parametrize("causal, window", [((False, False), (None, None)),
+                                            ((False, True), (4, 3)), ((True, False), (None, 5))])
+def test_training_sees_each_block_as_drafting_does(causal, window):
     # the loss's logits for a block at anchor a are the logits the drafter drafts with when a is
-    # the last committed token: training and drafting agree on context, positions and mask
+    # the last committed token: training and drafting agree on context, positions and mask, also
+    # for causal and sliding-window layers (the config's layer_types / sliding_window / is_causal)
     from mmspec.decoding.draft import DraftState
 
     target = tiny_qwen3(0, vocab=32).requires_grad_(False)
     torch.manual_seed(0)
     drafter = new_drafter(target, mask_token_id=31, layers=2, block_size=4,
                           target_layer_ids=[0, 2]).float().eval()
+    drafter.model.dflash = dataclasses.replace(drafter.model.dflash, causal=causal, window=window)
     ids = torch.randint(3, 31, (1, 20), generator=torch.Generator().manual_seed(1))
     anchors = torch.tensor([[6, 13]])
     seen = []
@@ -108,3 +115,29 @@ def test_a_sample_without_a_block_trains_nothing():
     assert parts == {"blocks": 0} and float(loss.detach()) == 0.0 and loss.requires_grad
     loss, parts = sample_loss(drafter, ids, 6, 8, torch.Generator(), 4.0)
     assert parts["blocks"] == 4 and float(loss) > 0  # anchors 5..8
+
+
+def test_soft_labels_are_the_targets_next_token_distribution():
+    # a drafter whose rows put out exactly the target's logits for the token each row labels
+    # (the target's logits one position earlier) scores the target's entropy, its least; the
+    # same drafter one position off scores more
+    target = tiny_qwen3(0, vocab=32).requires_grad_(False)
+    drafter = new_drafter(target, mask_token_id=31, layers=1, block_size=4).float()
+    ids = torch.randint(3, 31, (2, 20), generator=torch.Generator().manual_seed(2))
+    anchors = torch.tensor([[3, 9], [5, 14]])
+    with torch.no_grad():
+        logits = target(ids).logits  # [B, S, V]: position p predicts token p + 1
+    rows = (anchors[..., None] + torch.arange(4)).flatten(1)  # [B, A * 4]
+    k = torch.arange(4).repeat(2)
+    weight = (k > 0).float() * torch.exp(-(k - 1).clamp_min(0) / 4.0)
+    probs = logits.gather(1, (rows - 1)[..., None].expand(-1, -1, 32)).softmax(-1)
+    entropy = -(probs * probs.log()).sum(-1)  # [B, A * 4]
+    expected = (entropy * weight).sum() / (weight.sum() * 2)
+    for shift, exact in ((1, True), (0, False)):
+        at = logits.gather(1, (rows - shift).clamp_max(19)[..., None].expand(-1, -1, 32))
+        drafter.model.logits = lambda hidden, head, at=at: at + 0 * hidden.sum()
+        soft, _ = anchored_loss(drafter, ids, anchors, 4.0, soft_labels=True)
+        assert torch.isclose(soft, expected, atol=1e-5) == exact
+        assert float(soft) >= float(expected) - 1e-5
+        hard, _ = anchored_loss(drafter, ids, anchors, 4.0)
+        assert not torch.isclose(hard, soft)  # the token's cross entropy is another loss

@@ -66,8 +66,9 @@ def test_blocks_are_drawn_where_the_labels_are_supervised(target, monkeypatch):
     seen = []
     original = dflash_train.anchored_loss
     monkeypatch.setattr(dflash_train, "anchored_loss",
-                        lambda d, ids, anchors, gamma: seen.append((ids.shape[1], anchors))
-                        or original(d, ids, anchors, gamma))
+                        lambda d, ids, anchors, gamma, soft: seen.append((ids.shape[1], anchors))
+                        or soft_seen.append(soft) or original(d, ids, anchors, gamma, soft))
+    soft_seen = []
     samples = [{"input_ids": p} for p in _prompts(2, 0)]  # prompts of 9 tokens
     cfg = TrainConfig(**{**CFG.__dict__, "steps": 4})
     train(_fresh(target), target, samples, cfg)
@@ -78,6 +79,11 @@ def test_blocks_are_drawn_where_the_labels_are_supervised(target, monkeypatch):
     train(_fresh(target), target, samples, cfg)  # the windows alone, every token supervised
     assert [t for t, _ in seen] == [9] * 4 and all(int(a.min()) >= 1 for _, a in seen)
     assert any(int(a.min()) < 8 for _, a in seen)
+    assert soft_seen == [False] * 8  # the authors' token labels by default
+    train(_fresh(target), target, samples, TrainConfig(**{**cfg.__dict__, "soft_labels": True}))
+    assert soft_seen[8:] == [True] * 4
+    with pytest.raises(ValueError, match="TrainConfig.soft_labels must be a bool, got 1"):
+        TrainConfig(soft_labels=1)
 
 
 def test_a_bf16_target_trains_fp32_master_weights(tmp_path):
@@ -275,3 +281,7 @@ def test_command_line_refusals_of_the_target_and_the_other_archs(cli_files, tmp_
             main([*argv[2:], "--arch", arch])
         want = f"--block-size, --draft-layers, --anchors: for --arch dflash, not --arch {arch}"
         assert want in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--target", str(root / "target"), "--data", str(root / "windows.pt"), "--out",
+              str(tmp_path / "e3"), "--arch", "eagle3", "--soft-labels"])
+    assert "--soft-labels: for --arch dflash, not --arch eagle3" in capsys.readouterr().err

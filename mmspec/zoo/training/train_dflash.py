@@ -19,7 +19,9 @@ authors' data: what the drafter must predict is what the target says): N windows
 (`mmspec.zoo.training.distill`, cached under `<out>/distill`); the windows are then
 prefix + new tokens long and `--seq-len` does not apply. `--init-from REV:DIR` starts from a
 committed DFlash entry's weights (`mmspec.zoo.training.committed`), so a run may overwrite the
-entry it continues.
+entry it continues; with `--layers` above the entry's, the new top layers start as identities.
+`--soft-labels` scores each block row against the target's next-token distribution instead of
+the token (`dflash_train.anchored_loss`).
 """
 
 from __future__ import annotations
@@ -90,6 +92,25 @@ def distill_data(args, target, stream: torch.Tensor) -> torch.Tensor:
                                 save_every_s=args.save_every_s)
 
 
+def init_from_committed(model, ref: str) -> None:
+    """Start from the committed entry `ref`'s weights. When it has fewer layers than `model`,
+    the layers above its own start as identities (their output projections zero), so the grown
+    drafter drafts exactly as the entry did until training moves them."""
+    state = committed_state(ref)
+    had = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers."))
+    if had > len(model.layers):
+        raise ValueError(f"--init-from {ref}: it has {had} layers, more than --layers "
+                         f"{len(model.layers)}")
+    new = tuple(k for k in model.state_dict()
+                if k.startswith("layers.") and int(k.split(".")[1]) >= had)
+    load_committed(model, state, ref,
+                   ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq") + new)
+    with torch.no_grad():
+        for layer in model.layers[had:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
+
 def train(args) -> DFlashDrafter:
     from mmspec.zoo.training.data import random_windows, token_stream
 
@@ -100,8 +121,7 @@ def train(args) -> DFlashDrafter:
                           target_layer_ids=args.layer_ids,
                           intermediate_size=args.intermediate_size).float().train()
     if args.init_from:
-        load_committed(drafter.model, committed_state(args.init_from), args.init_from,
-                       ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq"))
+        init_from_committed(drafter.model, args.init_from)
     stream = token_stream(tokenizer, "train")
     data = distill_data(args, target, stream) if args.distill else None
     optimizer = torch.optim.AdamW(drafter.model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -119,13 +139,19 @@ def train(args) -> DFlashDrafter:
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         ids = (random_windows(stream, args.batch_size, args.seq_len, g) if data is None
                else data[torch.randint(0, len(data), (args.batch_size,), generator=g)])
-        loop.update(training_loss(drafter, ids, args.anchors, g, args.gamma), step, bar)
+        loop.update(training_loss(drafter, ids, args.anchors, g, args.gamma, args.soft_labels),
+                    step, bar)
     loop.finish()
     drafter.eval().save_pretrained(args.out / "final")
     return drafter
 
 
 def data_note(args) -> str:
+    labels = "; labels: the target's next-token distribution" if args.soft_labels else ""
+    return _windows_note(args) + labels
+
+
+def _windows_note(args) -> str:
     if args.distill:
         return (f"{args.distill} windows of {args.distill_prefix} tokens of the stdlib corpus's "
                 f"training split, each followed by {args.distill_new} greedy tokens of the "
@@ -194,6 +220,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=positive_int, default=8)
     p.add_argument("--anchors", type=positive_int, default=16, help="blocks per window")
     p.add_argument("--gamma", type=float, default=4.0, help="loss decay over the block")
+    p.add_argument("--soft-labels", action="store_true",
+                   help="score each row against the target's next-token distribution (EAGLE's "
+                        "soft labels) instead of the token (the authors')")
     p.add_argument("--steps", type=positive_int, default=1000)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--batch-size", type=positive_int, default=8)

@@ -33,3 +33,30 @@ def test_distill_and_init_from(monkeypatch, tmp_path, heldout_stream):
     target, _ = train_dflash.load_target("text-target")
     assert torch.equal(target.generate(rows[:1, :12], max_new_tokens=10, do_sample=False,
                                        eos_token_id=[]), rows[:1])
+
+
+def test_init_from_an_entry_with_fewer_layers_grows_identity_layers():
+    # a 2-layer drafter started from the 1-layer entry drafts exactly as the entry until
+    # training moves its new layer; a drafter with fewer layers than the entry is refused
+    from mmspec.diffusion import DFlashDrafter
+    from mmspec.diffusion.dflash_train import new_drafter, training_loss
+
+    target, _ = train_dflash.load_target("text-target")
+    shipped = DFlashDrafter.from_pretrained(train_dflash.ZOO_DIR / "text-dflash", target).float()
+    grown = new_drafter(target, mask_token_id=shipped.config.mask_token_id, layers=2,
+                        block_size=shipped.config.block_size,
+                        target_layer_ids=list(shipped.config.target_layer_ids)).float()
+    train_dflash.init_from_committed(grown.model, SHIPPED)
+    assert float(grown.model.layers[1].mlp.down_proj.weight.abs().sum()) == 0.0
+    ids = torch.randint(2, 4000, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = (training_loss(d, ids, 4, torch.Generator().manual_seed(1)) for d in (shipped, grown))
+    torch.testing.assert_close(a, b)
+    state = committed_state(SHIPPED)
+    two = {**state, **{k.replace("layers.0.", "layers.1."): v for k, v in state.items()
+                       if k.startswith("layers.0.")}}
+    import pytest
+    from unittest import mock
+    with mock.patch.object(train_dflash, "committed_state", lambda ref: two), \
+            pytest.raises(ValueError, match="it has 2 layers, more than --layers 1"):
+        train_dflash.init_from_committed(shipped.model, SHIPPED)
