@@ -83,12 +83,15 @@ def stored_bytes(files, zoo_dir=ZOO_DIR) -> int:
 
 
 def test_text_zoo_fits_its_budget():
-    """26 MB until `text-dflash` (issue 46), 27 MB since: a DFlash layer is as wide as the target
-    (320: it reads the target's embedding and feeds its LM head), so its one layer and the fusion
-    of three target layers take 2.9 MB in fp16, where the text zoo had 2.8 MB left."""
+    """26 MB until `text-dflash` (issue 46), 27 MB for its first layer, 29 MB since its second: a
+    DFlash layer is as wide as the target (320: it reads the target's embedding and feeds its LM
+    head), so its first layer and the fusion of three target layers took 2.9 MB in fp16, where
+    the text zoo had 2.8 MB left, and the second layer 2.3 MB more (the grown drafter's tau:
+    BENCHMARKS.md `text` and the DFlash section after it). The whole zoo stays in the issue's
+    48 MB below."""
     total = stored_bytes(f for name in (*TEXT, "text-tokenizer")
                          for f in (ZOO_DIR / name).iterdir())
-    assert total <= 27e6, f"text zoo takes {total / 1e6:.1f} MB, budget 27 MB"
+    assert total <= 29e6, f"text zoo takes {total / 1e6:.1f} MB, budget 29 MB"
 
 
 def test_the_whole_zoo_fits_in_48_mb():
