@@ -85,8 +85,9 @@ def heldout_code_prompt(tokenizer, tokens: int = 192) -> torch.Tensor:
 def text_preset(prompt: str | None = None) -> Preset:
     """The zoo text target; `prompt` None means a held-out stdlib window (code it never saw)."""
     from mmspec.decoding.drafters import ModelDrafter, PromptLookupDrafter
-    from mmspec.diffusion import DiffusionDrafter, DiffusionDrafterConfig
+    from mmspec.diffusion import CPSConfig, DFlashDrafter, DiffusionDrafter, DiffusionDrafterConfig
     from mmspec.diffusion.adl import ADLConfig
+    from mmspec.zoo.paths import model_path
 
     zoo_target = load("text-target")
     target, tokenizer = zoo_target.model, zoo_target.tokenizer
@@ -111,7 +112,9 @@ def text_preset(prompt: str | None = None) -> Preset:
             "model": lambda: ModelDrafter(drafter_model, 5, sample=True),
             "prompt-lookup": lambda: PromptLookupDrafter(),
             "eagle3": lambda: load("text-eagle3", target=target).model,  # the zoo's CPU tree
-            "dflash": lambda: load("text-dflash", target=target).model,
+            # with DiffuSpec's path search over each block: more tokens a round than its chain
+            "dflash": lambda: DFlashDrafter.from_pretrained(model_path("text-dflash"), target,
+                                                            path_search=CPSConfig()),
         },
         default_drafter="diffusion", eos_token_id=eos,
         description=f"zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL "
