@@ -101,8 +101,9 @@ def test_drafters_get_accepted_on_held_out_code(name):
     # lossless, and their drafts accepted, not merely verified (measured: 2.3 accepted tokens per
     # round for the DLM and 2.5 for the AR drafter; 0.24 for the DLM with re-initialised weights,
     # whose CPS n-gram proxy still copies from the prompt now and then; 1.25 for the EAGLE-3
-    # drafter in the zoo's 10-token chain; 0.5 for the DFlash drafter's 7-token block, after
-    # 3,600 steps 0.6, after 1,100 0.5, and 0.2 after its first 400 on corpus text alone)
+    # drafter in the zoo's 10-token chain; for the DFlash drafter, which the preset runs with
+    # the path search over its 7-token block, 2.7, and 1.7 for its plain chain; 0.5
+    # for the one-layer drafter before it, trained with token labels)
     from mmspec.decoding import generate
     from mmspec.zoo.presets import text_preset
 
@@ -120,7 +121,7 @@ def test_drafters_get_accepted_on_held_out_code(name):
     out = generate(preset.target, drafter, ids, max_new_tokens=64, do_sample=False,
                    eos_token_id=eos, on_round=on_round)
     assert torch.equal(out.sequences, ref)
-    floor = {"eagle3": 1.0, "dflash": 0.4}.get(name, 1.5)
+    floor = {"eagle3": 1.0}.get(name, 1.5)
     assert out.stats.mean_accepted_no_bonus > floor, out.stats.mean_accepted_no_bonus
     if name == "diffusion":  # docs/diffuspec.md's "(k = 5 in that preset" is this run's k after round 1
         said = re.search(r"\(k = (\d+) in that preset", DIFFUSPEC_DOC.read_text())
