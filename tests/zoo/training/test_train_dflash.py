@@ -19,7 +19,8 @@ def test_distill_and_init_from(monkeypatch, tmp_path, heldout_stream):
     out = tmp_path / "run"
     train_dflash.main(["--target", "text-target", "--out", str(out), "--steps", "2",
                        "--batch-size", "2", "--anchors", "2", "--lr", "0", "--warmup", "0",
-                       "--layer-ids", "1", "3", "5", "--init-from", SHIPPED, "--distill", "3",
+                       "--layer-ids", "1", "3", "5", "--layers", "2", "--init-from", SHIPPED,
+                       "--distill", "3",
                        "--distill-prefix", "12", "--distill-new", "10"])
     # lr 0: the weights are the committed ones, read back from the final folder
     final = load_file(str(out / "final" / "model.safetensors"))
@@ -35,28 +36,32 @@ def test_distill_and_init_from(monkeypatch, tmp_path, heldout_stream):
                                        eos_token_id=[]), rows[:1])
 
 
-def test_init_from_an_entry_with_fewer_layers_grows_identity_layers():
-    # a 2-layer drafter started from the 1-layer entry drafts exactly as the entry until
-    # training moves its new layer; a drafter with fewer layers than the entry is refused
-    from mmspec.diffusion import DFlashDrafter
+def test_init_from_an_entry_with_fewer_layers_grows_identity_layers(monkeypatch):
+    # a 2-layer drafter started from a 1-layer entry (the shipped entry's first layer) drafts
+    # exactly as that entry until training moves its new layer; a drafter with fewer layers
+    # than the entry is refused
+    import pytest
+
     from mmspec.diffusion.dflash_train import new_drafter, training_loss
 
     target, _ = train_dflash.load_target("text-target")
-    shipped = DFlashDrafter.from_pretrained(train_dflash.ZOO_DIR / "text-dflash", target).float()
-    grown = new_drafter(target, mask_token_id=shipped.config.mask_token_id, layers=2,
-                        block_size=shipped.config.block_size,
-                        target_layer_ids=list(shipped.config.target_layer_ids)).float()
-    train_dflash.init_from_committed(grown.model, SHIPPED)
+    shipped = committed_state(SHIPPED)
+    assert any(k.startswith("layers.1.") for k in shipped)  # the zoo's entry has two layers
+    one = {k: v for k, v in shipped.items() if not k.startswith("layers.1.")}
+
+    def drafter(layers):
+        return new_drafter(target, mask_token_id=1, layers=layers, block_size=8,
+                           target_layer_ids=[1, 3, 5]).float()
+
+    small, grown = drafter(1), drafter(2)
+    with monkeypatch.context() as m:
+        m.setattr(train_dflash, "committed_state", lambda ref: one)
+        for d in (small, grown):
+            train_dflash.init_from_committed(d.model, "REV:one-layer")
     assert float(grown.model.layers[1].mlp.down_proj.weight.abs().sum()) == 0.0
     ids = torch.randint(2, 4000, (2, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        a, b = (training_loss(d, ids, 4, torch.Generator().manual_seed(1)) for d in (shipped, grown))
+        a, b = (training_loss(d, ids, 4, torch.Generator().manual_seed(1)) for d in (small, grown))
     torch.testing.assert_close(a, b)
-    state = committed_state(SHIPPED)
-    two = {**state, **{k.replace("layers.0.", "layers.1."): v for k, v in state.items()
-                       if k.startswith("layers.0.")}}
-    import pytest
-    from unittest import mock
-    with mock.patch.object(train_dflash, "committed_state", lambda ref: two), \
-            pytest.raises(ValueError, match="it has 2 layers, more than --layers 1"):
-        train_dflash.init_from_committed(shipped.model, SHIPPED)
+    with pytest.raises(ValueError, match="it has 2 layers, more than --layers 1"):
+        train_dflash.init_from_committed(drafter(1).model, SHIPPED)
