@@ -131,7 +131,8 @@ def training_masks(model: DFlashModel, anchors: torch.Tensor, seq_len: int,
     b = anchors.shape[0]
     row_pos = (anchors[..., None] + torch.arange(block_size, device=anchors.device)).flatten(1)
     ctx_pos = torch.arange(seq_len, device=anchors.device).expand(b, -1)
-    return [blocks & m for m in model.masks(row_pos, ctx_pos, torch.ones_like(ctx_pos).bool())]
+    return [blocks & m for m in model.masks(row_pos, ctx_pos,
+                                            torch.ones_like(ctx_pos, dtype=torch.bool))]
 
 
 def anchored_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors: torch.Tensor,
@@ -160,14 +161,11 @@ def anchored_loss(drafter: DFlashDrafter, ids: torch.Tensor, anchors: torch.Tens
     k = offsets.repeat(a)  # row k of its block; row 0 is the anchor's own token
     weight = (k > 0).float() * (torch.exp(-(k - 1).clamp_min(0) / gamma) if gamma else 1.0)
     labels = ids.gather(1, label_pos)
-    if soft_labels:  # the target's logits at p predict the token at p + 1
-        rows = out_t.logits.gather(1, (label_pos - 1).clamp_min(0)[..., None].expand(
-            -1, -1, out_t.logits.shape[-1]))
-        soft = F.softmax(rows.float(), -1)
-        loss = -(soft * F.log_softmax(logits, -1)).sum(-1)  # [B, A * bs]
-    else:
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(),
-                               reduction="none").view(b, -1)
+    goal = labels  # or the target's distribution: its logits at p predict the token at p + 1
+    if soft_labels:
+        goal = out_t.logits.gather(1, (label_pos - 1).clamp_min(0)[..., None].expand(
+            -1, -1, out_t.logits.shape[-1])).float().softmax(-1)  # [B, A * bs, V]
+    loss = F.cross_entropy(logits.flatten(0, 1), goal.flatten(0, 1), reduction="none").view(b, -1)
     hit = (logits.detach().argmax(-1) == labels)[:, k > 0].float().mean()
     return (loss * weight).sum() / (weight.sum() * b), hit
 

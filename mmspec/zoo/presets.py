@@ -114,7 +114,7 @@ def text_preset(prompt: str | None = None) -> Preset:
             "eagle3": lambda: load("text-eagle3", target=target).model,  # the zoo's CPU tree
             # with DiffuSpec's path search over each block: more tokens a round than its chain
             "dflash": lambda: DFlashDrafter.from_pretrained(model_path("text-dflash"), target,
-                                                            path_search=CPSConfig()),
+                                                            path_search=CPSConfig()).eval(),
         },
         default_drafter="diffusion", eos_token_id=eos,
         description=f"zoo text pair: `text-target` verifying, `text-dlm` drafting (CPS + ADL "
