@@ -91,7 +91,8 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
     earlier valid siblings by `residual`), so every node's test is computed at once, one rank of
     children at a time, and the walk is the path of first accepted children from the root. The
     draws are those of the walk, in its order: one uniform `[B]` per (step, rank) over the tree's
-    depth times its widest fan-out (from the host shape: no step waits on the device), then the
+    depth times its widest fan-out, drawn in one call (from the host shape: no step waits on the
+    device), then the
     bonus token from the p of the node where the walk stops."""
     b, n, v = probs.shape
     if n == 1:
@@ -102,8 +103,9 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
         shapes = shapes[:1]
     child, exists, draw, edge = _sampling_tables(shapes, probs.device)  # [1 or B, N * R], ...
     r_max = exists.shape[2]
-    u = torch.stack([torch.rand(b, device=probs.device, generator=generator)
-                     for _ in range(tree.max_depth * r_max)], 1)  # [B, steps * R]
+    # one launch for every (step, rank): row-major [steps * R, B] is the stream of drawing a
+    # uniform [B] per (step, rank) in turn (on the CPU's generator, draw for draw)
+    u = torch.rand(tree.max_depth * r_max, b, device=probs.device, generator=generator).T
     u = u.gather(1, draw.expand(b, -1)).view(b, n, r_max)  # [B, N, R] each edge's uniform
     flat = child.expand(b, -1)
     x = tree.tokens.gather(1, flat).view(b, n, r_max)  # [B, N, R] each child's token

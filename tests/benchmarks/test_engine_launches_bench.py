@@ -40,7 +40,8 @@ def test_the_engine_count_is_its_own_and_one_read_a_round(compile):
 def test_a_sampled_round_costs_the_engine_about_what_a_greedy_one_does(shape):
     """The rejection rule tests every node at once (`verify_sampling`): sampling adds the draws
     and a few launches per rank of siblings, not a loop over the tree's depth times its fan-out
-    (which cost 3-4 times the greedy round's launches)."""
+    (which cost 3-4 times the greedy round's launches); the uniforms are one draw, not one per
+    (step, rank) (1.35-1.40 times the greedy round's launches when they were)."""
     ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(1))
     greedy, sampled = (count_round_ops(_llama(1), FixedShapeDrafter(**shape, vocab=256), ids, 16,
                                        do_sample=do_sample) for do_sample in (False, True))
@@ -48,4 +49,4 @@ def test_a_sampled_round_costs_the_engine_about_what_a_greedy_one_does(shape):
         assert sampled["reads_engine"] == greedy["reads_engine"] == 1.0
     print(f"\nengine launches a round, greedy / sampled: {greedy['launches_engine']:.1f} / "
           f"{sampled['launches_engine']:.1f}")
-    assert greedy["launches_engine"] < sampled["launches_engine"] < 1.6 * greedy["launches_engine"]
+    assert greedy["launches_engine"] < sampled["launches_engine"] < 1.35 * greedy["launches_engine"]
