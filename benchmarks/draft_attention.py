@@ -321,10 +321,9 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compil
                 remove_draft_attention(model)
             sparse = [float(r.density) for r in state.records if r.density < 1.0]
             rows.append({"sparsity": s, "draft_kernel": kernel, "ms": ms, "permute_once": once,
-                         # the state's own rule (apply.py): whole tiles, permute_once; the
-                         # Wan and CogVideoX inputs here allow it
-                         "reorder": ("once per forward" if once and not state.layout.has_padding
-                                     else "none"),
+                         # what the forwards did (apply.py: whole tiles, permute_once, a
+                         # family that can reorder), not what the config asked for
+                         "reorder": "once per forward" if state.tiled_forwards else "none",
                          "density": sum(sparse) / max(len(sparse), 1), "speedup": dense_ms / ms})
     return rows, dense_ms
 

@@ -229,7 +229,8 @@ class DraftAttentionState(_DensityReport):
         self.num_steps = None
         self.layout = None
         self.allowed = None  # (bool [nQ, nT], count) where the model masks blocks, else None
-        self.tiled = False
+        self.tiled = False  # this forward runs in tile order (reset after it)
+        self.tiled_forwards = 0  # forwards that ran in tile order so far: where the reorder was
         self.context_parallel = None  # diffusers' ContextParallelConfig, read per forward
         self._last_timestep = None
         self._call_ended = False
@@ -295,6 +296,7 @@ class DraftAttentionState(_DensityReport):
                       and not self.layout.has_padding
                       and (family.can_reorder is None
                            or family.can_reorder(module, bound.arguments)))
+        self.tiled_forwards += self.tiled
         probe = self.probe_step()
         for processor in self.processors:  # read inside the blocks (see processors.py)
             processor.probe = probe and processor.layer >= self.config.dense_layers
