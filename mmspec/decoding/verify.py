@@ -92,8 +92,7 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator=None):
     children at a time, and the walk is the path of first accepted children from the root. The
     draws are those of the walk, in its order: one uniform `[B]` per (step, rank) over the tree's
     depth times its widest fan-out, drawn in one call (from the host shape: no step waits on the
-    device), then the
-    bonus token from the p of the node where the walk stops."""
+    device), then the bonus token from the p of the node where the walk stops."""
     b, n, v = probs.shape
     if n == 1:
         return (torch.zeros(b, dtype=torch.long, device=probs.device),
