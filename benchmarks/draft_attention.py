@@ -33,6 +33,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -774,17 +775,23 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
     saying so, and the next part runs. `draft_kernels`: the steps' draft kernels (default
     `step_section`'s)."""
     parts = []
-    steps = [lambda: overhead_report(device, big_grid, tile)]
+    # (part, the goal it measures: recorded as not measured when the part fails)
+    steps = [(lambda: overhead_report(device, big_grid, tile), None)]
     for section, grids in ((wan_section, (big_grid, *extra_grids)),
                            (cogvideox_section, cogvideox_grids)):
-        steps += [lambda section=section, g=g: section(device, g, tile, quick, compile,
-                                                       draft_kernels) for g in grids]
-    for step in steps:
+        steps += [(lambda section=section, g=g: section(device, g, tile, quick, compile,
+                                                        draft_kernels),
+                   f"Wan step speedup at 90% sparsity, {math.prod(g):,} tokens"
+                   if section is wan_section and not quick else None) for g in grids]
+    for step, goal in steps:
         try:
             parts.append(step())
         except Exception as err:  # any failure of one part is that part's line
             parts.append(f"(a part failed: {type(err).__name__}: "
                          f"{str(err).splitlines()[0][:200] if str(err) else ''})\n")
+            traceback.print_exc()  # the whole chain to stderr (steps.log on the GPU machine)
+            if torch.device(device).type == "cuda" and goal in GOALS["draft_attention_gpu"]:
+                record("draft_attention_gpu", goal, None, device_name(device))
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()  # raises when the context is lost: nothing else runs
         print(parts[-1], flush=True)  # each part as it is measured: a long run shows progress

@@ -154,6 +154,13 @@ def v(n):
 print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device', '| torch',
       torch.__version__, '| triton', triton.__version__, '| transformers', v('transformers'),
       '| diffusers', v('diffusers'))" >>"$SUMMARY" 2>>"$LOG"
+# what the steps import, each tried alone: a failure is one line here and its traceback in
+# steps.log, before any step spends minutes finding it (an H200 call lost its DraftAttention step
+# to the image's peft and to diffusers' RAE autoencoder, families the slimmed wheel had dropped)
+for mod in "diffusers.hooks" "diffusers.pipelines.pipeline_utils" "mmspec.video_dit" "mmspec.kernels"; do
+    timeout -k 5 60 "$PY" -c "import $mod" >>"$LOG" 2>&1 \
+        || echo "import $mod failed (steps.log): the steps that need it will fail too" >>"$SUMMARY"
+done
 echo "deadline ${DEADLINE} s; steps: $STEPS" >>"$SUMMARY"
 
 for name in $STEPS; do

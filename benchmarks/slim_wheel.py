@@ -21,12 +21,18 @@ import zipfile
 
 # the families the GPU steps' benchmarks and tests build (benchmarks/*.py, the `tests`,
 # `draft_tests`, `tree_levels` and `train` steps' files, the zoo's configs), their auto classes,
-# and a few common ones for a step run by hand
+# and a few common ones for a step run by hand; then those that other packages import from
+# transformers by name when they are imported: diffusers' RAE autoencoder (`diffusers.models`,
+# so `DiffusionPipeline` and every pipeline: dinov2_with_registers, siglip, vit_mae) and the
+# image's peft (`peft.utils.constants`: bloom), which `diffusers.hooks` imports when peft is
+# installed. Without them `import diffusers...` fails on the GPU machine (an H200 call lost its
+# DraftAttention step to each, 2026-11-28).
 KEEP = frozenset({
     "auto", "bert", "clip", "deepseek_v3", "deepseek_v4", "gemma", "gemma2", "gemma3", "gpt2",
     "gpt_neo", "gpt_oss", "inkling", "llama", "llama4", "llava", "llava_next", "mistral",
     "mixtral", "phi3", "qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "qwen3_moe", "qwen3_next",
     "siglip", "t5", "umt5",
+    "bloom", "dinov2_with_registers", "vit_mae",
 })
 
 

@@ -15,8 +15,7 @@ has nothing to skip or costs more than it saves:
   over the drafter's own sequence plus padding, the case the engine leaves to SDPA for chains
   (`decoding/tree.py`);
 - a frontier of one node per row (`top_k=1`, a chain): one query row per row;
-- every tree level on a CPU or CUDA device for now (`SDPA_DEVICES`, below: measured slower on
-  the CPU, unmeasured on a GPU);
+- every tree level on a CPU or CUDA device (`SDPA_DEVICES`, below: measured slower on both);
 - training (`mmspec.vision.train`, `eagle3_train.py`): it needs gradients, and the shared layer is
   forward-only.
 """
@@ -33,9 +32,10 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 # queries against a few hundred keys) through the fused flash kernel SDPA runs too, after building
 # the block mask (from_token_mask skips the index checks, valid by construction) and taking back
 # its token form, so the zoo drafter's 30-token tree drafted slower per round through the layer
-# (identical trees; BENCHMARKS.md `tree_levels`). On CUDA building a level's mask reads nothing back from the device
-# (`pad_partials`), but CUDA stays on SDPA until `benchmarks/gpu_session.sh` step `tree_levels`
-# shows the layer pays there (the tests force the shared path with `SDPA_DEVICES = ()`).
+# (identical trees; BENCHMARKS.md `tree_levels`). On CUDA building a level's mask reads nothing
+# back from the device (`pad_partials`), yet on an H200 the layer drafted 1.43x slower per round
+# than SDPA (`gpu_session.sh` step `tree_levels`, 2026-11-28), so CUDA stays on SDPA too (the
+# tests force the shared path with `SDPA_DEVICES = ()`).
 SDPA_DEVICES = ("cpu", "cuda")
 
 

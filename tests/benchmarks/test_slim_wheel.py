@@ -52,3 +52,46 @@ def test_the_gpu_steps_model_families_are_kept():
     # the families of the zoo's configs and the GPU steps' benchmarks and tests
     for family in ("llama", "qwen2", "qwen3", "qwen3_next", "gemma2", "llava", "clip", "t5", "umt5"):
         assert slim_wheel.kept(f"transformers/models/{family}/modeling_{family}.py"), family
+
+
+def _slim_transformers(into: Path) -> None:
+    """The installed transformers as the slimmed wheel would install it: a tree of links to the
+    files `kept` keeps (what `slim` keeps of the wheel, by the same rule)."""
+    import transformers
+
+    src = Path(transformers.__file__).parent
+    for path in src.rglob("*.py"):
+        name = "transformers/" + path.relative_to(src).as_posix()
+        if slim_wheel.kept(name):
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path)
+    dist = next(src.parent.glob("transformers-*.dist-info"), None)
+    if dist is not None:  # importlib.metadata's version of transformers, which diffusers checks
+        (into / dist.name).symlink_to(dist, target_is_directory=True)
+
+
+def test_what_the_gpu_steps_import_imports_with_the_slimmed_transformers(tmp_path):
+    # The H200 call of 2026-11-28 lost its DraftAttention step twice: `diffusers.hooks` imports
+    # peft, which imports BloomPreTrainedModel, and `DiffusionPipeline` imports diffusers' RAE
+    # autoencoder, which imports Dinov2WithRegistersModel; neither family's model code was kept.
+    import subprocess
+    import sys
+
+    pytest = __import__("pytest")
+    pytest.importorskip("diffusers")
+    _slim_transformers(tmp_path)
+    code = (
+        "import transformers, diffusers.hooks, diffusers.pipelines.pipeline_utils\n"
+        "from diffusers import DiffusionPipeline, WanTransformer3DModel, "
+        "CogVideoXTransformer3DModel\n"
+        "import mmspec.zoo.video_pipeline, mmspec.video_dit\n"
+        # what peft imports from transformers at import time (the GPU image has peft)
+        "from transformers import BloomPreTrainedModel, PreTrainedModel, Cache, DynamicCache\n"
+        "from transformers.models.gpt2.modeling_gpt2 import Conv1D\n"
+        "assert transformers.__file__.startswith(%r), transformers.__file__\n" % str(tmp_path)
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
