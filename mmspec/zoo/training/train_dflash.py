@@ -92,15 +92,42 @@ def distill_data(args, target, stream: torch.Tensor) -> torch.Tensor:
                                 save_every_s=args.save_every_s)
 
 
+def narrow_mlps(state: dict, width: int) -> dict:
+    """`state` with every layer's MLP cut to its `width` most important neurons, in their order:
+    neuron j's importance is |gate_j| |up_j| |down_:,j| (the norms of its three weight slices),
+    so neurons that barely move the output go first and a drafter grown deeper can stay within a
+    size budget. Other tensors pass through."""
+    out = dict(state)
+    for key in state:
+        if not key.endswith(".mlp.up_proj.weight"):
+            continue
+        pre = key[: -len("up_proj.weight")]
+        gate, up, down = (state[pre + n + "_proj.weight"] for n in ("gate", "up", "down"))
+        score = gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)
+        keep = score.topk(width).indices.sort().values
+        out[pre + "gate_proj.weight"], out[pre + "up_proj.weight"] = gate[keep], up[keep]
+        out[pre + "down_proj.weight"] = down[:, keep]
+    return out
+
+
 def init_from_committed(model, ref: str) -> None:
     """Start from the committed entry `ref`'s weights. When it has fewer layers than `model`,
     the layers above its own start as identities (their output projections zero), so the grown
-    drafter drafts exactly as the entry did until training moves them."""
+    drafter drafts exactly as the entry did until training moves them. When its MLPs are wider
+    than `model`'s (`--intermediate-size`), each keeps its most important neurons
+    (`narrow_mlps`): the start is then close to the entry, not equal to it."""
     state = committed_state(ref)
     had = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers."))
     if had > len(model.layers):
         raise ValueError(f"--init-from {ref}: it has {had} layers, more than --layers "
                          f"{len(model.layers)}")
+    width, was = model.layers[0].mlp.up_proj.weight.shape[0], \
+        state["layers.0.mlp.up_proj.weight"].shape[0]
+    if width > was:
+        raise ValueError(f"--init-from {ref}: its MLPs are {was} wide, narrower than "
+                         f"--intermediate-size {width}; give at most {was}")
+    if width < was:
+        state = narrow_mlps(state, width)
     new = tuple(k for k in model.state_dict()
                 if k.startswith("layers.") and int(k.split(".")[1]) >= had)
     load_committed(model, state, ref,

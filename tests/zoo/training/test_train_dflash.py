@@ -65,3 +65,48 @@ def test_init_from_an_entry_with_fewer_layers_grows_identity_layers(monkeypatch)
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="it has 2 layers, more than --layers 1"):
         train_dflash.init_from_committed(drafter(1).model, SHIPPED)
+
+
+def test_init_from_a_wider_entry_keeps_each_mlps_most_important_neurons(monkeypatch):
+    # a drafter with narrower MLPs (--intermediate-size) started from the shipped entry keeps,
+    # per layer, the neurons that move the output most: where the dropped ones are dead (zero
+    # output weights), it drafts exactly as the entry does; a wider drafter is refused
+    import pytest
+
+    from mmspec.diffusion.dflash_train import new_drafter, training_loss
+
+    target, _ = train_dflash.load_target("text-target")
+    shipped = committed_state(SHIPPED)
+    width = shipped["layers.0.mlp.up_proj.weight"].shape[0]
+    dead = {}
+    for key, value in shipped.items():
+        value = value.clone()
+        if key.endswith("down_proj.weight"):  # every 4th neuron dead, the rest faint or strong
+            value[:, ::4] = 0.0
+            value[:, 1::4] *= 1e-3
+        dead[key] = value
+    keep = width - width // 4
+
+    def drafter(intermediate):
+        return new_drafter(target, mask_token_id=1, layers=2, block_size=8,
+                           target_layer_ids=[1, 3, 5], intermediate_size=intermediate).float()
+
+    full, narrow = drafter(width), drafter(keep)
+    monkeypatch.setattr(train_dflash, "committed_state", lambda ref: dead)
+    for d in (full, narrow):
+        train_dflash.init_from_committed(d.model, "REV:dead-neurons")
+    alive = [j for j in range(width) if j % 4]
+    torch.testing.assert_close(narrow.model.layers[1].mlp.up_proj.weight,
+                               dead["layers.1.mlp.up_proj.weight"][alive])
+    ids = torch.randint(2, 4000, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = (training_loss(d, ids, 4, torch.Generator().manual_seed(1)) for d in (full, narrow))
+    torch.testing.assert_close(a, b)
+    # cut further, the faint neurons go before the strong ones
+    fainter = drafter(width // 2)
+    train_dflash.init_from_committed(fainter.model, "REV:dead-neurons")
+    strong = [j for j in range(width) if j % 4 in (2, 3)]
+    torch.testing.assert_close(fainter.model.layers[0].mlp.down_proj.weight,
+                               dead["layers.0.mlp.down_proj.weight"][:, strong])
+    with pytest.raises(ValueError, match="narrower than --intermediate-size"):
+        train_dflash.init_from_committed(drafter(width + 64).model, "REV:dead-neurons")
