@@ -207,14 +207,15 @@ WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 1
 
 
 def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, text_tokens=512,
-             config_kw=None, compile=None, draft_kernels=("auto",), no_reorder=False, **arch):
+             config_kw=None, compile=None, draft_kernels=("auto",), no_reorder=False,
+             per_layer=False, **arch):
     """Time one forward of a `WanTransformer3DModel` (`arch` overrides `WAN_1_3B`) on latents of
     token grid `grid` (T, H, W): dense, then under `apply_draft_attention` at each sparsity (step
     0 sparse, layer 0 dense). Returns rows {sparsity, density, ms, speedup} and the dense ms;
     times are medians of `reps` after a warm-up, with the device synchronised. `compile`: a
     torch.compile backend for every block (fullgraph, as diffusers' `compile_repeated_blocks`),
-    dense and sparse alike. `no_reorder`: also each sparsity with `permute_once=False`
-    (`dense_vs_draft`)."""
+    dense and sparse alike. `no_reorder`: also each sparsity with `permute_once=False`;
+    `per_layer`: also each with `gathered_loads=False` (`dense_vs_draft`)."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
@@ -231,14 +232,15 @@ def wan_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, tex
         "timestep": torch.full((batch,), 500.0, device=device),
     }
     return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels,
-                          no_reorder)
+                          no_reorder, per_layer)
 
 
 COGVIDEOX_2B = {"num_layers": 30, "num_attention_heads": 30, "attention_head_dim": 64}
 
 
 def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=2, config_kw=None,
-                   compile=None, draft_kernels=("auto",), no_reorder=False, **arch):
+                   compile=None, draft_kernels=("auto",), no_reorder=False, per_layer=False,
+                   **arch):
     """`wan_step` for a `CogVideoXTransformer3DModel` (`arch` overrides `COGVIDEOX_2B`: sincos
     positions, no RoPE) with its 226 text tokens in front of the video in joint attention."""
     from diffusers import CogVideoXTransformer3DModel
@@ -256,7 +258,7 @@ def cogvideox_step(device, dtype, grid, sparsities, reps=3, tile=(8, 16), batch=
         "timestep": torch.full((batch,), 500, device=device, dtype=torch.long),
     }
     return dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw, compile, draft_kernels,
-                          no_reorder)
+                          no_reorder, per_layer)
 
 
 def _cast(model, device, dtype):
@@ -267,12 +269,15 @@ def _cast(model, device, dtype):
 
 
 def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compile=None,
-                   draft_kernels=("auto",), no_reorder=False):
+                   draft_kernels=("auto",), no_reorder=False, per_layer=False):
     """Median ms of `model(**inputs)` dense, then under DraftAttention at each sparsity and each
     of `draft_kernels` (`DraftAttentionConfig.draft_kernel`); with `no_reorder`, also the first
     of them with `permute_once=False`: no reorder once per forward either, every sparse layer
     reads q, k, v through the tile permutation (row "reorder": "none"; the others "once per
-    forward" where frames are whole tiles, else "none" too). With `compile` (a backend) every
+    forward" where frames are whole tiles, else "none" too); with `per_layer`, also the first
+    with `gathered_loads=False`: where tokens stay in the model's order, every sparse layer
+    copies q, k, v into tile order and the output back (row "reorder": "per layer"). With
+    `compile` (a backend) every
     transformer block is compiled first (the warm-up compiles)."""
     from mmspec.video_dit import (
         DraftAttentionConfig,
@@ -304,13 +309,15 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compil
 
     dense_ms = median_ms()
     rows = []
-    variants = [(kernel, True) for kernel in draft_kernels]
-    variants += [(draft_kernels[0], False)] if no_reorder else []
+    variants = [(kernel, True, True) for kernel in draft_kernels]
+    variants += [(draft_kernels[0], False, True)] if no_reorder else []
+    variants += [(draft_kernels[0], True, False)] if per_layer else []
     for s in sparsities:
-        for kernel, once in variants:
+        for kernel, once, gathered in variants:
             state = apply_draft_attention(model, DraftAttentionConfig(
                 sparsity=s, tile=tile, dense_steps=0, dense_layers=1,
-                **{"draft_kernel": kernel, "permute_once": once, **(config_kw or {})}))
+                **{"draft_kernel": kernel, "permute_once": once, "gathered_loads": gathered,
+                   **(config_kw or {})}))
             try:
                 ms = median_ms()
             except Exception as err:  # a failing path is its own row's "failed"
@@ -322,9 +329,11 @@ def dense_vs_draft(model, inputs, sparsities, tile, reps, config_kw=None, compil
                 remove_draft_attention(model)
             sparse = [float(r.density) for r in state.records if r.density < 1.0]
             rows.append({"sparsity": s, "draft_kernel": kernel, "ms": ms, "permute_once": once,
+                         "gathered_loads": gathered,
                          # what the forwards did (apply.py: whole tiles, permute_once, a
                          # family that can reorder), not what the config asked for
-                         "reorder": "once per forward" if state.tiled_forwards else "none",
+                         "reorder": "once per forward" if state.tiled_forwards
+                         else "none" if gathered else "per layer",
                          "density": sum(sparse) / max(len(sparse), 1), "speedup": dense_ms / ms})
     return rows, dense_ms
 
@@ -632,7 +641,7 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
                                 else ("auto",))
     whole = not tile_layout(grid, tile).has_padding
     rows, dense = step(device, dtype, grid, (0.9, 0.75), tile=tile, draft_kernels=kernels,
-                       no_reorder=whole, **arch)
+                       no_reorder=whole, per_layer=not whole, **arch)
     if step is wan_step and torch.device(device).type == "cuda":  # issue 42's goals
         name = f"Wan step speedup at 90% sparsity, {math.prod(grid):,} tokens"
         at90 = next(r["speedup"] for r in rows if r["sparsity"] == 0.9)
@@ -644,7 +653,8 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
 
     def name(r):
         return (f"DraftAttention {int(r['sparsity'] * 100)}%{names[r['draft_kernel']]}"
-                + ("" if r["permute_once"] else ", permute_once=False"))
+                + ("" if r["permute_once"] else ", permute_once=False")
+                + ("" if r["gathered_loads"] else ", gathered_loads=False"))
 
     table = [["dense (SDPA)", "1.000", f"{dense:.0f}", "1.00x", "1.00x", ""]] + [
         [name(r), f"{r['density']:.3f}", f"{r['ms']:.0f}", f"{r['speedup']:.2f}x",
@@ -678,7 +688,9 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
           f"'reorder': 'once per forward' puts the video tokens in tile order after the patch "
           f"embedding and back before unpatchify (frames of whole tiles, the default "
           f"permute_once=True); 'none' never copies them: every sparse layer drafts and attends "
-          f"through the tile permutation (padded frames, or permute_once=False).{note}\n\n"
+          f"through the tile permutation (padded frames, or permute_once=False); 'per layer' "
+          f"(padded frames, gathered_loads=False) copies q, k, v into tile order in every sparse "
+          f"layer and the output back.{note}\n\n"
         + markdown_table(["attention", "kept-block density (sparse layers)", "ms per step",
                           "speedup vs dense", f"{STEPS}-step run, {warm} dense (estimate)",
                           "reorder"], table) + "\n")

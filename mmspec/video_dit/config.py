@@ -59,6 +59,12 @@ class DraftAttentionConfig:
     # reorder tokens and RoPE once per transformer forward instead of in every layer, where the
     # model allows it and frames are whole tiles
     permute_once: bool = True
+    # ours (issue 42): where tokens stay in the model's order (padded frames, permute_once=False,
+    # context parallelism), the Triton kernel reads q, k and v through the tile permutation;
+    # False copies them into tile order in each sparse layer and the output back instead. Both
+    # give the same output; on an H200 the gathered loads cost more than the copies at 32k
+    # tokens (BENCHMARKS.md `draft_attention_gpu`), hence the choice
+    gathered_loads: bool = True
     # mmspec.kernels backend: "auto" = Triton on CUDA, torch on CPU
     backend: str = "auto"
     # ours (issue 32): pooling, draft map, selection and block index as fused Triton kernels
@@ -75,6 +81,9 @@ class DraftAttentionConfig:
         object.__setattr__(self, "max_density", check_mass(self.max_density, "max_density"))
         if not isinstance(self.calibrate, bool):
             raise ValueError(f"calibrate must be a bool, got {self.calibrate!r}")
+        for flag in ("permute_once", "gathered_loads"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         adaptive = self.mode == "top_p" or self.calibrate
         check_mass_needed(self.mode, self.mass, self.calibrate)
         if self.mass is not None:

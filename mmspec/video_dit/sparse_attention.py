@@ -343,7 +343,7 @@ def draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: T
         valid = _kernel_key_valid(layout, key_valid, text_len, text_first, tiled)
         blocks = blocks & _live_blocks(valid, layout, *blocks.shape[2:])
     out = _attend((q, k, v), parts, videos, blocks, drafted, layout, config.backend,
-                  (text_len, text_first), key_valid, tiled)
+                  (text_len, text_first), key_valid, tiled, config.gathered_loads)
     # no fp32 copy of the block map; with a model mask, the share of the blocks it allows
     if allowed is None:
         return out, torch.count_nonzero(blocks) / blocks.numel()
@@ -376,7 +376,7 @@ def _tiled_order(layout: TileLayout, text_len: int, text_first: bool, identity: 
 
 
 def _attend(q_k_v, parts, videos, blocks, drafted, layout: TileLayout, backend: str, text,
-            key_valid, tiled: bool):
+            key_valid, tiled: bool, gathered_loads: bool = True):
     """Block-sparse attention over `blocks`, the output in the input's order. The kernel reads
     q, k, v through the order of its rows (the tile permutation; text behind the video) and
     leaves the padding slots of frames that are not whole tiles and the keys `key_valid` marks
@@ -384,7 +384,9 @@ def _attend(q_k_v, parts, videos, blocks, drafted, layout: TileLayout, backend: 
     are left out and the kernel would not read through the order (`reads_through_order`: the
     torch backend, `torch.compile`), the video tokens are copied into tile order instead
     (`_attend_tiled`; the torch backend's own gathered call would build a token mask of the
-    whole call), as are tiled inputs with padding slots. `text`: (text_len, text_first)."""
+    whole call), as are tiled inputs with padding slots, and every input in the model's order
+    when `gathered_loads` is False (`DraftAttentionConfig.gathered_loads`). `text`: (text_len,
+    text_first)."""
     text_len, text_first = text
     length = layout.padded_tokens + text_len
     mask = _fused_mask(drafted, blocks, layout, length)
@@ -397,7 +399,8 @@ def _attend(q_k_v, parts, videos, blocks, drafted, layout: TileLayout, backend: 
     else:
         order = _token_order(layout, text_len, text_first)
         plain = not layout.has_padding and key_valid is None  # a gather on any backend
-    if not (tiled and layout.has_padding) and (
+    copy = not tiled and not gathered_loads  # into tile order in this layer, and back
+    if not copy and not (tiled and layout.has_padding) and (
             plain or reads_through_order(*q_k_v, mask, backend)):
         return block_sparse_attention(*q_k_v, mask, scale=q_k_v[0].shape[-1] ** -0.5,
                                       backend=backend, token_order=order, key_valid=key_valid)

@@ -216,3 +216,37 @@ def test_tokens_reordered_once_per_forward_are_not_copied_in_the_layer(text_len,
     assert len(copies.hits) >= 3  # the copying path: text behind the video, or masked keys
     assert float(density) == float(ref_density)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case,text_len,text_first,padded_text", [
+    ("padded", 0, False, False), ("padded query tiles", 20, False, True),
+    ("square", 16, True, False)])
+def test_gathered_loads_false_copies_into_tile_order_in_the_layer(case, text_len, text_first,
+                                                                   padded_text, monkeypatch):
+    """`DraftAttentionConfig(gathered_loads=False)`: the Triton kernel no longer reads through
+    the permutation; each layer copies q, k, v into tile order and the output back (the path a
+    GPU may find faster, BENCHMARKS.md `draft_attention_gpu`), with the same blocks and output."""
+    layout = tile_layout(**CASES[case], device=DEVICE)
+    q, k, v = _inputs(layout, text_len)
+    key_valid = _text_padding(layout, text_len, text_first) if padded_text else None
+    outs, copied, orders = [], [], []
+    tiled_call, attention = sparse_attention._attend_tiled, sparse_attention.block_sparse_attention
+    monkeypatch.setattr(sparse_attention, "_attend_tiled",
+                        lambda *a: copied.append(a[-1]) or tiled_call(*a))
+    monkeypatch.setattr(sparse_attention, "block_sparse_attention",
+                        lambda *a, **kw: orders.append(kw.get("token_order")) or attention(*a, **kw))
+    for gathered in (True, False):
+        config = DraftAttentionConfig(tile=layout.tile, query_tile=layout.query_tile,
+                                      sparsity=0.6, backend="triton", draft_kernel="triton",
+                                      gathered_loads=gathered)
+        outs.append(draft_attention(q, k, v, layout, config, text_len=text_len,
+                                    text_first=text_first, key_valid=key_valid))
+    assert copied == [False]  # the second call only, from the model's order
+    assert orders[0] is not None and orders[1] is None  # the kernel's own order in the copy
+    assert float(outs[0][1]) == float(outs[1][1])
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-6, rtol=1e-6)
+
+
+def test_gathered_loads_must_be_a_bool():
+    with pytest.raises(ValueError, match="gathered_loads must be a bool, got 'no'"):
+        DraftAttentionConfig(gathered_loads="no")

@@ -55,6 +55,22 @@ def test_step_section_with_compiled_blocks():
     assert rows[1].split(" | ")[1] == rows[2].split(" | ")[1] == rows[6].split(" | ")[1]
 
 
+def test_step_section_on_padded_frames_times_gathered_loads_and_the_per_layer_copy():
+    # 6x10 frames in 4x4 tiles: no reorder once per forward; each sparsity read through the
+    # permutation (the default) and copied into tile order in each layer (gathered_loads=False)
+    from benchmarks.draft_attention import step_section
+
+    text = step_section("cpu", (2, 6, 10), (4, 4), wan_step,
+                        {**TINY, "text_tokens": 8, "reps": 1}, "### title", "Wan {dtype}")
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| dense (SDPA)", "| DraftAttention 90%", "| DraftAttention 90%, gathered_loads=False",
+        "| DraftAttention 75%", "| DraftAttention 75%, gathered_loads=False"]
+    assert [r.split(" | ")[-1] for r in rows] == [
+        " |", "none |", "per layer |", "none |", "per layer |"]
+    assert rows[1].split(" | ")[1] == rows[2].split(" | ")[1]  # the same blocks either way
+
+
 def test_cogvideox_step_keeps_text_dense_and_times_both():
     rows, dense_ms = cogvideox_step("cpu", torch.float32, (3, 8, 12), (0.75,), reps=1,
                                     tile=(4, 4), num_layers=2, num_attention_heads=2,
