@@ -87,11 +87,12 @@ def test_text_zoo_fits_its_budget():
     DFlash layer is as wide as the target (320: it reads the target's embedding and feeds its LM
     head), so its first layer and the fusion of three target layers took 2.9 MB in fp16, where
     the text zoo had 2.8 MB left, and the second layer 2.3 MB more (the grown drafter's tau:
-    BENCHMARKS.md `text` and the DFlash section after it). The whole zoo stays in the issue's
-    48 MB below."""
+    BENCHMARKS.md `text` and the DFlash section after it). 29.5 MB since its third layer: its
+    MLPs narrowed from 960 to 672 to make room, 0.7 MB more in all. The whole zoo stays in the
+    issue's 48 MB below."""
     total = stored_bytes(f for name in (*TEXT, "text-tokenizer")
                          for f in (ZOO_DIR / name).iterdir())
-    assert total <= 29e6, f"text zoo takes {total / 1e6:.1f} MB, budget 29 MB"
+    assert total <= 29.5e6, f"text zoo takes {total / 1e6:.1f} MB, budget 29.5 MB"
 
 
 def test_the_whole_zoo_fits_in_48_mb():
