@@ -627,6 +627,11 @@ def cogvideox_section(device, grid, tile, quick, compile=None, draft_kernels=Non
         f"{grid[0]}x{grid[1]}x{grid[2]}", compile, draft_kernels)
 
 
+def wan_goal(grid) -> str:
+    """Issue 42's name for the Wan step goal at latent grid `grid` (`GOALS`)."""
+    return f"Wan step speedup at 90% sparsity, {math.prod(grid):,} tokens"
+
+
 def step_section(device, grid, tile, step, arch, title, model_text, compile=None,
                  draft_kernels=None):
     """Markdown of `step` (wan_step or cogvideox_step) dense vs 75% and 90% on `device`, the
@@ -643,7 +648,7 @@ def step_section(device, grid, tile, step, arch, title, model_text, compile=None
     rows, dense = step(device, dtype, grid, (0.9, 0.75), tile=tile, draft_kernels=kernels,
                        no_reorder=whole, per_layer=not whole, **arch)
     if step is wan_step and torch.device(device).type == "cuda":  # issue 42's goals
-        name = f"Wan step speedup at 90% sparsity, {math.prod(grid):,} tokens"
+        name = wan_goal(grid)
         at90 = next(r["speedup"] for r in rows if r["sparsity"] == 0.9)
         if name in GOALS["draft_attention_gpu"] and arch.get("num_layers") == 30:
             record("draft_attention_gpu", name, None if math.isnan(at90) else at90,
@@ -793,7 +798,7 @@ def gpu_report(device, big_grid, tile, quick, extra_grids=(), cogvideox_grids=()
                            (cogvideox_section, cogvideox_grids)):
         steps += [(lambda section=section, g=g: section(device, g, tile, quick, compile,
                                                         draft_kernels),
-                   f"Wan step speedup at 90% sparsity, {math.prod(g):,} tokens"
+                   wan_goal(g)
                    if section is wan_section and not quick else None) for g in grids]
     for step, goal in steps:
         try:

@@ -34,7 +34,7 @@ from mmspec.kernels import BlockSparseMask, block_sparse_attention
 # its token form, so the zoo drafter's 30-token tree drafted slower per round through the layer
 # (identical trees; BENCHMARKS.md `tree_levels`). On CUDA building a level's mask reads nothing
 # back from the device (`pad_partials`), yet on an H200 the layer drafted 1.43x slower per round
-# than SDPA (`gpu_session.sh` step `tree_levels`, 2026-11-28), so CUDA stays on SDPA too (the
+# than SDPA (BENCHMARKS.md, after `tree_levels`), so CUDA stays on SDPA too (the
 # tests force the shared path with `SDPA_DEVICES = ()`).
 SDPA_DEVICES = ("cpu", "cuda")
 
